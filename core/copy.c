@@ -1,0 +1,160 @@
+/* Copies, casts and element access. Conversions round to nearest even
+ * (core/convert.h); a row that is contiguous in both tensors is converted in
+ * one bulk call. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/convert.h"
+#include "core/frame.h"
+#include "core/iter.h"
+#include "core/tensor_internal.h"
+
+static ct_status copy_impl(ct_tensor *dst, const ct_tensor *src, bool saturate)
+{
+    char a[200], b[200];
+    if (!dst || !src) return ct_error_set(CT_ERR_INVALID, "tensor_copy_: NULL tensor");
+    if (dst->device.type != CT_DEVICE_CPU || src->device.type != CT_DEVICE_CPU)
+        return ct_error_set(CT_ERR_UNSUPPORTED, "tensor_copy_: %s <- %s: only cpu tensors in this build",
+                            ct_tensor_describe(dst, a, sizeof a), ct_tensor_describe(src, b, sizeof b));
+    /* broadcast src to dst's shape without allocating a header in the frame */
+    int64_t sst[CT_MAX_DIMS];
+    int lead = dst->ndim - src->ndim;
+    bool ok = lead >= 0;
+    for (int d = 0; ok && d < dst->ndim; d++) {
+        if (d < lead) {
+            sst[d] = 0;
+        } else if (src->shape[d - lead] == dst->shape[d]) {
+            sst[d] = src->strides[d - lead];
+        } else if (src->shape[d - lead] == 1) {
+            sst[d] = 0;
+        } else {
+            ok = false;
+        }
+    }
+    if (!ok)
+        return ct_error_set(CT_ERR_INVALID, "tensor_copy_: cannot broadcast source %s to destination %s",
+                            ct_tensor_describe(src, b, sizeof b), ct_tensor_describe(dst, a, sizeof a));
+    const int64_t *strides[2] = {dst->strides, sst};
+    ct_iter it;
+    ct_iter_init(&it, dst->ndim, dst->shape, 2, strides);
+    size_t des = ct_dtype_size(dst->dtype), ses = ct_dtype_size(src->dtype);
+    char *dp = ct_tensor_data(dst);
+    const char *sp = ct_tensor_data(src);
+    bool same = dst->dtype == src->dtype;
+    int64_t nrows = it.nrows;
+    #pragma omp parallel for if (nrows * it.inner > (1 << 16)) schedule(static)
+    for (int64_t r = 0; r < nrows; r++) {
+        int64_t off[2];
+        ct_iter_row(&it, r, off);
+        char *d = dp + off[0] * (int64_t)des;
+        const char *s = sp + off[1] * (int64_t)ses;
+        if (it.inner_stride[0] == 1 && it.inner_stride[1] == 1) {
+            if (same) memmove(d, s, (size_t)it.inner * des);
+            else ct_convert_n(dst->dtype, d, src->dtype, s, it.inner, saturate);
+            continue;
+        }
+        for (int64_t i = 0; i < it.inner; i++) {
+            char *de = d + i * it.inner_stride[0] * (int64_t)des;
+            const char *se = s + i * it.inner_stride[1] * (int64_t)ses;
+            if (same) memcpy(de, se, des);
+            else ct_convert_n(dst->dtype, de, src->dtype, se, 1, saturate);
+        }
+    }
+    return CT_OK;
+}
+
+ct_status ct_tensor_copy_(ct_tensor *dst, const ct_tensor *src) { return copy_impl(dst, src, false); }
+
+static ct_tensor *cast_impl(const ct_tensor *t, ct_dtype dt, bool saturate)
+{
+    if (!t) return NULL;
+    ct_tensor *out = ct_tensor_empty_on(t->device, dt, t->ndim, t->shape);
+    if (!out) return NULL;
+    if (copy_impl(out, t, saturate)) return NULL;
+    return out;
+}
+
+ct_tensor *ct_tensor_cast(const ct_tensor *t, ct_dtype dt) { return cast_impl(t, dt, false); }
+
+ct_tensor *ct_tensor_cast_saturate(const ct_tensor *t, ct_dtype dt) { return cast_impl(t, dt, true); }
+
+ct_tensor *ct_tensor_clone(const ct_tensor *t) { return t ? cast_impl(t, t->dtype, false) : NULL; }
+
+ct_tensor *ct_tensor_contiguous(ct_tensor *t)
+{
+    if (!t) return NULL;
+    if (ct_tensor_is_contiguous(t)) return ct_frame_adopt(ct_tensor_retain(t));
+    return ct_tensor_clone(t);
+}
+
+ct_status ct_tensor_fill_(ct_tensor *t, double value)
+{
+    if (!t) return ct_error_set(CT_ERR_INVALID, "tensor_fill_: tensor is NULL");
+    if (t->device.type != CT_DEVICE_CPU)
+        return ct_error_set(CT_ERR_UNSUPPORTED, "tensor_fill_: only cpu tensors in this build");
+    unsigned char one[8];
+    ct_scalar_store(t->dtype, one, value);
+    size_t es = ct_dtype_size(t->dtype);
+    const int64_t *strides[1] = {t->strides};
+    ct_iter it;
+    ct_iter_init(&it, t->ndim, t->shape, 1, strides);
+    char *base = ct_tensor_data(t);
+    for (int64_t r = 0; r < it.nrows; r++) {
+        int64_t off;
+        ct_iter_row(&it, r, &off);
+        char *p = base + off * (int64_t)es;
+        for (int64_t i = 0; i < it.inner; i++) memcpy(p + i * it.inner_stride[0] * (int64_t)es, one, es);
+    }
+    return CT_OK;
+}
+
+static char *element_ptr(const char *op, const ct_tensor *t, const int64_t *index)
+{
+    if (!t) {
+        ct_error_set(CT_ERR_INVALID, "%s: tensor is NULL", op);
+        return NULL;
+    }
+    if (t->device.type != CT_DEVICE_CPU) {
+        ct_error_set(CT_ERR_UNSUPPORTED, "%s: only cpu tensors in this build", op);
+        return NULL;
+    }
+    int64_t off = t->offset;
+    for (int d = 0; d < t->ndim; d++) {
+        if (index[d] < 0 || index[d] >= t->shape[d]) {
+            char s[200];
+            ct_error_set(CT_ERR_INVALID, "%s: index %lld out of range for dim %d of %s", op, (long long)index[d], d,
+                         ct_tensor_describe(t, s, sizeof s));
+            return NULL;
+        }
+        off += index[d] * t->strides[d];
+    }
+    return (char *)t->storage->data + off * (int64_t)ct_dtype_size(t->dtype);
+}
+
+double ct_tensor_get(const ct_tensor *t, const int64_t *index)
+{
+    const char *p = element_ptr("tensor_get", t, index);
+    return p ? ct_scalar_load(t->dtype, p) : NAN;
+}
+
+ct_status ct_tensor_set(ct_tensor *t, const int64_t *index, double value)
+{
+    char *p = element_ptr("tensor_set", t, index);
+    if (!p) return ct_last_status();
+    ct_scalar_store(t->dtype, p, value);
+    return CT_OK;
+}
+
+double ct_tensor_item(const ct_tensor *t)
+{
+    if (!t) return NAN;
+    if (ct_tensor_numel(t) != 1) {
+        char s[200];
+        ct_error_set(CT_ERR_INVALID, "tensor_item: %s has %lld elements, not 1", ct_tensor_describe(t, s, sizeof s),
+                     (long long)ct_tensor_numel(t));
+        return NAN;
+    }
+    int64_t zero[CT_MAX_DIMS] = {0};
+    return ct_tensor_get(t, zero);
+}

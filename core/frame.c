@@ -1,0 +1,106 @@
+#include "core/frame.h"
+
+#include <stdlib.h>
+
+/* One growable array of references per thread; a frame is the range from its
+ * mark to the end. Kept references wait in `kept` (tagged with the depth that
+ * kept them) and move into the parent's range when that depth pops. */
+typedef struct {
+    ct_tensor **v;
+    int64_t n, cap;
+} ref_vec;
+
+typedef struct {
+    ct_tensor *t;
+    int depth;
+} kept_ref;
+
+static _Thread_local ref_vec refs;
+static _Thread_local int64_t *marks;
+static _Thread_local int depth, marks_cap;
+static _Thread_local kept_ref *kept;
+static _Thread_local int64_t nkept, kept_cap;
+
+static void refs_push(ct_tensor *t)
+{
+    if (refs.n == refs.cap) {
+        int64_t cap = refs.cap ? refs.cap * 2 : 256;
+        ct_tensor **v = realloc(refs.v, (size_t)cap * sizeof *v);
+        CT_ASSERT(v != NULL); /* a frame that cannot grow cannot own: treat as fatal OOM */
+        refs.v = v;
+        refs.cap = cap;
+    }
+    refs.v[refs.n++] = t;
+}
+
+int ct_frame_push(void)
+{
+    if (depth == marks_cap) {
+        int cap = marks_cap ? marks_cap * 2 : 16;
+        int64_t *m = realloc(marks, (size_t)cap * sizeof *m);
+        CT_ASSERT(m != NULL);
+        marks = m;
+        marks_cap = cap;
+    }
+    marks[depth++] = refs.n;
+    return depth;
+}
+
+void ct_frame_pop(void)
+{
+    if (depth == 0) return;
+    int64_t mark = marks[--depth];
+    /* release newest first, so views go before the tensors they were made from */
+    for (int64_t i = refs.n - 1; i >= mark; i--) ct_tensor_release(refs.v[i]);
+    refs.n = mark;
+    while (nkept > 0 && kept[nkept - 1].depth == depth + 1) refs_push(kept[--nkept].t);
+    if (depth == 0 && refs.n == 0) {
+        free(refs.v);
+        refs = (ref_vec){0};
+        free(marks);
+        marks = NULL;
+        marks_cap = 0;
+        free(kept);
+        kept = NULL;
+        kept_cap = 0;
+    }
+}
+
+int ct_frame_depth(void) { return depth; }
+
+int64_t ct_frame_size(void) { return refs.n - (depth ? marks[depth - 1] : 0); }
+
+ct_tensor *ct_frame_adopt(ct_tensor *t)
+{
+    if (t) refs_push(t);
+    return t;
+}
+
+ct_tensor *ct_keep(ct_tensor *t)
+{
+    if (!t || depth == 0) return t;
+    if (nkept == kept_cap) {
+        int64_t cap = kept_cap ? kept_cap * 2 : 64;
+        kept_ref *k = realloc(kept, (size_t)cap * sizeof *k);
+        CT_ASSERT(k != NULL);
+        kept = k;
+        kept_cap = cap;
+    }
+    ct_tensor_retain(t);
+    kept[nkept++] = (kept_ref){t, depth};
+    return t;
+}
+
+void ct_frame_reset_root(void)
+{
+    while (depth > 0) ct_frame_pop();
+    for (int64_t i = refs.n - 1; i >= 0; i--) ct_tensor_release(refs.v[i]);
+    free(refs.v);
+    refs = (ref_vec){0};
+    free(marks);
+    marks = NULL;
+    marks_cap = 0;
+    free(kept);
+    kept = NULL;
+    nkept = kept_cap = 0;
+}

@@ -1,0 +1,41 @@
+/* ctrain — storage: a refcounted block of device memory that tensors view.
+ *
+ * CPU storage is 64-byte aligned. A storage either owns its memory (freed when
+ * the last reference goes) or wraps a caller's buffer with an optional release
+ * callback (a caller's array, an mmap'ed file region).
+ */
+#ifndef CT_CORE_STORAGE_H
+#define CT_CORE_STORAGE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/device.h"
+
+typedef void (*ct_storage_release_fn)(void *ctx, void *data, size_t nbytes);
+
+typedef struct ct_storage {
+    int refcount; /* atomic */
+    void *data;
+    size_t nbytes;
+    ct_device device;
+    bool owned;                    /* true: ctrain allocated data and frees it */
+    ct_storage_release_fn release; /* called for wrapped memory when set */
+    void *release_ctx;
+} ct_storage;
+
+#define CT_CPU_ALIGN 64
+
+/* New storage of nbytes, uninitialised, refcount 1 (the caller's). NULL + error on failure. */
+ct_storage *ct_storage_new(ct_device dev, size_t nbytes);
+/* Wraps a caller's memory; release (may be NULL) is called when the last reference goes. */
+ct_storage *ct_storage_wrap(ct_device dev, void *data, size_t nbytes, ct_storage_release_fn release,
+                            void *ctx);
+void ct_storage_retain(ct_storage *s);
+void ct_storage_release(ct_storage *s);
+
+/* Bytes of CPU storage currently allocated by ctrain (not wrapped buffers): for leak tests. */
+int64_t ct_storage_live_bytes(void);
+
+#endif
