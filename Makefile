@@ -22,6 +22,8 @@ ARCH ?= -march=native
 endif
 
 VERSION  := 0.1.0
+# sub-makes build in parallel unless the caller already chose -j
+JOBS     := $(if $(findstring j,$(firstword -$(MAKEFLAGS))),,-j$(shell nproc 2>/dev/null || echo 2))
 LIB_DIRS := core kernels kernels/cpu
 LIB_SRC  := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
 LIB_HDR  := ctrain.h $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.h))
@@ -42,11 +44,11 @@ AR_LIB   := $(BUILD)/lib/libctrain.a
 TEST_BIN := $(BUILD)/tests/ctrain_tests
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all setup test asan fuzz bench install uninstall clean train
+.PHONY: all setup test asan memcheck fuzz bench install uninstall clean train
 .DEFAULT_GOAL := all
 
 all: setup
-	@$(MAKE) --no-print-directory $(SO) $(AR_LIB)
+	@$(MAKE) --no-print-directory $(JOBS) $(SO) $(AR_LIB)
 
 setup:
 	@./tools/setup.sh
@@ -70,15 +72,21 @@ $(TEST_BIN): $(TEST_OBJ) $(AR_LIB)
 # The suite: one Criterion binary, every test in its own process with a timeout.
 # Criterion's closing "Synthesis" line is the summary CI reads.
 test: setup
-	@$(MAKE) --no-print-directory $(TEST_BIN)
+	@$(MAKE) --no-print-directory $(JOBS) $(SO) $(TEST_BIN)
 	$(TEST_BIN) --jobs $${CT_TEST_JOBS:-2}
 
 asan: setup
-	@$(MAKE) --no-print-directory BUILD=build-asan OPT=-O1 build-asan/tests/ctrain_tests \
+	@$(MAKE) --no-print-directory $(JOBS) BUILD=build-asan OPT=-O1 build-asan/tests/ctrain_tests \
 	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
-	    LSAN_OPTIONS=suppressions=tests/lsan.supp \
-	    CT_SANITIZED=1 build-asan/tests/ctrain_tests --jobs $${CT_TEST_JOBS:-2}
+	    build-asan/tests/ctrain_tests --jobs $${CT_TEST_JOBS:-2}
+
+# valgrind over the lifetime tests: no definite or indirect leak, no invalid access.
+memcheck: setup
+	@$(MAKE) --no-print-directory $(JOBS) $(TEST_BIN)
+	CT_MEMCHECK=1 valgrind -q --leak-check=full --errors-for-leak-kinds=definite,indirect \
+	    --error-exitcode=3 --trace-children=yes \
+	    $(TEST_BIN) --filter '@(frame|tensor|safetensors)/*' --jobs 1
 
 # Each fuzz target links the library sources built with clang's libFuzzer + ASan/UBSan.
 FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -O1 -g -I. -fopenmp -fsanitize=fuzzer,address,undefined -Wall -Wextra -Werror -Wno-unknown-pragmas
@@ -100,7 +108,7 @@ $(BUILD)/bench/%: bench/%.c $(AR_LIB)
 	$(CC) $(ALL_CFLAGS) $(ALL_LDFLAGS) -o $@ $< $(AR_LIB) $(LDLIBS)
 
 bench: setup
-	@$(MAKE) --no-print-directory $(BENCH_BIN)
+	@$(MAKE) --no-print-directory $(JOBS) $(BENCH_BIN)
 	@set -e; for b in $(BENCH_BIN); do echo "== $$b"; $$b; done
 
 train: setup

@@ -9,6 +9,7 @@
 #include "core/frame.h"
 #include "core/iter.h"
 #include "core/tensor_internal.h"
+#include "core/threads.h"
 
 static ct_status copy_impl(ct_tensor *dst, const ct_tensor *src, bool saturate)
 {
@@ -43,7 +44,20 @@ static ct_status copy_impl(ct_tensor *dst, const ct_tensor *src, bool saturate)
     const char *sp = ct_tensor_data(src);
     bool same = dst->dtype == src->dtype;
     int64_t nrows = it.nrows;
-    #pragma omp parallel for if (nrows * it.inner > (1 << 16)) schedule(static)
+    if (nrows == 1 && it.inner_stride[0] == 1 && it.inner_stride[1] == 1) {
+        /* one long contiguous run (the common cast): split it into chunks so that
+         * every thread converts a part */
+        const int64_t chunk = 1 << 16;
+        int64_t n = it.inner, nchunks = (n + chunk - 1) / chunk;
+        #pragma omp parallel for num_threads(ct_get_num_threads()) if (nchunks > 1 && dst->storage != src->storage) schedule(static)
+        for (int64_t c = 0; c < nchunks; c++) {
+            int64_t lo = c * chunk, len = n - lo < chunk ? n - lo : chunk;
+            if (same) memmove(dp + lo * (int64_t)des, sp + lo * (int64_t)ses, (size_t)len * des);
+            else ct_convert_n(dst->dtype, dp + lo * (int64_t)des, src->dtype, sp + lo * (int64_t)ses, len, saturate);
+        }
+        return CT_OK;
+    }
+    #pragma omp parallel for num_threads(ct_get_num_threads()) if (nrows * it.inner > (1 << 16)) schedule(static)
     for (int64_t r = 0; r < nrows; r++) {
         int64_t off[2];
         ct_iter_row(&it, r, off);

@@ -19,6 +19,7 @@ typedef struct ct_storage {
     int refcount; /* atomic */
     void *data;
     size_t nbytes;
+    size_t capacity; /* bytes actually allocated (owned storage; size-class rounded) */
     ct_device device;
     bool owned;                    /* true: ctrain allocated data and frees it */
     ct_storage_release_fn release; /* called for wrapped memory when set */
@@ -35,7 +36,12 @@ ct_storage *ct_storage_wrap(ct_device dev, void *data, size_t nbytes, ct_storage
 void ct_storage_retain(ct_storage *s);
 void ct_storage_release(ct_storage *s);
 
-/* Bytes of CPU storage currently allocated by ctrain (not wrapped buffers): for leak tests. */
+/* Bytes of CPU storage currently allocated by ctrain and in use (not wrapped
+ * buffers, not the cache): for leak tests. */
 int64_t ct_storage_live_bytes(void);
+/* Freed blocks of 128 KiB and more are cached for reuse (at most 1 GiB, or
+ * CTRAIN_CPU_CACHE_BYTES; 0 turns the cache off). Bytes held now / release all. */
+int64_t ct_storage_cache_bytes(void);
+void ct_storage_cache_clear(void);
 
 #endif

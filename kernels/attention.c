@@ -1,0 +1,106 @@
+#include "kernels/attention.h"
+
+#include <math.h>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/dispatch.h"
+
+static const ct_attention_fn attention_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = ct_cpu_attention};
+static const ct_attention_backward_fn attention_backward_impl[CT_DEVICE_TYPE_COUNT] = {
+    [CT_DEVICE_CPU] = ct_cpu_attention_backward,
+};
+
+static bool attention_dtype_ok(ct_dtype dt)
+{
+    return dt == CT_DTYPE_F32 || dt == CT_DTYPE_F64 || dt == CT_DTYPE_BF16 || dt == CT_DTYPE_F16;
+}
+
+/* Checks q (B,H,T,D), k (B,H,S,D), v (B,H,S,Dv): ranks, matching dims, one float dtype,
+ * one device, a usable scale. On failure records a message naming op and operands. */
+static ct_status attention_check(const char *op, const ct_tensor *q, const ct_tensor *k, const ct_tensor *v,
+                                 double scale)
+{
+    char a[200], b[200], c[200];
+    ct_tensor_describe(q, a, sizeof a), ct_tensor_describe(k, b, sizeof b), ct_tensor_describe(v, c, sizeof c);
+    if (q->ndim != 4 || k->ndim != 4 || v->ndim != 4)
+        return ct_error_set(CT_ERR_INVALID, "%s: expected 4-d q (B,H,T,D), k (B,H,S,D), v (B,H,S,Dv); got q %s, k %s, v %s",
+                            op, a, b, c);
+    if (q->shape[0] != k->shape[0] || q->shape[0] != v->shape[0] || q->shape[1] != k->shape[1] ||
+        q->shape[1] != v->shape[1] || k->shape[2] != v->shape[2] || q->shape[3] != k->shape[3])
+        return ct_error_set(CT_ERR_INVALID,
+                            "%s: shapes do not fit q (B,H,T,D), k (B,H,S,D), v (B,H,S,Dv): q %s, k %s, v %s", op, a, b,
+                            c);
+    if (q->shape[3] < 1)
+        return ct_error_set(CT_ERR_INVALID, "%s: head dim D must be >= 1: q %s, k %s, v %s", op, a, b, c);
+    if (!attention_dtype_ok(q->dtype) || k->dtype != q->dtype || v->dtype != q->dtype)
+        return ct_error_set(CT_ERR_INVALID, "%s: q, k, v need one dtype among f32, f64, bf16, f16: q %s, k %s, v %s",
+                            op, a, b, c);
+    if (isnan(scale) || isinf(scale))
+        return ct_error_set(CT_ERR_INVALID, "%s: scale must be finite (<= 0 for 1/sqrt(D)), got %g (q %s)", op, scale,
+                            a);
+    const ct_tensor *ts[3] = {q, k, v};
+    return ct_kernel_same_device(op, ts, 3);
+}
+
+static ct_dtype attention_lse_dtype(ct_dtype dt) { return dt == CT_DTYPE_F64 ? CT_DTYPE_F64 : CT_DTYPE_F32; }
+
+ct_tensor *ct_kernel_attention(const ct_tensor *q, const ct_tensor *k, const ct_tensor *v, bool causal,
+                               double scale, ct_tensor **lse)
+{
+    if (!q || !k || !v) return NULL;
+    if (attention_check("attention", q, k, v, scale)) return NULL;
+    const int64_t B = q->shape[0], H = q->shape[1], T = q->shape[2], Dv = v->shape[3];
+    ct_attention_fn fn = attention_impl[q->device.type];
+    if (!fn) {
+        ct_kernel_unavailable("attention", q->device);
+        return NULL;
+    }
+    ct_tensor *out = ct_tensor_empty_on(q->device, q->dtype, CT_SHAPE(B, H, T, Dv));
+    ct_tensor *l = lse ? ct_tensor_empty_on(q->device, attention_lse_dtype(q->dtype), CT_SHAPE(B, H, T)) : NULL;
+    if (!out || (lse && !l)) return NULL;
+    if (fn(q, k, v, causal, scale, out, l)) return NULL;
+    if (lse) *lse = l;
+    return out;
+}
+
+ct_status ct_kernel_attention_backward(const ct_tensor *dout, const ct_tensor *q, const ct_tensor *k,
+                                       const ct_tensor *v, const ct_tensor *out, const ct_tensor *lse, bool causal,
+                                       double scale, ct_tensor **dq, ct_tensor **dk, ct_tensor **dv)
+{
+    const char *op = "attention_backward";
+    if (!dout || !q || !k || !v || !out || !lse) {
+        if (ct_last_status() == CT_OK)
+            return ct_error_set(CT_ERR_INVALID, "%s: NULL tensor among dout, q, k, v, out, lse", op);
+        return ct_last_status();
+    }
+    if (!dq || !dk || !dv) return ct_error_set(CT_ERR_INVALID, "%s: NULL result pointer for dq, dk or dv", op);
+    ct_status st = attention_check(op, q, k, v, scale);
+    if (st) return st;
+    const int64_t B = q->shape[0], H = q->shape[1], T = q->shape[2], Dv = v->shape[3];
+    char a[200], b[200], c[200], d[200];
+    ct_tensor_describe(dout, a, sizeof a), ct_tensor_describe(out, b, sizeof b);
+    ct_tensor_describe(lse, c, sizeof c), ct_tensor_describe(q, d, sizeof d);
+    const int64_t want[4] = {B, H, T, Dv};
+    bool shapes_ok = dout->ndim == 4 && out->ndim == 4 && lse->ndim == 3;
+    for (int i = 0; shapes_ok && i < 4; i++) shapes_ok = dout->shape[i] == want[i] && out->shape[i] == want[i];
+    for (int i = 0; shapes_ok && i < 3; i++) shapes_ok = lse->shape[i] == want[i];
+    if (!shapes_ok)
+        return ct_error_set(CT_ERR_INVALID,
+                            "%s: expected dout and out (B,H,T,Dv) and lse (B,H,T) matching q %s; got dout %s, out %s, lse %s",
+                            op, d, a, b, c);
+    if (dout->dtype != q->dtype || out->dtype != q->dtype ||
+        (lse->dtype != CT_DTYPE_F32 && lse->dtype != CT_DTYPE_F64))
+        return ct_error_set(CT_ERR_INVALID, "%s: dout and out need q's dtype and lse f32 or f64: q %s, dout %s, out %s, lse %s",
+                            op, d, a, b, c);
+    const ct_tensor *ts[6] = {dout, q, k, v, out, lse};
+    if ((st = ct_kernel_same_device(op, ts, 6))) return st;
+    ct_attention_backward_fn fn = attention_backward_impl[q->device.type];
+    if (!fn) return ct_kernel_unavailable(op, q->device);
+    ct_tensor *gq = ct_tensor_empty_on(q->device, q->dtype, q->ndim, q->shape);
+    ct_tensor *gk = ct_tensor_empty_on(k->device, k->dtype, k->ndim, k->shape);
+    ct_tensor *gv = ct_tensor_empty_on(v->device, v->dtype, v->ndim, v->shape);
+    if (!gq || !gk || !gv) return ct_last_status();
+    if ((st = fn(dout, q, k, v, out, lse, causal, scale, gq, gk, gv))) return st;
+    *dq = gq, *dk = gk, *dv = gv;
+    return CT_OK;
+}

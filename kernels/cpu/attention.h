@@ -1,0 +1,43 @@
+/* ctrain — CPU attention kernels (see kernels/attention.h for the math).
+ *
+ * ct_cpu_attention / ct_cpu_attention_backward: blockwise, 64 queries x 64 keys
+ * per tile, OpenMP over (batch*head, query block) in the forward and over
+ * (batch*head) or (batch*head, block) in the backward; no T x S buffer.
+ * ct_cpu_attention_ref / ct_cpu_attention_backward_ref: full score matrix per
+ * head in double, plain loops; for tests only. The ref backward recomputes the
+ * softmax itself and ignores out and lse, so it does not trust the forward.
+ */
+#ifndef CT_KERNELS_CPU_ATTENTION_H
+#define CT_KERNELS_CPU_ATTENTION_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/attention.h"
+
+/* Query and key rows per tile. */
+#define CT_ATTN_BLOCK_Q 64
+#define CT_ATTN_BLOCK_K 64
+
+ct_status ct_cpu_attention(const ct_tensor *q, const ct_tensor *k, const ct_tensor *v, bool causal,
+                           double scale, ct_tensor *out, ct_tensor *lse);
+ct_status ct_cpu_attention_ref(const ct_tensor *q, const ct_tensor *k, const ct_tensor *v,
+                               bool causal, double scale, ct_tensor *out, ct_tensor *lse);
+ct_status ct_cpu_attention_backward(const ct_tensor *dout, const ct_tensor *q, const ct_tensor *k,
+                                    const ct_tensor *v, const ct_tensor *out,
+                                    const ct_tensor *lse, bool causal, double scale,
+                                    ct_tensor *dq, ct_tensor *dk, ct_tensor *dv);
+ct_status ct_cpu_attention_backward_ref(const ct_tensor *dout, const ct_tensor *q,
+                                        const ct_tensor *k, const ct_tensor *v,
+                                        const ct_tensor *out, const ct_tensor *lse, bool causal,
+                                        double scale, ct_tensor *dq, ct_tensor *dk,
+                                        ct_tensor *dv);
+
+/* Bytes of scratch one thread of ct_cpu_attention / ct_cpu_attention_backward
+ * allocates for one head with T queries, S keys, head dims D and Dv, computing in
+ * elements of elem_size bytes (4 for f32/bf16/f16, 8 for f64): the larger of the
+ * forward and backward needs. It grows like (T + S) * (D + Dv), never like T * S. */
+size_t ct_cpu_attention_workspace_bytes(int64_t T, int64_t S, int64_t D, int64_t Dv,
+                                        size_t elem_size);
+
+#endif

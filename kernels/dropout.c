@@ -1,0 +1,85 @@
+/* Tensor-level dropout: argument checks, output allocation, dispatch to the
+ * device kernels (kernels/cpu/dropout.c). */
+#include "kernels/dropout.h"
+
+#include "core/frame.h"
+#include "core/threads.h"
+#include "kernels/cpu/dropout.h"
+#include "kernels/dispatch.h"
+
+static const ct_dropout_fn dropout_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = ct_cpu_dropout};
+static const ct_dropout_backward_fn dropout_backward_impl[CT_DEVICE_TYPE_COUNT] = {
+    [CT_DEVICE_CPU] = ct_cpu_dropout_backward};
+
+static bool float_dtype(ct_dtype dt)
+{
+    return dt == CT_DTYPE_F32 || dt == CT_DTYPE_F64 || dt == CT_DTYPE_BF16 || dt == CT_DTYPE_F16;
+}
+
+static bool check_p(const char *op, double p, const ct_tensor *t)
+{
+    char a[200];
+    if (p >= 0 && p <= 1) return true; /* false for NaN too */
+    ct_error_set(CT_ERR_INVALID, "%s: p = %g must lie in [0, 1] (x %s)", op, p, ct_tensor_describe(t, a, sizeof a));
+    return false;
+}
+
+/* t itself when contiguous, else a contiguous copy in the current frame. */
+static const ct_tensor *contiguous(const ct_tensor *t) { return ct_tensor_is_contiguous(t) ? t : ct_tensor_clone(t); }
+
+ct_tensor *ct_kernel_dropout(const ct_tensor *x, double p, ct_rng *rng, ct_tensor **mask)
+{
+    const char *op = "dropout";
+    char a[200];
+    if (mask) *mask = NULL;
+    if (!x) return NULL;
+    if (!float_dtype(x->dtype)) {
+        ct_error_set(CT_ERR_INVALID, "%s: x must be f32, f64, bf16 or f16, got %s", op, ct_tensor_describe(x, a, sizeof a));
+        return NULL;
+    }
+    if (!check_p(op, p, x)) return NULL;
+    ct_dropout_fn fn = dropout_impl[x->device.type];
+    if (!fn) {
+        ct_kernel_unavailable(op, x->device);
+        return NULL;
+    }
+    ct_tensor *y = ct_tensor_empty_on(x->device, x->dtype, x->ndim, x->shape);
+    ct_tensor *m = ct_tensor_empty_on(x->device, CT_DTYPE_U8, x->ndim, x->shape);
+    if (!y || !m) return NULL;
+    ct_threads_sync();
+    ct_frame_push();
+    const ct_tensor *xc = contiguous(x);
+    ct_status st = xc ? fn(xc, p, rng ? rng : ct_rng_default(), y, m) : ct_last_status();
+    ct_frame_pop();
+    if (st) return NULL;
+    if (mask) *mask = m;
+    return y;
+}
+
+ct_tensor *ct_kernel_dropout_backward(const ct_tensor *dy, const ct_tensor *mask, double p)
+{
+    const char *op = "dropout_backward";
+    char a[200], b[200];
+    if (!dy || !mask) return NULL;
+    if (!float_dtype(dy->dtype) || (mask->dtype != CT_DTYPE_U8 && mask->dtype != CT_DTYPE_BOOL) ||
+        !ct_tensor_same_shape(dy, mask)) {
+        ct_error_set(CT_ERR_INVALID, "%s: dy %s (f32, f64, bf16 or f16) and mask %s (u8 or bool) must have one shape", op,
+                     ct_tensor_describe(dy, a, sizeof a), ct_tensor_describe(mask, b, sizeof b));
+        return NULL;
+    }
+    if (!check_p(op, p, dy)) return NULL;
+    if (ct_kernel_same_device(op, (const ct_tensor *[]){dy, mask}, 2)) return NULL;
+    ct_dropout_backward_fn fn = dropout_backward_impl[dy->device.type];
+    if (!fn) {
+        ct_kernel_unavailable(op, dy->device);
+        return NULL;
+    }
+    ct_tensor *dx = ct_tensor_empty_on(dy->device, dy->dtype, dy->ndim, dy->shape);
+    if (!dx) return NULL;
+    ct_threads_sync();
+    ct_frame_push();
+    const ct_tensor *dc = contiguous(dy), *mc = contiguous(mask);
+    ct_status st = dc && mc ? fn(dc, mc, p, dx) : ct_last_status();
+    ct_frame_pop();
+    return st ? NULL : dx;
+}

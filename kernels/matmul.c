@@ -1,0 +1,103 @@
+/* Tensor-level matmul: argument checks, output allocation, device dispatch.
+ * The math and the library calls live in kernels/cpu/matmul.c. */
+#include "kernels/matmul.h"
+
+#include "core/frame.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/dispatch.h"
+
+static const ct_matmul_fn matmul_impl[CT_DEVICE_TYPE_COUNT] = {
+    [CT_DEVICE_CPU] = ct_cpu_matmul,
+};
+
+/* Checks a and b and writes the result's shape (bcast..., M, N) into *nd, shape. */
+static ct_status matmul_check(const char *op, const ct_tensor *a, const ct_tensor *b, bool ta, bool tb, int *nd,
+                              int64_t *shape)
+{
+    char da[200], db[200];
+    const ct_tensor *ts[2] = {a, b};
+    ct_status st = ct_kernel_same_device(op, ts, 2);
+    if (st) return st;
+    if (a->dtype != b->dtype)
+        return ct_error_set(CT_ERR_INVALID, "%s: dtype mismatch: a %s, b %s (both must have one dtype)", op,
+                            ct_tensor_describe(a, da, sizeof da), ct_tensor_describe(b, db, sizeof db));
+    if (a->dtype != CT_DTYPE_F32 && a->dtype != CT_DTYPE_F64 && a->dtype != CT_DTYPE_BF16 &&
+        a->dtype != CT_DTYPE_F16)
+        return ct_error_set(CT_ERR_INVALID, "%s: unsupported dtype %s for a %s, b %s (f32, f64, bf16, f16)", op,
+                            ct_dtype_name(a->dtype), ct_tensor_describe(a, da, sizeof da),
+                            ct_tensor_describe(b, db, sizeof db));
+    if (a->ndim < 2 || b->ndim < 2)
+        return ct_error_set(CT_ERR_INVALID, "%s: a %s and b %s must both have at least 2 dims", op,
+                            ct_tensor_describe(a, da, sizeof da), ct_tensor_describe(b, db, sizeof db));
+    int64_t m = a->shape[a->ndim - (ta ? 1 : 2)], ka = a->shape[a->ndim - (ta ? 2 : 1)];
+    int64_t kb = b->shape[b->ndim - (tb ? 1 : 2)], n = b->shape[b->ndim - (tb ? 2 : 1)];
+    if (ka != kb)
+        return ct_error_set(CT_ERR_INVALID,
+                            "%s: inner dimensions differ: a %s%s has K=%lld, b %s%s has K=%lld", op,
+                            ct_tensor_describe(a, da, sizeof da), ta ? " (transposed)" : "", (long long)ka,
+                            ct_tensor_describe(b, db, sizeof db), tb ? " (transposed)" : "", (long long)kb);
+    int nb;
+    if (!ct_broadcast_shape(a->ndim - 2, a->shape, b->ndim - 2, b->shape, &nb, shape)) {
+        char ba[160], bb[160];
+        return ct_error_set(CT_ERR_INVALID, "%s: batch dims %s of a %s and %s of b %s do not broadcast", op,
+                            ct_shape_str(a->ndim - 2, a->shape, ba, sizeof ba), ct_tensor_describe(a, da, sizeof da),
+                            ct_shape_str(b->ndim - 2, b->shape, bb, sizeof bb), ct_tensor_describe(b, db, sizeof db));
+    }
+    shape[nb] = m;
+    shape[nb + 1] = n;
+    *nd = nb + 2;
+    return CT_OK;
+}
+
+static ct_status matmul_run(ct_tensor *out, const ct_tensor *a, const ct_tensor *b, bool ta, bool tb,
+                            double alpha, double beta)
+{
+    ct_matmul_fn fn = matmul_impl[a->device.type];
+    if (!fn) return ct_kernel_unavailable("matmul", a->device);
+    return fn(out, a, b, ta, tb, alpha, beta);
+}
+
+ct_tensor *ct_kernel_matmul(const ct_tensor *a, const ct_tensor *b, bool trans_a, bool trans_b)
+{
+    if (!a || !b) return NULL;
+    int nd;
+    int64_t shape[CT_MAX_DIMS];
+    if (matmul_check("matmul", a, b, trans_a, trans_b, &nd, shape)) return NULL;
+    ct_tensor *out = ct_tensor_empty_on(a->device, a->dtype, nd, shape);
+    if (!out) return NULL;
+    if (matmul_run(out, a, b, trans_a, trans_b, 1.0, 0.0)) return NULL;
+    return out;
+}
+
+ct_status ct_kernel_matmul_out(ct_tensor *out, const ct_tensor *a, const ct_tensor *b, bool trans_a, bool trans_b,
+                               double alpha, double beta)
+{
+    if (!out || !a || !b) {
+        ct_status prev = ct_last_status();
+        return prev ? prev : ct_error_set(CT_ERR_INVALID, "matmul_out: NULL tensor (out, a or b)");
+    }
+    int nd;
+    int64_t shape[CT_MAX_DIMS];
+    ct_status st = matmul_check("matmul_out", a, b, trans_a, trans_b, &nd, shape);
+    if (st) return st;
+    char d0[200], da[200], db[200], sh[160];
+    const ct_tensor *ts[2] = {out, a};
+    if ((st = ct_kernel_same_device("matmul_out", ts, 2))) return st;
+    bool shape_ok = out->ndim == nd;
+    for (int d = 0; shape_ok && d < nd; d++) shape_ok = out->shape[d] == shape[d];
+    if (!shape_ok || out->dtype != a->dtype)
+        return ct_error_set(CT_ERR_INVALID, "matmul_out: out %s should be %s%s for a %s @ b %s",
+                            ct_tensor_describe(out, d0, sizeof d0), ct_dtype_name(a->dtype),
+                            ct_shape_str(nd, shape, sh, sizeof sh), ct_tensor_describe(a, da, sizeof da),
+                            ct_tensor_describe(b, db, sizeof db));
+    if (!ct_tensor_is_contiguous(out))
+        return ct_error_set(CT_ERR_INVALID, "matmul_out: out %s must be contiguous (a %s, b %s)",
+                            ct_tensor_describe(out, d0, sizeof d0), ct_tensor_describe(a, da, sizeof da),
+                            ct_tensor_describe(b, db, sizeof db));
+    /* the GEMM reads a and b while it writes out */
+    if (out->storage == a->storage || out->storage == b->storage)
+        return ct_error_set(CT_ERR_INVALID, "matmul_out: out %s shares storage with a %s or b %s",
+                            ct_tensor_describe(out, d0, sizeof d0), ct_tensor_describe(a, da, sizeof da),
+                            ct_tensor_describe(b, db, sizeof db));
+    return matmul_run(out, a, b, trans_a, trans_b, alpha, beta);
+}

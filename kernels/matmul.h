@@ -1,0 +1,30 @@
+/* ctrain — matrix multiplication, 2-D and batched.
+ *
+ *   a (..., M, K), or (..., K, M) when trans_a      op(a) = trans_a ? a^T : a   (M, K)
+ *   b (..., K, N), or (..., N, K) when trans_b      op(b) = trans_b ? b^T : b   (K, N)
+ *   out (bcast..., M, N) = op(a) @ op(b)
+ * over the last two dims; the leading (batch) dims broadcast with numpy rules, so
+ * (2,1,3,4) @ (5,4,6) -> (2,5,3,6). Both inputs need >= 2 dims and one dtype:
+ * f32 or f64 (OpenBLAS / oneDNN GEMM), bf16 or f16 (f32 accumulation, the result
+ * rounded once to the input dtype). Inputs may be strided views: a transposed or
+ * row-sliced matrix goes to the GEMM as is (leading dimension = its stride); other
+ * layouts are copied first. Which library runs is chosen in kernels/cpu/matmul.h.
+ */
+#ifndef CT_KERNELS_MATMUL_H
+#define CT_KERNELS_MATMUL_H
+
+#include <stdbool.h>
+
+#include "core/tensor.h"
+
+/* op(a) @ op(b). New reference, owned by the current frame; NULL and an error
+ * (naming the op and both operands) on a shape, dtype or device mismatch. */
+ct_tensor *ct_kernel_matmul(const ct_tensor *a, const ct_tensor *b, bool trans_a, bool trans_b);
+
+/* out = alpha * op(a) @ op(b) + beta * out, into an existing contiguous out of the
+ * result's shape and the inputs' dtype. beta = 0 never reads out (NaNs there do
+ * not propagate); backward passes accumulate with beta = 1. */
+ct_status ct_kernel_matmul_out(ct_tensor *out, const ct_tensor *a, const ct_tensor *b, bool trans_a,
+                               bool trans_b, double alpha, double beta);
+
+#endif
