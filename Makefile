@@ -79,14 +79,14 @@ asan: setup
 	@$(MAKE) --no-print-directory $(JOBS) BUILD=build-asan OPT=-O1 build-asan/tests/ctrain_tests \
 	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
-	    build-asan/tests/ctrain_tests --jobs $${CT_TEST_JOBS:-2}
+	    tests/run_checked.sh build-asan/tests.log build-asan/tests/ctrain_tests --jobs $${CT_TEST_JOBS:-2}
 
 # valgrind over the lifetime tests: no definite or indirect leak, no invalid access.
 memcheck: setup
 	@$(MAKE) --no-print-directory $(JOBS) $(TEST_BIN)
-	CT_MEMCHECK=1 valgrind -q --leak-check=full --errors-for-leak-kinds=definite,indirect \
-	    --error-exitcode=3 --trace-children=yes \
-	    $(TEST_BIN) --filter '@(frame|tensor|safetensors)/*' --jobs 1
+	CT_MEMCHECK=1 tests/run_checked.sh $(BUILD)/memcheck.log \
+	    valgrind -q --leak-check=full --errors-for-leak-kinds=definite,indirect \
+	    --error-exitcode=3 --trace-children=yes $(TEST_BIN) --filter '@(frame|tensor|safetensors)/*' --jobs 1
 
 # Each fuzz target links the library sources built with clang's libFuzzer + ASan/UBSan.
 FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -O1 -g -I. -fopenmp -fsanitize=fuzzer,address,undefined -Wall -Wextra -Werror -Wno-unknown-pragmas

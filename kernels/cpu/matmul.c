@@ -9,17 +9,17 @@
  *
  * f32 library choice: OpenBLAS 0.3.21 (pthread) cblas_sgemm vs oneDNN 2.6.3 dnnl_sgemm,
  * square n^3 row-major GEMMs, interleaved, median of 9 (best in brackets), GFLOP/s, on
- * the 2-core AMD EPYC (Zen 3, AVX2) dev VM while other jobs ran (so 2 threads barely
- * beat 1; the lead reruns bench/kernels/matmul.c quietly):
+ * a 2-core AMD EPYC (Zen 3, AVX2) VM shared with other work (so 2 threads barely beat 1):
  *       n   1 thread  openblas     onednn        2 threads  openblas     onednn
  *     512           71.9 (80.1)  49.0 (52.1)               31.7 (36.7)  33.5 (42.7)
  *     768           77.8 (80.8)  75.3 (80.7)               42.6 (46.6)  61.4 (62.0)
  *    1024           74.3 (82.0)  63.8 (68.8)               52.5 (56.0)  57.0 (64.3)
  *    1536           70.9 (74.8)  68.4 (71.4)               63.8 (72.0)  62.9 (70.1)
  *    2048           72.2 (72.9)  67.2 (69.0)               67.0 (70.9)  65.4 (71.5)
- * OpenBLAS wins on one thread (by 45% at 512) and the 2-thread numbers are within the
- * noise of a shared machine, so OpenBLAS is the default; CTRAIN_SGEMM=onednn selects
- * dnnl_sgemm (which shares ctrain's OpenMP pool instead of running its own threads).
+ * OpenBLAS wins on one thread (by 45% at 512), so it is the default;
+ * CTRAIN_SGEMM=onednn selects dnnl_sgemm. On more threads ctrain splits the GEMM
+ * into panels itself and runs OpenBLAS single-threaded on each (see
+ * openblas_single_thread below; bench/README.md has the figures).
  */
 #include "kernels/cpu/matmul.h"
 
@@ -39,6 +39,7 @@
 
 /* Declared by OpenBLAS's cblas.h; repeated so another cblas.h still compiles. */
 void openblas_set_num_threads(int num_threads);
+int openblas_get_num_threads(void);
 
 #define SGEMM_DEFAULT CT_GEMM_OPENBLAS
 
@@ -249,30 +250,60 @@ ct_gemm_backend ct_cpu_matmul_backend(ct_dtype dt)
 
 /* ---- f32 / f64 library GEMMs ------------------------------------------------ */
 
-/* OpenBLAS keeps its own pthread pool; re-apply ctrain's count only when it changed. */
-static void openblas_threads_sync(void)
+/* OpenBLAS runs single-threaded, always: its pthread pool and the OpenMP pool
+ * that every other ctrain kernel (and oneDNN) uses would otherwise fight for the
+ * cores, since OpenMP workers spin for a while after each parallel region. We
+ * measured a 1024^3 sgemm on 2 threads 50% slower right after an elementwise
+ * kernel than alone. Instead ctrain splits a large GEMM into row (or column)
+ * panels on its own OpenMP threads and gives each panel to OpenBLAS. Checked on
+ * every call because a program may change OpenBLAS's setting itself. */
+static void openblas_single_thread(void)
 {
-    static atomic_int applied;
-    int gen = ct_threads_generation();
-    if (atomic_load(&applied) == gen) return;
-    openblas_set_num_threads(ct_get_num_threads());
-    atomic_store(&applied, gen);
+    if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
 }
 
-/* One row-major GEMM, C (M, N) with ldc = N. Returns a dnnl_status_t (0 = ok). */
+/* One row-major GEMM, C (M, N) with leading dimension ldc. Returns a dnnl_status_t (0 = ok). */
 static int gemm_one(ct_dtype dt, ct_gemm_backend be, bool at, bool bt, int64_t M, int64_t N, int64_t K, double alpha,
-                    const void *A, int64_t lda, const void *B, int64_t ldb, double beta, void *C)
+                    const void *A, int64_t lda, const void *B, int64_t ldb, double beta, void *C, int64_t ldc)
 {
     enum CBLAS_TRANSPOSE ta = at ? CblasTrans : CblasNoTrans, tb = bt ? CblasTrans : CblasNoTrans;
     if (dt == CT_DTYPE_F64) {
-        cblas_dgemm(CblasRowMajor, ta, tb, (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)N);
+        cblas_dgemm(CblasRowMajor, ta, tb, (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C,
+                    (int)ldc);
         return 0;
     }
     if (be == CT_GEMM_ONEDNN)
-        return (int)dnnl_sgemm(at ? 'T' : 'N', bt ? 'T' : 'N', M, N, K, (float)alpha, A, lda, B, ldb, (float)beta, C, N);
+        return (int)dnnl_sgemm(at ? 'T' : 'N', bt ? 'T' : 'N', M, N, K, (float)alpha, A, lda, B, ldb, (float)beta, C,
+                               ldc);
     cblas_sgemm(CblasRowMajor, ta, tb, (int)M, (int)N, (int)K, (float)alpha, A, (int)lda, B, (int)ldb, (float)beta, C,
-                (int)N);
+                (int)ldc);
     return 0;
+}
+
+/* Panels for one large BLAS GEMM: C's rows are split when M >= N, else its
+ * columns, into one panel per thread, each a multiple of PANEL_ALIGN so the
+ * library's micro-kernels see full tiles. Every output element is computed by
+ * the same K-loop whatever the split. */
+#define PANEL_ALIGN 16
+static void gemm_panels(ct_dtype dt, bool at, bool bt, int64_t M, int64_t N, int64_t K, double alpha, const char *A,
+                        int64_t lda, const char *B, int64_t ldb, double beta, char *C, int64_t es)
+{
+    int nt = M * N * K < SMALL_GEMM_MNK ? 1 : ct_get_num_threads();
+    bool split_m = M >= N;
+    int64_t len = split_m ? M : N;
+    int64_t per = (len + nt - 1) / nt;
+    per = (per + PANEL_ALIGN - 1) / PANEL_ALIGN * PANEL_ALIGN;
+    int np = (int)((len + per - 1) / per);
+    #pragma omp parallel for num_threads(nt) schedule(static) if (np > 1)
+    for (int p = 0; p < np; p++) {
+        int64_t lo = p * per, n = len - lo < per ? len - lo : per;
+        if (split_m) /* rows lo.. of op(A) and C */
+            gemm_one(dt, CT_GEMM_OPENBLAS, at, bt, n, N, K, alpha, A + (at ? lo : lo * lda) * es, lda, B, ldb, beta,
+                     C + lo * N * es, N);
+        else /* columns lo.. of op(B) and C */
+            gemm_one(dt, CT_GEMM_OPENBLAS, at, bt, M, n, K, alpha, A, lda, B + (bt ? lo * ldb : lo) * es, ldb, beta,
+                     C + lo * es, N);
+    }
 }
 
 /* f32/f64 out = alpha op(a) op(b) + beta out through OpenBLAS or dnnl_sgemm, batch by batch. */
@@ -294,23 +325,28 @@ static ct_status gemm_batched(ct_tensor *out, const ct_tensor *a, const ct_tenso
     int64_t es = (int64_t)ct_dtype_size(dt), mnk = g.M * g.N * g.K, nbatch = g.nbatch;
     const char *ap = ct_tensor_data(a), *bp = ct_tensor_data(b);
     char *cp = ct_tensor_data(out);
-    if (be == CT_GEMM_OPENBLAS) openblas_threads_sync();
-    ct_threads_sync(); /* dnnl_sgemm and our batch loop use OpenMP */
+    if (be == CT_GEMM_OPENBLAS || dt == CT_DTYPE_F64) openblas_single_thread();
+    ct_threads_sync(); /* dnnl_sgemm and our batch and panel loops use OpenMP */
     int failed = 0;
     if (nbatch > 1 && mnk <= SMALL_GEMM_MNK) {
         #pragma omp parallel for num_threads(ct_get_num_threads()) schedule(static) if (nbatch * mnk > 32768)
         for (int64_t i = 0; i < nbatch; i++) {
             int s = gemm_one(dt, be, at, bt, g.M, g.N, g.K, alpha, ap + batch_offset(&g, g.as, i) * es, lda,
-                             bp + batch_offset(&g, g.bs, i) * es, ldb, beta, cp + i * g.M * g.N * es);
+                             bp + batch_offset(&g, g.bs, i) * es, ldb, beta, cp + i * g.M * g.N * es, g.N);
             if (s) {
                 #pragma omp atomic write
                 failed = s;
             }
         }
     } else {
-        for (int64_t i = 0; i < nbatch && !failed; i++)
-            failed = gemm_one(dt, be, at, bt, g.M, g.N, g.K, alpha, ap + batch_offset(&g, g.as, i) * es, lda,
-                              bp + batch_offset(&g, g.bs, i) * es, ldb, beta, cp + i * g.M * g.N * es);
+        for (int64_t i = 0; i < nbatch && !failed; i++) {
+            const char *A = ap + batch_offset(&g, g.as, i) * es, *B = bp + batch_offset(&g, g.bs, i) * es;
+            char *C = cp + i * g.M * g.N * es;
+            if (be == CT_GEMM_OPENBLAS || dt == CT_DTYPE_F64)
+                gemm_panels(dt, at, bt, g.M, g.N, g.K, alpha, A, lda, B, ldb, beta, C, es);
+            else
+                failed = gemm_one(dt, be, at, bt, g.M, g.N, g.K, alpha, A, lda, B, ldb, beta, C, g.N);
+        }
     }
     if (failed)
         return ct_error_set(CT_ERR_INTERNAL, "matmul: dnnl_sgemm failed (status %d) for M=%lld N=%lld K=%lld", failed,

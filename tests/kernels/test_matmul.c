@@ -429,17 +429,32 @@ Test(matmul, concurrent_callers)
     cr_assert_eq(bad, 0);
 }
 
-Test(matmul, threads_reach_openblas)
+/* OpenBLAS stays single-threaded (its pthread pool would fight ctrain's OpenMP
+ * pool); ctrain splits a large GEMM into panels on ct_get_num_threads() threads.
+ * The same thread count gives the same bits; another count may round differently
+ * (OpenBLAS picks its blocking by panel size). */
+Test(matmul, panels_use_ctrain_threads_and_openblas_stays_single)
 {
     ct_set_seed(15);
     cr_assert_eq(ct_cpu_matmul_set_backend(CT_DTYPE_F32, CT_GEMM_OPENBLAS), CT_OK);
     CT_FRAME {
-        ct_tensor *a = ct_tensor_randn(CT_DTYPE_F32, CT_SHAPE(96, 96), 0, 1);
-        for (int n = 1; n <= 2; n++) {
+        ct_tensor *a = ct_tensor_randn(CT_DTYPE_F32, CT_SHAPE(203, 96), 0, 1);
+        ct_tensor *b = ct_tensor_randn(CT_DTYPE_F32, CT_SHAPE(96, 77), 0, 1);
+        ct_tensor *ref = ct_tensor_zeros(CT_DTYPE_F32, CT_SHAPE(203, 77));
+        cr_assert_eq(ct_cpu_matmul_ref(ref, a, b, false, false, 1, 0), CT_OK);
+        for (int n = 1; n <= 3; n++) {
             ct_set_num_threads(n);
-            cr_assert_not_null(ct_kernel_matmul(a, a, false, false));
-            cr_assert_eq(openblas_get_num_threads(), n);
+            openblas_set_num_threads(2); /* a program changing it must not matter */
+            ct_tensor *c = ct_kernel_matmul(a, b, false, false);
+            ct_tensor *ct = ct_kernel_matmul(b, a, true, true); /* (a b)^T: columns split */
+            cr_assert_not_null(c);
+            cr_assert_eq(openblas_get_num_threads(), 1);
+            cr_assert_leq(rel_err(c, ref), 1e-6);
+            cr_assert_leq(rel_err(ct_tensor_transpose(ct, 0, 1), ref), 1e-6);
+            ct_tensor *again = ct_kernel_matmul(a, b, false, false);
+            cr_assert_eq(memcmp(ct_tensor_data(again), ct_tensor_data(c), 203 * 77 * 4), 0, "threads %d", n);
         }
+        ct_set_num_threads(0);
     }
 }
 
