@@ -24,9 +24,9 @@ endif
 VERSION  := 0.1.0
 # sub-makes build in parallel unless the caller already chose -j
 JOBS     := $(if $(findstring j,$(firstword -$(MAKEFLAGS))),,-j$(shell nproc 2>/dev/null || echo 2))
-LIB_DIRS := core kernels kernels/cpu
+LIB_DIRS := core kernels kernels/cpu autograd nn optim data
 LIB_SRC  := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
-LIB_HDR  := ctrain.h $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.h))
+LIB_HDR  := ctrain.h $(filter-out %_internal.h,$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.h)))
 TEST_SRC := $(wildcard tests/*/*.c tests/*/*/*.c)
 BENCH_SRC := $(wildcard bench/*/*.c)
 FUZZ_SRC := $(wildcard fuzz/*.c)
@@ -35,7 +35,7 @@ WARN     := -Wall -Wextra -Werror -Wno-unknown-pragmas
 SAN      ?=
 ALL_CFLAGS  = -std=c11 -D_GNU_SOURCE $(OPT) $(ARCH) -g -fPIC -fopenmp $(WARN) -I. -MMD -MP $(SAN) $(CFLAGS)
 ALL_LDFLAGS = -fopenmp $(SAN) $(LDFLAGS)
-LDLIBS   += -lopenblas -ldnnl -lcjson -lm -lpthread
+LDLIBS   += -lopenblas -ldnnl -lcjson -luv -lm -lpthread
 
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
@@ -48,7 +48,7 @@ BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 .DEFAULT_GOAL := all
 
 all: setup
-	@$(MAKE) --no-print-directory $(JOBS) $(SO) $(AR_LIB)
+	@$(MAKE) --no-print-directory $(JOBS) $(SO) $(AR_LIB) $(GPT_BIN)
 
 setup:
 	@./tools/setup.sh
@@ -111,8 +111,16 @@ bench: setup
 	@$(MAKE) --no-print-directory $(JOBS) $(BENCH_BIN)
 	@set -e; for b in $(BENCH_BIN); do echo "== $$b"; $$b; done
 
+# The README's main job: train the bundled GPT on its default data.
+GPT_BIN := $(BUILD)/examples/gpt_train
+TRAIN_ARGS ?=
+$(GPT_BIN): examples/gpt/train.c $(AR_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(ALL_LDFLAGS) -o $@ $< $(AR_LIB) $(LDLIBS)
+
 train: setup
-	@echo "ctrain: the GPT example is not built yet (it arrives with the autograd/nn/optim/data layers)."
+	@$(MAKE) --no-print-directory $(JOBS) $(GPT_BIN)
+	$(GPT_BIN) $(TRAIN_ARGS)
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include/ctrain
@@ -130,4 +138,4 @@ uninstall:
 clean:
 	rm -rf build build-asan
 
--include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d)
+-include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(GPT_BIN).d

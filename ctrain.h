@@ -2,6 +2,10 @@
  *
  *   core/     tensors, dtypes, devices, storage, frames, errors, RNG, safetensors, threads
  *   kernels/  tensor-level kernels dispatched per device (ct_kernel_*)
+ *   autograd/ differentiable ops (ct_matmul, ct_softmax, ...), backward, hooks, gradcheck
+ *   nn/       modules with named parameters, layers, GPT
+ *   optim/    SGD, Adam, AdamW, LR schedules, gradient clipping
+ *   data/     datasets, token files, byte tokenizer, data loader
  */
 #ifndef CTRAIN_H
 #define CTRAIN_H
@@ -28,5 +32,23 @@
 #include "kernels/optim.h"
 #include "kernels/reduce.h"
 #include "kernels/softmax.h"
+
+#include "autograd/autograd.h"
+#include "autograd/gradcheck.h"
+#include "autograd/node.h"
+#include "autograd/ops.h"
+
+#include "nn/gpt.h"
+#include "nn/layers.h"
+#include "nn/module.h"
+
+#include "optim/clip.h"
+#include "optim/optimizer.h"
+#include "optim/schedule.h"
+
+#include "data/dataset.h"
+#include "data/loader.h"
+#include "data/token_dataset.h"
+#include "data/tokenizer.h"
 
 #endif

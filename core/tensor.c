@@ -11,7 +11,7 @@
 #include "core/philox.h"
 #include "core/tensor_internal.h"
 
-void (*ct_grad_fn_release_hook)(struct ct_node *node);
+void (*ct_autograd_release_hook)(ct_tensor *t);
 
 int64_t ct_tensor_numel(const ct_tensor *t)
 {
@@ -98,7 +98,7 @@ void ct_tensor_release(ct_tensor *t)
     if (__atomic_sub_fetch(&t->refcount, 1, __ATOMIC_ACQ_REL) != 0) return;
     ct_storage_release(t->storage);
     ct_tensor_release(t->grad);
-    if (t->grad_fn && ct_grad_fn_release_hook) ct_grad_fn_release_hook(t->grad_fn);
+    if ((t->grad_fn || t->grad_hooks) && ct_autograd_release_hook) ct_autograd_release_hook(t);
     free(t->name);
     free(t);
 }

@@ -30,7 +30,8 @@
 
 #define CT_MAX_DIMS 8
 
-struct ct_node; /* autograd graph node, defined by the autograd layer */
+struct ct_node;      /* autograd graph node, defined by the autograd layer */
+struct ct_grad_hook; /* grad-ready hook list, defined by the autograd layer */
 
 typedef struct ct_tensor {
     int refcount; /* atomic */
@@ -49,9 +50,10 @@ typedef struct ct_tensor {
 
     /* autograd fields, managed by the autograd layer */
     bool requires_grad;
-    struct ct_tensor *grad;  /* owned reference or NULL */
-    struct ct_node *grad_fn; /* owned reference or NULL */
-    char *name;              /* owned, may be NULL */
+    struct ct_tensor *grad;           /* owned reference or NULL */
+    struct ct_node *grad_fn;          /* owned reference or NULL */
+    struct ct_grad_hook *grad_hooks;  /* owned list or NULL (leaves' grad-ready hooks) */
+    char *name;                       /* owned, may be NULL */
 } ct_tensor;
 
 /* ---- shape helpers -------------------------------------------------------- */

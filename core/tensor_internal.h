@@ -4,8 +4,9 @@
 
 #include "core/tensor.h"
 
-/* Set by the autograd layer so that core can drop a tensor's graph node. */
-extern void (*ct_grad_fn_release_hook)(struct ct_node *node);
+/* Set by the autograd layer so that core can drop a tensor's graph node and
+ * hooks when the tensor is freed (core cannot call up into autograd). */
+extern void (*ct_autograd_release_hook)(ct_tensor *t);
 
 /* Checks 0 <= ndim <= CT_MAX_DIMS and sizes >= 0; sets an error naming op. */
 ct_status ct_check_shape(const char *op, int ndim, const int64_t *shape);

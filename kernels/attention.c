@@ -10,11 +10,6 @@ static const ct_attention_backward_fn attention_backward_impl[CT_DEVICE_TYPE_COU
     [CT_DEVICE_CPU] = ct_cpu_attention_backward,
 };
 
-static bool attention_dtype_ok(ct_dtype dt)
-{
-    return dt == CT_DTYPE_F32 || dt == CT_DTYPE_F64 || dt == CT_DTYPE_BF16 || dt == CT_DTYPE_F16;
-}
-
 /* Checks q (B,H,T,D), k (B,H,S,D), v (B,H,S,Dv): ranks, matching dims, one float dtype,
  * one device, a usable scale. On failure records a message naming op and operands. */
 static ct_status attention_check(const char *op, const ct_tensor *q, const ct_tensor *k, const ct_tensor *v,
@@ -32,7 +27,7 @@ static ct_status attention_check(const char *op, const ct_tensor *q, const ct_te
                             c);
     if (q->shape[3] < 1)
         return ct_error_set(CT_ERR_INVALID, "%s: head dim D must be >= 1: q %s, k %s, v %s", op, a, b, c);
-    if (!attention_dtype_ok(q->dtype) || k->dtype != q->dtype || v->dtype != q->dtype)
+    if (!ct_kernel_is_float(q->dtype) || k->dtype != q->dtype || v->dtype != q->dtype)
         return ct_error_set(CT_ERR_INVALID, "%s: q, k, v need one dtype among f32, f64, bf16, f16: q %s, k %s, v %s",
                             op, a, b, c);
     if (isnan(scale) || isinf(scale))
@@ -41,8 +36,6 @@ static ct_status attention_check(const char *op, const ct_tensor *q, const ct_te
     const ct_tensor *ts[3] = {q, k, v};
     return ct_kernel_same_device(op, ts, 3);
 }
-
-static ct_dtype attention_lse_dtype(ct_dtype dt) { return dt == CT_DTYPE_F64 ? CT_DTYPE_F64 : CT_DTYPE_F32; }
 
 ct_tensor *ct_kernel_attention(const ct_tensor *q, const ct_tensor *k, const ct_tensor *v, bool causal,
                                double scale, ct_tensor **lse)
@@ -56,7 +49,7 @@ ct_tensor *ct_kernel_attention(const ct_tensor *q, const ct_tensor *k, const ct_
         return NULL;
     }
     ct_tensor *out = ct_tensor_empty_on(q->device, q->dtype, CT_SHAPE(B, H, T, Dv));
-    ct_tensor *l = lse ? ct_tensor_empty_on(q->device, attention_lse_dtype(q->dtype), CT_SHAPE(B, H, T)) : NULL;
+    ct_tensor *l = lse ? ct_tensor_empty_on(q->device, ct_kernel_stat_dtype(q->dtype), CT_SHAPE(B, H, T)) : NULL;
     if (!out || (lse && !l)) return NULL;
     if (fn(q, k, v, causal, scale, out, l)) return NULL;
     if (lse) *lse = l;

@@ -11,11 +11,6 @@ static const ct_dropout_fn dropout_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU]
 static const ct_dropout_backward_fn dropout_backward_impl[CT_DEVICE_TYPE_COUNT] = {
     [CT_DEVICE_CPU] = ct_cpu_dropout_backward};
 
-static bool float_dtype(ct_dtype dt)
-{
-    return dt == CT_DTYPE_F32 || dt == CT_DTYPE_F64 || dt == CT_DTYPE_BF16 || dt == CT_DTYPE_F16;
-}
-
 static bool check_p(const char *op, double p, const ct_tensor *t)
 {
     char a[200];
@@ -24,20 +19,12 @@ static bool check_p(const char *op, double p, const ct_tensor *t)
     return false;
 }
 
-/* t itself when contiguous, else a contiguous copy in the current frame. */
-static const ct_tensor *contiguous(const ct_tensor *t) { return ct_tensor_is_contiguous(t) ? t : ct_tensor_clone(t); }
-
 ct_tensor *ct_kernel_dropout(const ct_tensor *x, double p, ct_rng *rng, ct_tensor **mask)
 {
     const char *op = "dropout";
-    char a[200];
     if (mask) *mask = NULL;
     if (!x) return NULL;
-    if (!float_dtype(x->dtype)) {
-        ct_error_set(CT_ERR_INVALID, "%s: x must be f32, f64, bf16 or f16, got %s", op, ct_tensor_describe(x, a, sizeof a));
-        return NULL;
-    }
-    if (!check_p(op, p, x)) return NULL;
+    if (ct_kernel_check_float(op, "x", x) || !check_p(op, p, x)) return NULL;
     ct_dropout_fn fn = dropout_impl[x->device.type];
     if (!fn) {
         ct_kernel_unavailable(op, x->device);
@@ -48,7 +35,7 @@ ct_tensor *ct_kernel_dropout(const ct_tensor *x, double p, ct_rng *rng, ct_tenso
     if (!y || !m) return NULL;
     ct_threads_sync();
     ct_frame_push();
-    const ct_tensor *xc = contiguous(x);
+    const ct_tensor *xc = ct_kernel_contiguous(x);
     ct_status st = xc ? fn(xc, p, rng ? rng : ct_rng_default(), y, m) : ct_last_status();
     ct_frame_pop();
     if (st) return NULL;
@@ -61,7 +48,7 @@ ct_tensor *ct_kernel_dropout_backward(const ct_tensor *dy, const ct_tensor *mask
     const char *op = "dropout_backward";
     char a[200], b[200];
     if (!dy || !mask) return NULL;
-    if (!float_dtype(dy->dtype) || (mask->dtype != CT_DTYPE_U8 && mask->dtype != CT_DTYPE_BOOL) ||
+    if (!ct_kernel_is_float(dy->dtype) || (mask->dtype != CT_DTYPE_U8 && mask->dtype != CT_DTYPE_BOOL) ||
         !ct_tensor_same_shape(dy, mask)) {
         ct_error_set(CT_ERR_INVALID, "%s: dy %s (f32, f64, bf16 or f16) and mask %s (u8 or bool) must have one shape", op,
                      ct_tensor_describe(dy, a, sizeof a), ct_tensor_describe(mask, b, sizeof b));
@@ -78,7 +65,7 @@ ct_tensor *ct_kernel_dropout_backward(const ct_tensor *dy, const ct_tensor *mask
     if (!dx) return NULL;
     ct_threads_sync();
     ct_frame_push();
-    const ct_tensor *dc = contiguous(dy), *mc = contiguous(mask);
+    const ct_tensor *dc = ct_kernel_contiguous(dy), *mc = ct_kernel_contiguous(mask);
     ct_status st = dc && mc ? fn(dc, mc, p, dx) : ct_last_status();
     ct_frame_pop();
     return st ? NULL : dx;

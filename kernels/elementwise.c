@@ -42,37 +42,25 @@ bool ct_binary_op_is_comparison(ct_binary_op op) { return op >= CT_BINARY_EQ && 
 
 /* ---- checks -------------------------------------------------------------------------- */
 
-static bool is_fp8(ct_dtype dt) { return dt == CT_DTYPE_F8_E4M3 || dt == CT_DTYPE_F8_E5M2; }
 static bool is_int(ct_dtype dt) { return dt == CT_DTYPE_I32 || dt == CT_DTYPE_I64 || dt == CT_DTYPE_U8; }
 
 /* Whether op supports dtype dt; else records why, naming op and the operand t. */
 static ct_status check_binary_dtype(const char *name, ct_binary_op op, const ct_tensor *t)
 {
-    char d[200];
     ct_dtype dt = t->dtype;
-    if (ct_dtype_is_float(dt) && !is_fp8(dt)) return CT_OK;
-    if (is_fp8(dt))
-        return ct_error_set(CT_ERR_UNSUPPORTED, "%s: %s is fp8; use ct_tensor_cast to f32 or bf16 first", name,
-                            ct_tensor_describe(t, d, sizeof d));
     bool cmp = ct_binary_op_is_comparison(op), minmax = op == CT_BINARY_MAX || op == CT_BINARY_MIN;
+    if (ct_kernel_is_float(dt)) return CT_OK;
     if (is_int(dt) && (cmp || minmax || op == CT_BINARY_ADD || op == CT_BINARY_SUB || op == CT_BINARY_MUL))
         return CT_OK;
     if (dt == CT_DTYPE_BOOL && (cmp || minmax)) return CT_OK;
-    return ct_error_set(CT_ERR_UNSUPPORTED, "%s: not supported for %s %s; use ct_tensor_cast to a float dtype first",
-                        name, dt == CT_DTYPE_BOOL ? "bool" : "integer", ct_tensor_describe(t, d, sizeof d));
+    return ct_kernel_unsupported_dtype(name, t);
 }
 
 static ct_status check_unary_dtype(const char *name, ct_unary_op op, const ct_tensor *t)
 {
-    char d[200];
-    ct_dtype dt = t->dtype;
-    if (ct_dtype_is_float(dt) && !is_fp8(dt)) return CT_OK;
-    if (is_fp8(dt))
-        return ct_error_set(CT_ERR_UNSUPPORTED, "%s: %s is fp8; use ct_tensor_cast to f32 or bf16 first", name,
-                            ct_tensor_describe(t, d, sizeof d));
-    if (is_int(dt) && (op == CT_UNARY_NEG || op == CT_UNARY_ABS || op == CT_UNARY_RELU)) return CT_OK;
-    return ct_error_set(CT_ERR_UNSUPPORTED, "%s: not supported for %s %s; use ct_tensor_cast to a float dtype first",
-                        name, dt == CT_DTYPE_BOOL ? "bool" : "integer", ct_tensor_describe(t, d, sizeof d));
+    if (ct_kernel_is_float(t->dtype)) return CT_OK;
+    if (is_int(t->dtype) && (op == CT_UNARY_NEG || op == CT_UNARY_ABS || op == CT_UNARY_RELU)) return CT_OK;
+    return ct_kernel_unsupported_dtype(name, t);
 }
 
 /* All tensors on one device, and a kernel for that device (have_impl). */
@@ -146,8 +134,7 @@ static ct_status check_out(const char *name, const ct_tensor *out, int ndim, con
  * NULL input with no earlier failure) is an error of its own. Never CT_OK. */
 static ct_status null_status(const char *name, const ct_tensor *out)
 {
-    if (out && ct_last_status() != CT_OK) return ct_last_status();
-    return ct_error_set(CT_ERR_INVALID, "%s: %s is NULL", name, out ? "an input" : "out");
+    return out ? ct_kernel_null_input(name, "an input") : ct_error_set(CT_ERR_INVALID, "%s: out is NULL", name);
 }
 
 /* ---- binary ----------------------------------------------------------------------------- */
@@ -304,7 +291,7 @@ ct_tensor *ct_kernel_unary_backward(ct_unary_op op, const ct_tensor *grad_out, c
     const ct_tensor *ts[3] = {grad_out, x, y};
     for (int k = 0; k < 3; k++) {
         if (!ts[k]) continue;
-        if (!ct_dtype_is_float(ts[k]->dtype) || is_fp8(ts[k]->dtype) || ts[k]->dtype != grad_out->dtype ||
+        if (!ct_kernel_is_float(ts[k]->dtype) || ts[k]->dtype != grad_out->dtype ||
             !ct_tensor_same_shape(ts[k], grad_out)) {
             ct_error_set(CT_ERR_INVALID, "%s: grad_out, x and y need one shape and one f32/f64/f16/bf16 dtype; got "
                          "grad_out %s, x %s, y %s", name, ct_tensor_describe(grad_out, dg, sizeof dg),
@@ -328,7 +315,7 @@ ct_tensor *ct_kernel_where(const ct_tensor *cond, const ct_tensor *a, const ct_t
     ct_tensor_describe(cond, dc, sizeof dc);
     ct_tensor_describe(a, da, sizeof da);
     ct_tensor_describe(b, db, sizeof db);
-    if (cond->dtype != CT_DTYPE_BOOL || a->dtype != b->dtype || is_fp8(a->dtype)) {
+    if (cond->dtype != CT_DTYPE_BOOL || a->dtype != b->dtype || ct_kernel_is_fp8(a->dtype)) {
         ct_error_set(CT_ERR_INVALID, "where: needs a bool condition and a, b of one non-fp8 dtype; got cond %s, a %s, b %s",
                      dc, da, db);
         return NULL;

@@ -11,11 +11,6 @@ static const ct_embedding_fn embedding_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_
 static const ct_embedding_backward_fn embedding_backward_impl[CT_DEVICE_TYPE_COUNT] = {
     [CT_DEVICE_CPU] = ct_cpu_embedding_backward};
 
-static bool float_dtype(ct_dtype dt)
-{
-    return dt == CT_DTYPE_F32 || dt == CT_DTYPE_F64 || dt == CT_DTYPE_BF16 || dt == CT_DTYPE_F16;
-}
-
 static ct_status check_ids(const char *op, const ct_tensor *ids, const ct_tensor *table)
 {
     char a[200], b[200];
@@ -25,9 +20,6 @@ static ct_status check_ids(const char *op, const ct_tensor *ids, const ct_tensor
                             ct_tensor_describe(table, b, sizeof b));
     return CT_OK;
 }
-
-/* t itself when contiguous, else a contiguous copy in the current frame. */
-static const ct_tensor *contiguous(const ct_tensor *t) { return ct_tensor_is_contiguous(t) ? t : ct_tensor_clone(t); }
 
 ct_tensor *ct_kernel_embedding(const ct_tensor *weight, const ct_tensor *ids)
 {
@@ -55,7 +47,7 @@ ct_tensor *ct_kernel_embedding(const ct_tensor *weight, const ct_tensor *ids)
     out->amax = weight->amax;
     ct_threads_sync();
     ct_frame_push();
-    const ct_tensor *wc = contiguous(weight), *ic = contiguous(ids);
+    const ct_tensor *wc = ct_kernel_contiguous(weight), *ic = ct_kernel_contiguous(ids);
     ct_status st = wc && ic ? fn(wc, ic, out) : ct_last_status();
     ct_frame_pop();
     return st ? NULL : out;
@@ -65,16 +57,14 @@ ct_status ct_kernel_embedding_backward(ct_tensor *dweight, const ct_tensor *dout
 {
     const char *op = "embedding_backward";
     char a[200], b[200], c[200];
-    if (!dweight || !dout || !ids) {
-        if (ct_last_status() != CT_OK) return ct_last_status();
-        return ct_error_set(CT_ERR_INVALID, "%s: %s is NULL", op, !dweight ? "dweight" : !dout ? "dout" : "ids");
-    }
-    if (dweight->ndim != 2 || !float_dtype(dweight->dtype))
+    if (!dweight || !dout || !ids) return ct_kernel_null_input(op, !dweight ? "dweight" : !dout ? "dout" : "ids");
+    if (dweight->ndim != 2 || !ct_kernel_is_float(dweight->dtype))
         return ct_error_set(CT_ERR_INVALID, "%s: dweight must be an f32, f64, bf16 or f16 (V, C) table, got %s", op,
                             ct_tensor_describe(dweight, a, sizeof a));
     ct_status st = check_ids(op, ids, dweight);
     if (st) return st;
-    bool ok = float_dtype(dout->dtype) && dout->ndim == ids->ndim + 1 && dout->shape[ids->ndim] == dweight->shape[1];
+    bool ok = ct_kernel_is_float(dout->dtype) && dout->ndim == ids->ndim + 1 &&
+              dout->shape[ids->ndim] == dweight->shape[1];
     for (int d = 0; ok && d < ids->ndim; d++) ok = dout->shape[d] == ids->shape[d];
     if (!ok)
         return ct_error_set(CT_ERR_INVALID,
@@ -89,7 +79,7 @@ ct_status ct_kernel_embedding_backward(ct_tensor *dweight, const ct_tensor *dout
     ct_frame_push();
     /* a strided dweight accumulates in a contiguous copy that is written back */
     ct_tensor *target = ct_tensor_is_contiguous(dweight) ? dweight : ct_tensor_clone(dweight);
-    const ct_tensor *dc = contiguous(dout), *ic = contiguous(ids);
+    const ct_tensor *dc = ct_kernel_contiguous(dout), *ic = ct_kernel_contiguous(ids);
     st = target && dc && ic ? fn(target, dc, ic) : ct_last_status();
     if (!st && target != dweight) st = ct_tensor_copy_(dweight, target);
     ct_frame_pop();

@@ -21,8 +21,7 @@ static ct_status matmul_check(const char *op, const ct_tensor *a, const ct_tenso
     if (a->dtype != b->dtype)
         return ct_error_set(CT_ERR_INVALID, "%s: dtype mismatch: a %s, b %s (both must have one dtype)", op,
                             ct_tensor_describe(a, da, sizeof da), ct_tensor_describe(b, db, sizeof db));
-    if (a->dtype != CT_DTYPE_F32 && a->dtype != CT_DTYPE_F64 && a->dtype != CT_DTYPE_BF16 &&
-        a->dtype != CT_DTYPE_F16)
+    if (!ct_kernel_is_float(a->dtype))
         return ct_error_set(CT_ERR_INVALID, "%s: unsupported dtype %s for a %s, b %s (f32, f64, bf16, f16)", op,
                             ct_dtype_name(a->dtype), ct_tensor_describe(a, da, sizeof da),
                             ct_tensor_describe(b, db, sizeof db));

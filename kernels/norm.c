@@ -16,34 +16,11 @@ static const ct_rmsnorm_fn rmsnorm_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU]
 static const ct_rmsnorm_backward_fn rmsnorm_backward_impl[CT_DEVICE_TYPE_COUNT] = {
     [CT_DEVICE_CPU] = ct_cpu_rmsnorm_backward};
 
-static bool float_dtype(ct_dtype dt)
-{
-    return dt == CT_DTYPE_F32 || dt == CT_DTYPE_F64 || dt == CT_DTYPE_BF16 || dt == CT_DTYPE_F16;
-}
-
-static ct_dtype stat_dtype(const ct_tensor *x) { return x->dtype == CT_DTYPE_F64 ? CT_DTYPE_F64 : CT_DTYPE_F32; }
-
-/* A required input is NULL: keep the earlier failure's message when there is one. */
-static ct_status null_input(const char *op, const char *name)
-{
-    if (ct_last_status() != CT_OK) return ct_last_status();
-    return ct_error_set(CT_ERR_INVALID, "%s: %s is NULL", op, name);
-}
-
-static ct_status check_x(const char *op, const char *name, const ct_tensor *x)
-{
-    char a[200];
-    if (!float_dtype(x->dtype) || x->ndim < 1)
-        return ct_error_set(CT_ERR_INVALID, "%s: %s must be an f32, f64, bf16 or f16 tensor of shape (..., C), got %s",
-                            op, name, ct_tensor_describe(x, a, sizeof a));
-    return CT_OK;
-}
-
 /* w or b: absent, or a float vector of x's last size. */
 static ct_status check_param(const char *op, const char *name, const ct_tensor *p, const ct_tensor *x)
 {
     char a[200], b[200];
-    if (p && (!float_dtype(p->dtype) || p->ndim != 1 || p->shape[0] != x->shape[x->ndim - 1]))
+    if (p && (!ct_kernel_is_float(p->dtype) || p->ndim != 1 || p->shape[0] != x->shape[x->ndim - 1]))
         return ct_error_set(CT_ERR_INVALID, "%s: %s %s must be an f32, f64, bf16 or f16 vector of shape [%lld] to match x %s",
                             op, name, ct_tensor_describe(p, a, sizeof a), (long long)x->shape[x->ndim - 1],
                             ct_tensor_describe(x, b, sizeof b));
@@ -60,31 +37,18 @@ static ct_status check_eps(const char *op, double eps)
 static ct_status check_stat(const char *op, const char *name, const ct_tensor *s, const ct_tensor *x)
 {
     char a[200], b[200];
-    bool ok = s->dtype == stat_dtype(x) && s->ndim == x->ndim - 1;
-    for (int d = 0; ok && d < s->ndim; d++) ok = s->shape[d] == x->shape[d];
-    if (!ok)
+    if (s->dtype != ct_kernel_stat_dtype(x->dtype) || !ct_kernel_is_row_shaped(s, x))
         return ct_error_set(CT_ERR_INVALID, "%s: %s %s must be %s with x's shape without its last dim (x %s)", op,
-                            name, ct_tensor_describe(s, a, sizeof a), ct_dtype_name(stat_dtype(x)),
+                            name, ct_tensor_describe(s, a, sizeof a), ct_dtype_name(ct_kernel_stat_dtype(x->dtype)),
                             ct_tensor_describe(x, b, sizeof b));
     return CT_OK;
 }
 
-static ct_status check_dy(const char *op, const ct_tensor *dy, const ct_tensor *x)
-{
-    char a[200], b[200];
-    if (!ct_tensor_same_shape(dy, x) || dy->dtype != x->dtype)
-        return ct_error_set(CT_ERR_INVALID, "%s: dy %s and x %s must have the same shape and dtype", op,
-                            ct_tensor_describe(dy, a, sizeof a), ct_tensor_describe(x, b, sizeof b));
-    return CT_OK;
-}
-
-/* t itself when contiguous or NULL, else a contiguous copy in the current frame;
- * clears *ok when the copy fails. */
+/* ct_kernel_contiguous, clearing *ok when the copy fails. */
 static const ct_tensor *contiguous(const ct_tensor *t, bool *ok)
 {
-    if (!t || ct_tensor_is_contiguous(t)) return t;
-    ct_tensor *c = ct_tensor_clone(t);
-    if (!c) *ok = false;
+    const ct_tensor *c = ct_kernel_contiguous(t);
+    if (t && !c) *ok = false;
     return c;
 }
 
@@ -107,9 +71,9 @@ ct_status ct_kernel_layernorm(const ct_tensor *x, const ct_tensor *w, const ct_t
 {
     const char *op = "layernorm";
     set_out(y, NULL), set_out(mean, NULL), set_out(rstd, NULL);
-    if (!x) return null_input(op, "x");
+    if (!x) return ct_kernel_null_input(op, "x");
     if (!y) return ct_error_set(CT_ERR_INVALID, "%s: the y output pointer is NULL", op);
-    ct_status st = check_x(op, "x", x);
+    ct_status st = ct_kernel_check_float_rows(op, "x", x, "C");
     if (!st) st = check_param(op, "w", w, x);
     if (!st) st = check_param(op, "b", b, x);
     if (!st) st = check_eps(op, eps);
@@ -119,8 +83,8 @@ ct_status ct_kernel_layernorm(const ct_tensor *x, const ct_tensor *w, const ct_t
     if (!fn) return ct_kernel_unavailable(op, x->device);
     bool ok = true;
     ct_tensor *yt = make_out(y, x->device, x->dtype, x->ndim, x->shape, &ok);
-    ct_tensor *mt = make_out(mean, x->device, stat_dtype(x), x->ndim - 1, x->shape, &ok);
-    ct_tensor *rt = make_out(rstd, x->device, stat_dtype(x), x->ndim - 1, x->shape, &ok);
+    ct_tensor *mt = make_out(mean, x->device, ct_kernel_stat_dtype(x->dtype), x->ndim - 1, x->shape, &ok);
+    ct_tensor *rt = make_out(rstd, x->device, ct_kernel_stat_dtype(x->dtype), x->ndim - 1, x->shape, &ok);
     if (!ok) return ct_last_status();
     ct_threads_sync();
     ct_frame_push();
@@ -138,12 +102,12 @@ ct_status ct_kernel_layernorm_backward(const ct_tensor *dy, const ct_tensor *x, 
 {
     const char *op = "layernorm_backward";
     set_out(dx, NULL), set_out(dw, NULL), set_out(db, NULL);
-    if (!dy) return null_input(op, "dy");
-    if (!x) return null_input(op, "x");
-    if (!mean) return null_input(op, "mean");
-    if (!rstd) return null_input(op, "rstd");
-    ct_status st = check_x(op, "x", x);
-    if (!st) st = check_dy(op, dy, x);
+    if (!dy) return ct_kernel_null_input(op, "dy");
+    if (!x) return ct_kernel_null_input(op, "x");
+    if (!mean) return ct_kernel_null_input(op, "mean");
+    if (!rstd) return ct_kernel_null_input(op, "rstd");
+    ct_status st = ct_kernel_check_float_rows(op, "x", x, "C");
+    if (!st) st = ct_kernel_check_same(op, "dy", dy, "x", x);
     if (!st) st = check_param(op, "w", w, x);
     if (!st) st = check_stat(op, "mean", mean, x);
     if (!st) st = check_stat(op, "rstd", rstd, x);
@@ -172,9 +136,9 @@ ct_status ct_kernel_rmsnorm(const ct_tensor *x, const ct_tensor *w, double eps, 
 {
     const char *op = "rmsnorm";
     set_out(y, NULL), set_out(rstd, NULL);
-    if (!x) return null_input(op, "x");
+    if (!x) return ct_kernel_null_input(op, "x");
     if (!y) return ct_error_set(CT_ERR_INVALID, "%s: the y output pointer is NULL", op);
-    ct_status st = check_x(op, "x", x);
+    ct_status st = ct_kernel_check_float_rows(op, "x", x, "C");
     if (!st) st = check_param(op, "w", w, x);
     if (!st) st = check_eps(op, eps);
     if (!st) st = ct_kernel_same_device(op, (const ct_tensor *[]){x, w}, 2);
@@ -183,7 +147,7 @@ ct_status ct_kernel_rmsnorm(const ct_tensor *x, const ct_tensor *w, double eps, 
     if (!fn) return ct_kernel_unavailable(op, x->device);
     bool ok = true;
     ct_tensor *yt = make_out(y, x->device, x->dtype, x->ndim, x->shape, &ok);
-    ct_tensor *rt = make_out(rstd, x->device, stat_dtype(x), x->ndim - 1, x->shape, &ok);
+    ct_tensor *rt = make_out(rstd, x->device, ct_kernel_stat_dtype(x->dtype), x->ndim - 1, x->shape, &ok);
     if (!ok) return ct_last_status();
     ct_threads_sync();
     ct_frame_push();
@@ -200,11 +164,11 @@ ct_status ct_kernel_rmsnorm_backward(const ct_tensor *dy, const ct_tensor *x, co
 {
     const char *op = "rmsnorm_backward";
     set_out(dx, NULL), set_out(dw, NULL);
-    if (!dy) return null_input(op, "dy");
-    if (!x) return null_input(op, "x");
-    if (!rstd) return null_input(op, "rstd");
-    ct_status st = check_x(op, "x", x);
-    if (!st) st = check_dy(op, dy, x);
+    if (!dy) return ct_kernel_null_input(op, "dy");
+    if (!x) return ct_kernel_null_input(op, "x");
+    if (!rstd) return ct_kernel_null_input(op, "rstd");
+    ct_status st = ct_kernel_check_float_rows(op, "x", x, "C");
+    if (!st) st = ct_kernel_check_same(op, "dy", dy, "x", x);
     if (!st) st = check_param(op, "w", w, x);
     if (!st) st = check_stat(op, "rstd", rstd, x);
     if (!st) st = ct_kernel_same_device(op, (const ct_tensor *[]){dy, x, w, rstd}, 4);

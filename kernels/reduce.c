@@ -18,9 +18,6 @@ static const argmax_fn argmax_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = ct
 
 static const char *const reduce_names[CT_REDUCE_OP_COUNT] = {"sum", "mean", "max", "min"};
 
-static bool is_fp8(ct_dtype dt) { return dt == CT_DTYPE_F8_E4M3 || dt == CT_DTYPE_F8_E5M2; }
-static bool is_float(ct_dtype dt) { return ct_dtype_is_float(dt) && !is_fp8(dt); }
-
 /* "[0, -1]" into buf. */
 static const char *dims_str(const int *dims, int ndims, char *buf, int cap)
 {
@@ -85,13 +82,8 @@ static ct_status check_nonempty(const char *op, const ct_tensor *x, uint32_t mas
 
 static ct_status check_dtype(const char *op, const ct_tensor *x, bool ints_ok)
 {
-    char d[200];
-    if (is_float(x->dtype) || (ints_ok && !ct_dtype_is_float(x->dtype))) return CT_OK;
-    if (is_fp8(x->dtype))
-        return ct_error_set(CT_ERR_UNSUPPORTED, "%s: %s is fp8; use ct_tensor_cast to f32 or bf16 first", op,
-                            ct_tensor_describe(x, d, sizeof d));
-    return ct_error_set(CT_ERR_UNSUPPORTED, "%s: not supported for integer %s; use ct_tensor_cast to a float dtype first",
-                        op, ct_tensor_describe(x, d, sizeof d));
+    if (ct_kernel_is_float(x->dtype) || (ints_ok && !ct_dtype_is_float(x->dtype))) return CT_OK;
+    return ct_kernel_unsupported_dtype(op, x);
 }
 
 static ct_tensor *reduce(ct_reduce_op op, const ct_tensor *x, const int *dims, int ndims, bool keepdim)

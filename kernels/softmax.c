@@ -14,20 +14,11 @@ static const ct_softmax_backward_fn softmax_backward_impl[CT_DEVICE_TYPE_COUNT] 
 static const ct_softmax_backward_fn log_softmax_backward_impl[CT_DEVICE_TYPE_COUNT] = {
     [CT_DEVICE_CPU] = ct_cpu_log_softmax_backward};
 
-static bool float_dtype(ct_dtype dt)
-{
-    return dt == CT_DTYPE_F32 || dt == CT_DTYPE_F64 || dt == CT_DTYPE_BF16 || dt == CT_DTYPE_F16;
-}
-
 /* Checks t's dtype and normalises dim (a 0-d tensor has one dim of size 1). */
 static bool check_input(const char *op, const char *name, const ct_tensor *t, int *dim)
 {
     char a[200];
-    if (!float_dtype(t->dtype)) {
-        ct_error_set(CT_ERR_INVALID, "%s: %s must be f32, f64, bf16 or f16, got %s", op, name,
-                     ct_tensor_describe(t, a, sizeof a));
-        return false;
-    }
+    if (ct_kernel_check_float(op, name, t)) return false;
     int n = t->ndim == 0 ? 1 : t->ndim;
     if (*dim < -n || *dim >= n) {
         ct_error_set(CT_ERR_INVALID, "%s: dim %d is out of range for %s %s (expected %d to %d)", op, *dim, name,
@@ -37,9 +28,6 @@ static bool check_input(const char *op, const char *name, const ct_tensor *t, in
     if (*dim < 0) *dim += n;
     return true;
 }
-
-/* t itself when contiguous, else a contiguous copy in the current frame. */
-static const ct_tensor *contiguous(const ct_tensor *t) { return ct_tensor_is_contiguous(t) ? t : ct_tensor_clone(t); }
 
 static ct_tensor *forward(const char *op, const ct_softmax_fn *impl, const ct_tensor *x, int dim)
 {
@@ -54,7 +42,7 @@ static ct_tensor *forward(const char *op, const ct_softmax_fn *impl, const ct_te
     if (!y) return NULL;
     ct_threads_sync();
     ct_frame_push();
-    const ct_tensor *xc = contiguous(x);
+    const ct_tensor *xc = ct_kernel_contiguous(x);
     ct_status st = xc ? fn(xc, y, dim) : ct_last_status();
     ct_frame_pop();
     return st == CT_OK ? y : NULL;
@@ -64,14 +52,8 @@ static ct_tensor *backward(const char *op, const ct_softmax_backward_fn *impl, c
                            const ct_tensor *y, int dim)
 {
     if (!dy || !y) return NULL;
-    char a[200], b[200];
     if (ct_kernel_same_device(op, (const ct_tensor *[]){dy, y}, 2)) return NULL;
-    if (!ct_tensor_same_shape(dy, y) || dy->dtype != y->dtype) {
-        ct_error_set(CT_ERR_INVALID, "%s: dy %s and y %s must have the same shape and dtype", op,
-                     ct_tensor_describe(dy, a, sizeof a), ct_tensor_describe(y, b, sizeof b));
-        return NULL;
-    }
-    if (!check_input(op, "y", y, &dim)) return NULL;
+    if (ct_kernel_check_same(op, "dy", dy, "y", y) || !check_input(op, "y", y, &dim)) return NULL;
     ct_softmax_backward_fn fn = impl[y->device.type];
     if (!fn) {
         ct_kernel_unavailable(op, y->device);
@@ -81,7 +63,7 @@ static ct_tensor *backward(const char *op, const ct_softmax_backward_fn *impl, c
     if (!dx) return NULL;
     ct_threads_sync();
     ct_frame_push();
-    const ct_tensor *dyc = contiguous(dy), *yc = contiguous(y);
+    const ct_tensor *dyc = ct_kernel_contiguous(dy), *yc = ct_kernel_contiguous(y);
     ct_status st = dyc && yc ? fn(dyc, yc, dx, dim) : ct_last_status();
     ct_frame_pop();
     return st == CT_OK ? dx : NULL;

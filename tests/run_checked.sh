@@ -9,7 +9,7 @@ log=$1
 shift
 "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
-if grep -qE 'ERROR: (Address|Leak)Sanitizer|runtime error:|==[0-9]+== (Invalid|Conditional|Mismatched|Syscall)|definitely lost: [1-9]|indirectly lost: [1-9]|ERROR SUMMARY: [1-9]' "$log"; then
+if grep -qE 'ERROR: (Address|Leak)Sanitizer|runtime error:|==[0-9]+== (Invalid|Conditional|Mismatched|Syscall)|are (definitely|indirectly) lost|ERROR SUMMARY: [1-9]' "$log"; then
     echo "checked run: sanitizer or valgrind reports above (full output in $log)" >&2
     exit 1
 fi

@@ -7,7 +7,7 @@ packages=(
     build-essential pkg-config
     libopenblas-dev libdnnl-dev libuv1-dev libyaml-dev libcjson-dev libcriterion-dev
     clang libclang-rt-14-dev libomp-14-dev valgrind
-    fortunes
+    fortunes gnuplot-nox
 )
 
 missing=()

@@ -21,6 +21,7 @@
 
 #include "core/convert.h"
 #include "core/threads.h"
+#include "kernels/cpu/vmath.h"
 
 #ifdef __FMA__
 #include <immintrin.h>
@@ -355,32 +356,6 @@ static inline VEC FN(attn_vload)(const real *p)
     return v;
 }
 
-#if CT_ATTN_VEXP
-/* expf on a register: Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, Cephes'
- * expf polynomial for e^r (about 1 ulp), times 2^n built in the exponent bits. Inputs below
- * -87.3 (results under FLT_MIN) give 0 and inputs are capped at 88 (the softmax never
- * exponentiates a positive argument beyond rounding). */
-static inline VEC FN(attn_vexp)(VEC x)
-{
-    const VEC lo = (VEC){0} + -87.3f, hi = (VEC){0} + 88.0f, magic = (VEC){0} + 12582912.0f; /* 1.5 * 2^23 */
-    const IVEC tiny = x < lo;
-    x = VSEL(x > hi, hi, x);
-    x = VSEL(tiny, lo, x);
-    const VEC t = x * 1.44269504088896341f + magic; /* round(x / ln2) lands in t's low mantissa bits */
-    const IVEC n = (IVEC)t - 0x4B400000;
-    const VEC nf = t - magic;
-    const VEC r = (x - nf * 0.693359375f) - nf * -2.12194440e-4f;
-    VEC p = (VEC){0} + 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    const VEC e = (p * (r * r) + r + 1.0f) * (VEC)((n + 127) << 23);
-    return VSEL(tiny, (VEC){0}, e);
-}
-#endif
-
 /* Largest of s[0..n), n >= 1. */
 static real FN(attn_rowmax)(const real *s, int64_t n)
 {
@@ -401,20 +376,12 @@ static real FN(attn_rowmax)(const real *s, int64_t n)
 /* x[c] = exp(x[c] * scale - shift) for c < n, in place. */
 static void FN(attn_exp_row)(real *x, int64_t n, real scale, real shift)
 {
-    int64_t c = 0;
 #if CT_ATTN_VEXP
-    for (; c + W <= n; c += W) { /* independent iterations: the polynomials overlap */
-        const VEC v = FN(attn_vexp)(FN(attn_vload)(x + c) * scale - shift);
-        memcpy(x + c, &v, sizeof v);
-    }
-    if (c < n) { /* the tail goes through the same code, so a value never depends on its column */
-        real tail[W];
-        for (int i = 0; i < W; i++) tail[i] = c + i < n ? x[c + i] : 0;
-        const VEC v = FN(attn_vexp)(FN(attn_vload)(tail) * scale - shift);
-        for (int i = 0; c + i < n; i++) x[c + i] = v[i];
-    }
+    /* kernels/cpu/vmath.h's exp: the loop vectorises, and its vector body and scalar
+     * tail give the same bits, so a value never depends on its column */
+    for (int64_t c = 0; c < n; c++) x[c] = ct_cpu_expf(x[c] * scale - shift);
 #else
-    for (; c < n; c++) x[c] = EXP(x[c] * scale - shift);
+    for (int64_t c = 0; c < n; c++) x[c] = EXP(x[c] * scale - shift);
 #endif
 }
 

@@ -16,44 +16,23 @@
 #include "core/convert.h"
 #include "core/frame.h"
 #include "core/threads.h"
+#include "kernels/cpu/indices.h"
 
 #define PAR_MIN 32768 /* elements of work below which a loop stays on one thread */
-
-static inline int64_t id_at(const void *ids, bool i64, int64_t n)
-{
-    return i64 ? ((const int64_t *)ids)[n] : ((const int32_t *)ids)[n];
-}
-
-/* Flat position i of t as a multi-index "[1, 2]". */
-static const char *index_str(const ct_tensor *t, int64_t i, char *buf, int cap)
-{
-    int64_t idx[CT_MAX_DIMS];
-    for (int d = t->ndim - 1; d >= 0; d--) {
-        idx[d] = t->shape[d] ? i % t->shape[d] : 0;
-        i = t->shape[d] ? i / t->shape[d] : 0;
-    }
-    return ct_shape_str(t->ndim, idx, buf, cap);
-}
 
 /* Every id in [0, V). */
 static ct_status check_ids(const char *op, const ct_tensor *ids, const char *name, const ct_tensor *table)
 {
-    const void *p = ct_tensor_data(ids);
-    bool i64 = ids->dtype == CT_DTYPE_I64;
-    int64_t n = ct_tensor_numel(ids), V = table->shape[0];
-    for (int64_t i = 0; i < n; i++) {
-        int64_t id = id_at(p, i64, i);
-        if (id < 0 || id >= V) {
-            char pos[160], a[200], b[200];
-            return ct_error_set(CT_ERR_INVALID,
-                                "%s: id %lld at position %s of ids %s is out of range for the V = %lld rows of %s %s "
-                                "(expected 0 <= id < %lld)",
-                                op, (long long)id, index_str(ids, i, pos, sizeof pos),
-                                ct_tensor_describe(ids, a, sizeof a), (long long)V,
-                                name, ct_tensor_describe(table, b, sizeof b), (long long)V);
-        }
-    }
-    return CT_OK;
+    int64_t V = table->shape[0], i = ct_cpu_index_find_bad(ids, V, false, 0, NULL);
+    if (i < 0) return CT_OK;
+    char pos[160], a[200], b[200];
+    int64_t id = ct_cpu_index_at(ct_tensor_data(ids), ids->dtype == CT_DTYPE_I64, i);
+    return ct_error_set(CT_ERR_INVALID,
+                        "%s: id %lld at position %s of ids %s is out of range for the V = %lld rows of %s %s "
+                        "(expected 0 <= id < %lld)",
+                        op, (long long)id, ct_cpu_index_pos(ids, i, pos, sizeof pos),
+                        ct_tensor_describe(ids, a, sizeof a), (long long)V, name,
+                        ct_tensor_describe(table, b, sizeof b), (long long)V);
 }
 
 // weight (V, C), ids (n) -> out (n, C); out[i] = weight[ids[i]], a row copy of any dtype
@@ -69,7 +48,7 @@ ct_status ct_cpu_embedding(const ct_tensor *weight, const ct_tensor *ids, ct_ten
     bool i64 = ids->dtype == CT_DTYPE_I64;
     if (row == 0) return CT_OK;
     #pragma omp parallel for num_threads(ct_get_num_threads()) schedule(static) if (n * C > PAR_MIN)
-    for (int64_t i = 0; i < n; i++) memcpy(o + (size_t)i * row, w + (size_t)id_at(p, i64, i) * row, row);
+    for (int64_t i = 0; i < n; i++) memcpy(o + (size_t)i * row, w + (size_t)ct_cpu_index_at(p, i64, i) * row, row);
     return CT_OK;
 }
 
@@ -126,14 +105,14 @@ ct_status ct_cpu_embedding_backward(ct_tensor *dweight, const ct_tensor *dout, c
     int64_t *start = ct_tensor_data(idx), *pos = start + V + 1, *uniq = pos + n, K = 0;
     const void *p = ct_tensor_data(ids);
     bool i64 = ids->dtype == CT_DTYPE_I64;
-    for (int64_t i = 0; i < n; i++) start[id_at(p, i64, i) + 1]++;
+    for (int64_t i = 0; i < n; i++) start[ct_cpu_index_at(p, i64, i) + 1]++;
     for (int64_t v = 0; v < V; v++) {
         if (start[v + 1]) uniq[K++] = v;
         start[v + 1] += start[v];
     }
     /* stable placement, using start[v] as id v's cursor; afterwards start[v] has moved to
      * start[v + 1], so shifting by one restores the bucket starts */
-    for (int64_t i = 0; i < n; i++) pos[start[id_at(p, i64, i)]++] = i;
+    for (int64_t i = 0; i < n; i++) pos[start[ct_cpu_index_at(p, i64, i)]++] = i;
     for (int64_t v = V; v > 0; v--) start[v] = start[v - 1];
     start[0] = 0;
     void *sp = scr ? ct_tensor_data(scr) : NULL;
@@ -157,7 +136,7 @@ ct_status ct_cpu_embedding_ref(const ct_tensor *weight, const ct_tensor *ids, ct
     int64_t n = ct_tensor_numel(ids), C = weight->shape[1];
     size_t es = ct_dtype_size(weight->dtype);
     for (int64_t i = 0; i < n; i++) {
-        int64_t id = id_at(ct_tensor_data(ids), ids->dtype == CT_DTYPE_I64, i);
+        int64_t id = ct_cpu_index_at(ct_tensor_data(ids), ids->dtype == CT_DTYPE_I64, i);
         for (int64_t c = 0; c < C; c++)
             memcpy((char *)ct_tensor_data(out) + (size_t)(i * C + c) * es,
                    (const char *)ct_tensor_data(weight) + (size_t)(id * C + c) * es, es);
@@ -182,7 +161,7 @@ ct_status ct_cpu_embedding_backward_ref(ct_tensor *dweight, const ct_tensor *dou
     size_t wes = ct_dtype_size(dweight->dtype), des = ct_dtype_size(dout->dtype);
     for (int64_t i = 0; i < V * C; i++) a[i] = ct_scalar_load(dweight->dtype, (char *)ct_tensor_data(dweight) + i * wes);
     for (int64_t i = 0; i < n; i++) {
-        int64_t id = id_at(ct_tensor_data(ids), ids->dtype == CT_DTYPE_I64, i);
+        int64_t id = ct_cpu_index_at(ct_tensor_data(ids), ids->dtype == CT_DTYPE_I64, i);
         for (int64_t c = 0; c < C; c++)
             a[id * C + c] += ct_scalar_load(dout->dtype, (const char *)ct_tensor_data(dout) + (i * C + c) * des);
     }

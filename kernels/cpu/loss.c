@@ -21,48 +21,24 @@
 #include "core/convert.h"
 #include "core/frame.h"
 #include "core/threads.h"
+#include "kernels/cpu/indices.h"
+#include "kernels/cpu/rows.h"
 #include "kernels/cpu/softmax.h" /* ct_cpu_row_max, ct_cpu_expsum: the vectorised exp */
 
 #define PAR_MIN 32768 /* elements of work below which a loop stays on one thread */
 
-static inline int64_t target_at(const void *tg, bool i64, int64_t r)
-{
-    return i64 ? ((const int64_t *)tg)[r] : ((const int32_t *)tg)[r];
-}
-
-/* Flat position i of t as a multi-index "[1, 2]". */
-static const char *index_str(const ct_tensor *t, int64_t i, char *buf, int cap)
-{
-    int64_t idx[CT_MAX_DIMS];
-    for (int d = t->ndim - 1; d >= 0; d--) {
-        idx[d] = t->shape[d] ? i % t->shape[d] : 0;
-        i = t->shape[d] ? i / t->shape[d] : 0;
-    }
-    return ct_shape_str(t->ndim, idx, buf, cap);
-}
-
 /* Every target is ignore_index or in [0, V); *count = the rows not ignored. */
 static ct_status check_targets(const char *op, const ct_tensor *targets, int64_t V, int64_t ignore, int64_t *count)
 {
-    const void *tg = ct_tensor_data(targets);
-    bool i64 = targets->dtype == CT_DTYPE_I64;
-    int64_t n = ct_tensor_numel(targets), c = 0;
-    for (int64_t i = 0; i < n; i++) {
-        int64_t t = target_at(tg, i64, i);
-        if (t == ignore) continue;
-        if (t < 0 || t >= V) {
-            char pos[160], d[200];
-            return ct_error_set(CT_ERR_INVALID,
-                                "%s: target %lld at position %s of targets %s is out of range for V = %lld classes "
-                                "(expected 0 <= target < %lld, or ignore_index %lld)",
-                                op, (long long)t, index_str(targets, i, pos, sizeof pos),
-                                ct_tensor_describe(targets, d, sizeof d), (long long)V, (long long)V,
-                                (long long)ignore);
-        }
-        c++;
-    }
-    *count = c;
-    return CT_OK;
+    int64_t i = ct_cpu_index_find_bad(targets, V, true, ignore, count);
+    if (i < 0) return CT_OK;
+    char pos[160], d[200];
+    int64_t t = ct_cpu_index_at(ct_tensor_data(targets), targets->dtype == CT_DTYPE_I64, i);
+    return ct_error_set(CT_ERR_INVALID,
+                        "%s: target %lld at position %s of targets %s is out of range for V = %lld classes "
+                        "(expected 0 <= target < %lld, or ignore_index %lld)",
+                        op, (long long)t, ct_cpu_index_pos(targets, i, pos, sizeof pos),
+                        ct_tensor_describe(targets, d, sizeof d), (long long)V, (long long)V, (long long)ignore);
 }
 
 /* ---- fast kernels, generated for T = float (compute dtype CD = f32) and double
@@ -96,7 +72,7 @@ static ct_status check_targets(const char *op, const ct_tensor *targets, int64_t
             }                                                                                                \
             double l = row_lse_##SUF(xr, V);                                                                 \
             if (lse) lse[r] = (T)l;                                                                          \
-            int64_t t = target_at(tg, i64, r);                                                               \
+            int64_t t = ct_cpu_index_at(tg, i64, r);                                                         \
             term[r] = t == ignore ? 0 : l - (double)xr[t];                                                   \
         }                                                                                                    \
     }                                                                                                        \
@@ -109,7 +85,7 @@ static ct_status check_targets(const char *op, const ct_tensor *targets, int64_t
         _Pragma("omp parallel for num_threads(nt) schedule(static) if (rows * V > PAR_MIN)")                 \
         for (int64_t r = 0; r < rows; r++) {                                                                 \
             char *dxr = (char *)dx + r * V * es;                                                             \
-            int64_t t = target_at(tg, i64, r);                                                               \
+            int64_t t = ct_cpu_index_at(tg, i64, r);                                                         \
             if (t == ignore) {                                                                               \
                 memset(dxr, 0, (size_t)(V * es)); /* all-zero bits are +0 in every float format */          \
                 continue;                                                                                    \
@@ -135,8 +111,6 @@ static ct_status check_targets(const char *op, const ct_tensor *targets, int64_t
 DEFINE_CE_KERNELS(float, f32, CT_DTYPE_F32)
 DEFINE_CE_KERNELS(double, f64, CT_DTYPE_F64)
 
-static int64_t last_dim(const ct_tensor *x) { return x->ndim ? x->shape[x->ndim - 1] : 1; }
-
 /* Per-thread scratch for rows of another dtype than the compute dtype cd; NULL
  * (and *ok kept) when not needed. */
 static void *scratch_for(const ct_tensor *logits, ct_dtype cd, int nt, int64_t V, bool *ok)
@@ -150,7 +124,7 @@ static void *scratch_for(const ct_tensor *logits, ct_dtype cd, int nt, int64_t V
 ct_status ct_cpu_cross_entropy(const ct_tensor *logits, const ct_tensor *targets, int64_t ignore_index,
                                ct_tensor *loss, ct_tensor *lse)
 {
-    int64_t rows = ct_tensor_numel(targets), V = last_dim(logits), count;
+    int64_t rows = ct_tensor_numel(targets), V = ct_cpu_row_len(logits), count;
     ct_status st = check_targets("cross_entropy", targets, V, ignore_index, &count);
     if (st) return st;
     ct_dtype cd = logits->dtype == CT_DTYPE_F64 ? CT_DTYPE_F64 : CT_DTYPE_F32;
@@ -178,7 +152,7 @@ ct_status ct_cpu_cross_entropy(const ct_tensor *logits, const ct_tensor *targets
 ct_status ct_cpu_cross_entropy_backward(const ct_tensor *dloss, const ct_tensor *logits, const ct_tensor *targets,
                                         const ct_tensor *lse, int64_t ignore_index, ct_tensor *dlogits)
 {
-    int64_t rows = ct_tensor_numel(targets), V = last_dim(logits), count;
+    int64_t rows = ct_tensor_numel(targets), V = ct_cpu_row_len(logits), count;
     ct_status st = check_targets("cross_entropy_backward", targets, V, ignore_index, &count);
     if (st) return st;
     ct_dtype cd = logits->dtype == CT_DTYPE_F64 ? CT_DTYPE_F64 : CT_DTYPE_F32;
@@ -204,41 +178,31 @@ ct_status ct_cpu_cross_entropy_backward(const ct_tensor *dloss, const ct_tensor 
 
 /* ---- reference: every element through double; backward recomputes softmax -- */
 
-static double ld(const ct_tensor *t, int64_t i)
-{
-    return ct_scalar_load(t->dtype, (const char *)ct_tensor_data(t) + i * (int64_t)ct_dtype_size(t->dtype));
-}
-
-static void st_at(ct_tensor *t, int64_t i, double v)
-{
-    ct_scalar_store(t->dtype, (char *)ct_tensor_data(t) + i * (int64_t)ct_dtype_size(t->dtype), v);
-}
-
 /* max and sum exp(x - max) of row r */
 static void row_stats(const ct_tensor *x, int64_t r, int64_t V, double *m, double *s)
 {
     *m = -INFINITY;
     *s = 0;
     for (int64_t v = 0; v < V; v++)
-        if (ld(x, r * V + v) > *m) *m = ld(x, r * V + v);
-    for (int64_t v = 0; v < V; v++) *s += exp(ld(x, r * V + v) - *m);
+        if (ct_cpu_load_at(x, r * V + v) > *m) *m = ct_cpu_load_at(x, r * V + v);
+    for (int64_t v = 0; v < V; v++) *s += exp(ct_cpu_load_at(x, r * V + v) - *m);
 }
 
 ct_status ct_cpu_cross_entropy_ref(const ct_tensor *logits, const ct_tensor *targets, int64_t ignore_index,
                                    ct_tensor *loss, ct_tensor *lse)
 {
-    int64_t rows = ct_tensor_numel(targets), V = last_dim(logits), count;
+    int64_t rows = ct_tensor_numel(targets), V = ct_cpu_row_len(logits), count;
     ct_status st = check_targets("cross_entropy", targets, V, ignore_index, &count);
     if (st) return st;
     double sum = 0;
     for (int64_t r = 0; r < rows; r++) {
         double m, s;
         row_stats(logits, r, V, &m, &s);
-        if (lse) st_at(lse, r, m + log(s));
-        int64_t t = (int64_t)ld(targets, r);
-        if (t != ignore_index) sum += m + log(s) - ld(logits, r * V + t);
+        if (lse) ct_cpu_store_at(lse, r, m + log(s));
+        int64_t t = (int64_t)ct_cpu_load_at(targets, r);
+        if (t != ignore_index) sum += m + log(s) - ct_cpu_load_at(logits, r * V + t);
     }
-    st_at(loss, 0, count ? sum / (double)count : NAN);
+    ct_cpu_store_at(loss, 0, count ? sum / (double)count : NAN);
     return CT_OK;
 }
 
@@ -247,17 +211,17 @@ ct_status ct_cpu_cross_entropy_backward_ref(const ct_tensor *dloss, const ct_ten
                                             ct_tensor *dlogits)
 {
     (void)lse;
-    int64_t rows = ct_tensor_numel(targets), V = last_dim(logits), count;
+    int64_t rows = ct_tensor_numel(targets), V = ct_cpu_row_len(logits), count;
     ct_status st = check_targets("cross_entropy_backward", targets, V, ignore_index, &count);
     if (st) return st;
-    double sc = count ? ld(dloss, 0) / (double)count : 0;
+    double sc = count ? ct_cpu_load_at(dloss, 0) / (double)count : 0;
     for (int64_t r = 0; r < rows; r++) {
-        int64_t t = (int64_t)ld(targets, r);
+        int64_t t = (int64_t)ct_cpu_load_at(targets, r);
         double m, s;
         row_stats(logits, r, V, &m, &s);
         for (int64_t v = 0; v < V; v++) {
-            double p = exp(ld(logits, r * V + v) - m) / s;
-            st_at(dlogits, r * V + v, t == ignore_index ? 0 : (p - (v == t)) * sc);
+            double p = exp(ct_cpu_load_at(logits, r * V + v) - m) / s;
+            ct_cpu_store_at(dlogits, r * V + v, t == ignore_index ? 0 : (p - (v == t)) * sc);
         }
     }
     return CT_OK;

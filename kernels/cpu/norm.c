@@ -25,26 +25,13 @@
 #include "core/convert.h"
 #include "core/frame.h"
 #include "core/threads.h"
+#include "kernels/cpu/rows.h"
 
 #define PAR_MIN 32768   /* elements of work below which a loop stays on one thread */
 #define LANES 8         /* partial sums per row reduction */
 #define BLOCK_COLS 32   /* columns of dw/db per task */
 
 /* ---- buffers in the compute dtype ------------------------------------------ */
-
-/* ct_convert_n over n contiguous elements, in chunks across threads (it is
- * single-threaded on its own). */
-static void convert_par(ct_dtype dd, void *dst, ct_dtype sd, const void *src, int64_t n)
-{
-    const int64_t chunk = 1 << 14;
-    int64_t nchunks = (n + chunk - 1) / chunk;
-    size_t ds = ct_dtype_size(dd), ss = ct_dtype_size(sd);
-    #pragma omp parallel for num_threads(ct_get_num_threads()) schedule(static) if (n > PAR_MIN)
-    for (int64_t k = 0; k < nchunks; k++) {
-        int64_t i0 = k * chunk, m = n - i0 < chunk ? n - i0 : chunk;
-        ct_convert_n(dd, (char *)dst + i0 * (int64_t)ds, sd, (const char *)src + i0 * (int64_t)ss, m, false);
-    }
-}
 
 /* t's data in dtype cd: t's own data when it already is, else a converted copy
  * in the current frame. NULL for a NULL t; clears *ok when allocation fails. */
@@ -57,7 +44,7 @@ static void *in_buf(const ct_tensor *t, ct_dtype cd, bool *ok)
         *ok = false;
         return NULL;
     }
-    convert_par(cd, ct_tensor_data(b), t->dtype, ct_tensor_data(t), ct_tensor_numel(t));
+    ct_cpu_convert_par(cd, ct_tensor_data(b), t->dtype, ct_tensor_data(t), ct_tensor_numel(t));
     return ct_tensor_data(b);
 }
 
@@ -77,7 +64,7 @@ static void *out_buf(const ct_tensor *t, ct_dtype cd, bool *ok)
 
 static void out_finish(ct_tensor *t, const void *p, ct_dtype cd)
 {
-    if (t && t->dtype != cd) convert_par(t->dtype, ct_tensor_data(t), cd, p, ct_tensor_numel(t));
+    if (t && t->dtype != cd) ct_cpu_convert_par(t->dtype, ct_tensor_data(t), cd, p, ct_tensor_numel(t));
 }
 
 /* C copies of v in dtype cd (stand-in for an absent w or b). */
@@ -86,15 +73,6 @@ static void *const_buf(int64_t C, ct_dtype cd, double v, bool *ok)
     ct_tensor *t = ct_tensor_full(cd, 1, (int64_t[]){C}, v);
     if (!t) *ok = false;
     return t ? ct_tensor_data(t) : NULL;
-}
-
-static int64_t last_dim(const ct_tensor *x) { return x->shape[x->ndim - 1]; }
-
-static int64_t row_count(const ct_tensor *x)
-{
-    int64_t n = 1;
-    for (int d = 0; d < x->ndim - 1; d++) n *= x->shape[d];
-    return n;
 }
 
 /* ---- fast kernels, generated for T = float and T = double ------------------ */
@@ -203,7 +181,7 @@ static ct_dtype compute_dtype(const ct_tensor *x) { return x->dtype == CT_DTYPE_
 static ct_status norm_fast(const ct_tensor *x, const ct_tensor *w, const ct_tensor *b, double eps, ct_tensor *y,
                            ct_tensor *mean, ct_tensor *rstd, bool center)
 {
-    int64_t rows = row_count(x), C = last_dim(x);
+    int64_t rows = ct_cpu_row_count(x), C = ct_cpu_row_len(x);
     ct_dtype cd = compute_dtype(x);
     bool ok = true;
     ct_frame_push();
@@ -224,7 +202,7 @@ static ct_status norm_backward_fast(const ct_tensor *dy, const ct_tensor *x, con
                                     const ct_tensor *mean, const ct_tensor *rstd, ct_tensor *dx, ct_tensor *dw,
                                     ct_tensor *db, bool center)
 {
-    int64_t rows = row_count(x), C = last_dim(x);
+    int64_t rows = ct_cpu_row_count(x), C = ct_cpu_row_len(x);
     ct_dtype cd = compute_dtype(x);
     bool ok = true;
     ct_frame_push();
@@ -275,32 +253,27 @@ ct_status ct_cpu_rmsnorm_backward(const ct_tensor *dy, const ct_tensor *x, const
 
 /* ---- reference: every element through double, sums in plain order --------- */
 
-static double ld(const ct_tensor *t, int64_t i)
-{
-    return ct_scalar_load(t->dtype, (const char *)ct_tensor_data(t) + i * (int64_t)ct_dtype_size(t->dtype));
-}
-
-static void st(ct_tensor *t, int64_t i, double v)
-{
-    ct_scalar_store(t->dtype, (char *)ct_tensor_data(t) + i * (int64_t)ct_dtype_size(t->dtype), v);
-}
-
 static ct_status norm_ref(const ct_tensor *x, const ct_tensor *w, const ct_tensor *b, double eps, ct_tensor *y,
                           ct_tensor *mean, ct_tensor *rstd, bool center)
 {
-    int64_t rows = row_count(x), C = last_dim(x);
+    int64_t rows = ct_cpu_row_count(x), C = ct_cpu_row_len(x);
     for (int64_t r = 0; r < rows; r++) {
         double mu = 0, var = 0;
         if (center) {
-            for (int64_t i = 0; i < C; i++) mu += ld(x, r * C + i);
+            for (int64_t i = 0; i < C; i++) mu += ct_cpu_load_at(x, r * C + i);
             mu /= (double)C;
         }
-        for (int64_t i = 0; i < C; i++) var += (ld(x, r * C + i) - mu) * (ld(x, r * C + i) - mu);
+        for (int64_t i = 0; i < C; i++) {
+            double d = ct_cpu_load_at(x, r * C + i) - mu;
+            var += d * d;
+        }
         double rs = 1 / sqrt(var / (double)C + eps);
-        if (mean) st(mean, r, mu);
-        if (rstd) st(rstd, r, rs);
-        for (int64_t i = 0; i < C; i++)
-            st(y, r * C + i, (ld(x, r * C + i) - mu) * rs * (w ? ld(w, i) : 1) + (b ? ld(b, i) : 0));
+        if (mean) ct_cpu_store_at(mean, r, mu);
+        if (rstd) ct_cpu_store_at(rstd, r, rs);
+        for (int64_t i = 0; i < C; i++) {
+            double wi = w ? ct_cpu_load_at(w, i) : 1, bi = b ? ct_cpu_load_at(b, i) : 0;
+            ct_cpu_store_at(y, r * C + i, (ct_cpu_load_at(x, r * C + i) - mu) * rs * wi + bi);
+        }
     }
     return CT_OK;
 }
@@ -309,28 +282,29 @@ static ct_status norm_backward_ref(const ct_tensor *dy, const ct_tensor *x, cons
                                    const ct_tensor *mean, const ct_tensor *rstd, ct_tensor *dx, ct_tensor *dw,
                                    ct_tensor *db, bool center)
 {
-    int64_t rows = row_count(x), C = last_dim(x);
+    int64_t rows = ct_cpu_row_count(x), C = ct_cpu_row_len(x);
     for (int64_t r = 0; r < rows && dx; r++) {
-        double mu = center ? ld(mean, r) : 0, rs = ld(rstd, r), sg = 0, sgx = 0;
+        double mu = center ? ct_cpu_load_at(mean, r) : 0, rs = ct_cpu_load_at(rstd, r), sg = 0, sgx = 0;
         for (int64_t i = 0; i < C; i++) {
-            double g = ld(dy, r * C + i) * (w ? ld(w, i) : 1);
+            double g = ct_cpu_load_at(dy, r * C + i) * (w ? ct_cpu_load_at(w, i) : 1);
             sg += g;
-            sgx += g * (ld(x, r * C + i) - mu) * rs;
+            sgx += g * (ct_cpu_load_at(x, r * C + i) - mu) * rs;
         }
         for (int64_t i = 0; i < C; i++) {
-            double g = ld(dy, r * C + i) * (w ? ld(w, i) : 1), xhat = (ld(x, r * C + i) - mu) * rs;
-            st(dx, r * C + i, rs * (g - (center ? sg / (double)C : 0) - xhat * sgx / (double)C));
+            double g = ct_cpu_load_at(dy, r * C + i) * (w ? ct_cpu_load_at(w, i) : 1);
+            double xhat = (ct_cpu_load_at(x, r * C + i) - mu) * rs;
+            ct_cpu_store_at(dx, r * C + i, rs * (g - (center ? sg / (double)C : 0) - xhat * sgx / (double)C));
         }
     }
     for (int64_t i = 0; i < C; i++) {
         double sw = 0, sb = 0;
         for (int64_t r = 0; r < rows; r++) {
-            double mu = center ? ld(mean, r) : 0;
-            sw += ld(dy, r * C + i) * (ld(x, r * C + i) - mu) * ld(rstd, r);
-            sb += ld(dy, r * C + i);
+            double mu = center ? ct_cpu_load_at(mean, r) : 0;
+            sw += ct_cpu_load_at(dy, r * C + i) * (ct_cpu_load_at(x, r * C + i) - mu) * ct_cpu_load_at(rstd, r);
+            sb += ct_cpu_load_at(dy, r * C + i);
         }
-        if (dw) st(dw, i, sw);
-        if (db) st(db, i, sb);
+        if (dw) ct_cpu_store_at(dw, i, sw);
+        if (db) ct_cpu_store_at(db, i, sb);
     }
     return CT_OK;
 }

@@ -7,8 +7,8 @@
  * independent, so the result does not depend on the thread count.
  *
  * Reductions run over fixed lanes, never in scheduling order. f32 keeps elements
- * in f32, sums in double and takes its exponentials from the vectorised
- * ct_cpu_expf8 (kernels/cpu/softmax.h); f64 computes in double with libm; bf16
+ * in f32, sums in double and takes its exponentials from the vectorisable
+ * ct_cpu_expf (kernels/cpu/vmath.h); f64 computes in double with libm; bf16
  * and f16 are widened to f32 buffers, run through the f32 kernel and rounded
  * once.
  */
@@ -21,6 +21,7 @@
 #include "core/convert.h"
 #include "core/frame.h"
 #include "core/threads.h"
+#include "kernels/cpu/rows.h"
 
 #define PAR_MIN 32768  /* elements of work below which a loop stays on one thread */
 #define BLOCK_COLS 256 /* inner positions per task when the dim is not the last */
@@ -39,27 +40,13 @@ static geom geometry(const ct_tensor *t, int dim)
     return g;
 }
 
-/* ct_convert_n over n contiguous elements, in chunks across threads (it is
- * single-threaded on its own). */
-static void convert_par(ct_dtype dd, void *dst, ct_dtype sd, const void *src, int64_t n)
-{
-    const int64_t chunk = 1 << 14;
-    int64_t nchunks = (n + chunk - 1) / chunk;
-    size_t ds = ct_dtype_size(dd), ss = ct_dtype_size(sd);
-    #pragma omp parallel for num_threads(ct_get_num_threads()) schedule(static) if (n > PAR_MIN)
-    for (int64_t k = 0; k < nchunks; k++) {
-        int64_t i0 = k * chunk, m = n - i0 < chunk ? n - i0 : chunk;
-        ct_convert_n(dd, (char *)dst + i0 * (int64_t)ds, sd, (const char *)src + i0 * (int64_t)ss, m, false);
-    }
-}
-
 /* An f32 tensor with t's shape in the current frame, holding t's values when
  * fill is set; NULL (error recorded) when allocation fails. */
 static float *f32_buffer(const ct_tensor *t, bool fill)
 {
     ct_tensor *b = ct_tensor_empty_on(t->device, CT_DTYPE_F32, t->ndim, t->shape);
     if (!b) return NULL;
-    if (fill) convert_par(CT_DTYPE_F32, ct_tensor_data(b), t->dtype, ct_tensor_data(t), ct_tensor_numel(t));
+    if (fill) ct_cpu_convert_par(CT_DTYPE_F32, ct_tensor_data(b), t->dtype, ct_tensor_data(t), ct_tensor_numel(t));
     return ct_tensor_data(b);
 }
 
@@ -222,7 +209,7 @@ static ct_status softmax_fast(const ct_tensor *x, ct_tensor *y, int dim, bool lg
         float *xf = f32_buffer(x, true), *yf = f32_buffer(x, false);
         if (xf && yf) {
             fwd_f32(xf, yf, g, lg);
-            convert_par(y->dtype, ct_tensor_data(y), CT_DTYPE_F32, yf, ct_tensor_numel(y));
+            ct_cpu_convert_par(y->dtype, ct_tensor_data(y), CT_DTYPE_F32, yf, ct_tensor_numel(y));
         } else {
             st = ct_last_status();
         }
@@ -250,7 +237,7 @@ static ct_status softmax_backward_fast(const ct_tensor *dy, const ct_tensor *y, 
         float *dyf = f32_buffer(dy, true), *yf = f32_buffer(y, true), *dxf = f32_buffer(y, false);
         if (dyf && yf && dxf) {
             bwd_f32(dyf, yf, dxf, g, lg);
-            convert_par(dx->dtype, ct_tensor_data(dx), CT_DTYPE_F32, dxf, ct_tensor_numel(dx));
+            ct_cpu_convert_par(dx->dtype, ct_tensor_data(dx), CT_DTYPE_F32, dxf, ct_tensor_numel(dx));
         } else {
             st = ct_last_status();
         }
@@ -275,16 +262,6 @@ ct_status ct_cpu_log_softmax_backward(const ct_tensor *dy, const ct_tensor *y, c
 
 /* ---- reference: one (outer, inner) line at a time, every element through double */
 
-static double ld(const ct_tensor *t, int64_t i)
-{
-    return ct_scalar_load(t->dtype, (const char *)ct_tensor_data(t) + i * (int64_t)ct_dtype_size(t->dtype));
-}
-
-static void st(ct_tensor *t, int64_t i, double v)
-{
-    ct_scalar_store(t->dtype, (char *)ct_tensor_data(t) + i * (int64_t)ct_dtype_size(t->dtype), v);
-}
-
 static ct_status softmax_ref(const ct_tensor *x, ct_tensor *y, int dim, bool lg)
 {
     geom g = geometry(x, dim);
@@ -293,11 +270,11 @@ static ct_status softmax_ref(const ct_tensor *x, ct_tensor *y, int dim, bool lg)
             int64_t base = o * g.C * g.inner + j;
             double m = -INFINITY, s = 0;
             for (int64_t c = 0; c < g.C; c++)
-                if (ld(x, base + c * g.inner) > m) m = ld(x, base + c * g.inner);
-            for (int64_t c = 0; c < g.C; c++) s += exp(ld(x, base + c * g.inner) - m);
+                if (ct_cpu_load_at(x, base + c * g.inner) > m) m = ct_cpu_load_at(x, base + c * g.inner);
+            for (int64_t c = 0; c < g.C; c++) s += exp(ct_cpu_load_at(x, base + c * g.inner) - m);
             for (int64_t c = 0; c < g.C; c++) {
-                double v = ld(x, base + c * g.inner) - m;
-                st(y, base + c * g.inner, lg ? v - log(s) : exp(v) / s);
+                double v = ct_cpu_load_at(x, base + c * g.inner) - m;
+                ct_cpu_store_at(y, base + c * g.inner, lg ? v - log(s) : exp(v) / s);
             }
         }
     }
@@ -313,11 +290,12 @@ static ct_status softmax_backward_ref(const ct_tensor *dy, const ct_tensor *y, c
             double s = 0;
             for (int64_t c = 0; c < g.C; c++) {
                 int64_t i = base + c * g.inner;
-                s += lg ? ld(dy, i) : ld(dy, i) * ld(y, i);
+                s += lg ? ct_cpu_load_at(dy, i) : ct_cpu_load_at(dy, i) * ct_cpu_load_at(y, i);
             }
             for (int64_t c = 0; c < g.C; c++) {
                 int64_t i = base + c * g.inner;
-                st(dx, i, lg ? ld(dy, i) - exp(ld(y, i)) * s : ld(y, i) * (ld(dy, i) - s));
+                double dyi = ct_cpu_load_at(dy, i), yi = ct_cpu_load_at(y, i);
+                ct_cpu_store_at(dx, i, lg ? dyi - exp(yi) * s : yi * (dyi - s));
             }
         }
     }

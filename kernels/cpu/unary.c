@@ -3,10 +3,11 @@
  *   x (...) -> y (same shape); y = f(x)
  *   gout, x, y (...) -> gin (same shape); gin = gout * f'(x), overwritten
  *
- * exp, tanh and sigmoid in f32 are written out below (Cephes polynomials,
- * branch-free) instead of calling libm, because a libm call per element keeps
- * gcc from vectorising the loop and GELU/SiLU sit in every transformer MLP. They
- * are within a few ulp of the correctly rounded result. log, sqrt, pow and erf
+ * exp, tanh and sigmoid in f32 are branch-free Cephes polynomials (exp is
+ * ct_cpu_expf of kernels/cpu/vmath.h, tanh and sigmoid are built on it below)
+ * instead of libm calls, because a libm call per element keeps gcc from
+ * vectorising the loop and GELU/SiLU sit in every transformer MLP. They are
+ * within a few ulp of the correctly rounded result. log, sqrt, pow and erf
  * stay libm calls (gcc will not vectorise them without -fno-math-errno), as does
  * all of f64. Why no `restrict` on y and x: see binary.c (in place is allowed).
  *
@@ -18,61 +19,7 @@
 #include <string.h>
 
 #include "kernels/cpu/elementwise.h"
-
-static inline float f32_pow2i(int32_t k) /* 2^k for -126 <= k <= 127 */
-{
-    uint32_t u = (uint32_t)(k + 127) << 23;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-/* c ? a : b on the bit patterns. gcc (with the default -ftrapping-math) will not
- * if-convert a float ?: whose arms are computed, and then does not vectorise the
- * loop at all; integer masks it vectorises. Both arms are always evaluated. */
-static inline float sel_f32(bool c, float a, float b)
-{
-    uint32_t m = 0u - (uint32_t)c, ua, ub;
-    memcpy(&ua, &a, sizeof ua);
-    memcpy(&ub, &b, sizeof ub);
-    ua = (ua & m) | (ub & ~m);
-    memcpy(&a, &ua, sizeof a);
-    return a;
-}
-
-static inline double sel_f64(bool c, double a, double b)
-{
-    uint64_t m = 0u - (uint64_t)c, ua, ub;
-    memcpy(&ua, &a, sizeof ua);
-    memcpy(&ub, &b, sizeof ub);
-    ua = (ua & m) | (ub & ~m);
-    memcpy(&a, &ua, sizeof a);
-    return a;
-}
-
-/* exp(x) = 2^n exp(r), n = round(x log2 e), r = x - n ln 2 (in two parts, Cody-Waite),
- * |r| <= ln2/2; 2^n is applied in two halves so overflow gives inf and deep
- * underflow rounds once into the subnormals. */
-static inline float ew_expf(float x)
-{
-    float xc = sel_f32(x < -104.0f, -104.0f, x);
-    xc = sel_f32(xc > 89.0f, 89.0f, xc);
-    xc = sel_f32(x != x, 0.0f, xc); /* NaN must not reach the int conversion */
-    float nf = xc * 1.44269504088896341f;
-    nf = (nf + 12582912.0f) - 12582912.0f; /* round to nearest integer (|nf| < 2^22) */
-    float r = xc - nf * 0.693359375f;
-    r = r - nf * -2.12194440e-4f;
-    float p = 1.9875691500E-4f;
-    p = p * r + 1.3981999507E-3f;
-    p = p * r + 8.3334519073E-3f;
-    p = p * r + 4.1665795894E-2f;
-    p = p * r + 1.6666665459E-1f;
-    p = p * r + 5.0000001201E-1f;
-    float y = p * r * r + r + 1.0f;
-    int32_t n = (int32_t)nf, n1 = n / 2;
-    y = y * f32_pow2i(n1) * f32_pow2i(n - n1);
-    return sel_f32(x != x, x, y);
-}
+#include "kernels/cpu/vmath.h"
 
 /* tanh: odd polynomial below |x| = 0.625 (where 1 - 2/(e^2x + 1) would cancel),
  * else 1 - 2/(exp(2|x|) + 1) with x's sign. */
@@ -86,15 +33,15 @@ static inline float ew_tanhf(float x)
     p = p * z - 3.33332819422E-1f;
     float small = p * z * x + x;
     float ax = fabsf(x);
-    float big = copysignf(1.0f - 2.0f / (ew_expf(2.0f * ax) + 1.0f), x);
-    return sel_f32(ax < 0.625f, small, big);
+    float big = copysignf(1.0f - 2.0f / (ct_cpu_expf(2.0f * ax) + 1.0f), x);
+    return ct_cpu_sel_f32(ax < 0.625f, small, big);
 }
 
 static inline float ew_sigmoidf(float x)
 {
-    float e = ew_expf(-fabsf(x));
+    float e = ct_cpu_expf(-fabsf(x));
     float s = 1.0f / (1.0f + e);
-    return sel_f32(x >= 0.0f, s, e * s);
+    return ct_cpu_sel_f32(x >= 0.0f, s, e * s);
 }
 
 static inline double ew_sigmoid(double x)
@@ -141,13 +88,13 @@ static void un_f32(ct_unary_op op, float *o, int64_t so, const float *xp, int64_
     switch (op) {
     case CT_UNARY_NEG: EW_LOOP1(float, -x); break;
     case CT_UNARY_ABS: EW_LOOP1(float, fabsf(x)); break;
-    case CT_UNARY_EXP: EW_LOOP1(float, ew_expf(x)); break;
+    case CT_UNARY_EXP: EW_LOOP1(float, ct_cpu_expf(x)); break;
     case CT_UNARY_LOG: EW_LOOP1(float, logf(x)); break;
     case CT_UNARY_SQRT: EW_LOOP1(float, sqrtf(x)); break;
     case CT_UNARY_RSQRT: EW_LOOP1(float, 1.0f / sqrtf(x)); break;
     case CT_UNARY_TANH: EW_LOOP1(float, ew_tanhf(x)); break;
     case CT_UNARY_SIGMOID: EW_LOOP1(float, ew_sigmoidf(x)); break;
-    case CT_UNARY_RELU: EW_LOOP1(float, sel_f32(x < 0.0f, 0.0f, x)); break;
+    case CT_UNARY_RELU: EW_LOOP1(float, ct_cpu_sel_f32(x < 0.0f, 0.0f, x)); break;
     case CT_UNARY_GELU_TANH: EW_LOOP1(float, ew_gelu_tanhf(x)); break;
     case CT_UNARY_GELU_ERF: EW_LOOP1(float, 0.5f * x * erfcf(-x * (float)M_SQRT1_2)); break;
     default: EW_LOOP1(float, x * ew_sigmoidf(x)); break;
@@ -303,8 +250,8 @@ ct_status ct_cpu_unary(ct_unary_op op, ct_tensor *out, const ct_tensor *x)
             break;                                                                                 \
         }                                                                                          \
     }
-DEF_BWD(bwd_f32, float, sel_f32, ew_expf, ew_tanhf, ew_sigmoidf, erfcf, sqrtf)
-DEF_BWD(bwd_f64, double, sel_f64, exp, tanh, ew_sigmoid, erfc, sqrt)
+DEF_BWD(bwd_f32, float, ct_cpu_sel_f32, ct_cpu_expf, ew_tanhf, ew_sigmoidf, erfcf, sqrtf)
+DEF_BWD(bwd_f64, double, ct_cpu_sel_f64, exp, tanh, ew_sigmoid, erfc, sqrt)
 
 typedef struct bwd_ctx {
     ct_unary_op op;

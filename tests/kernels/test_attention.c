@@ -13,39 +13,7 @@
 #include "core/threads.h"
 #include "kernels/attention.h"
 #include "kernels/cpu/attention.h"
-
-/* ||a - b|| / ||b|| over all elements, in double. */
-static double rel_err(const ct_tensor *a, const ct_tensor *b)
-{
-    double num = 0, den = 0;
-    CT_FRAME {
-        ct_tensor *x = ct_tensor_cast(a, CT_DTYPE_F64), *y = ct_tensor_cast(b, CT_DTYPE_F64);
-        cr_assert(x && y && ct_tensor_numel(x) == ct_tensor_numel(y));
-        const double *p = ct_tensor_data(x), *r = ct_tensor_data(y);
-        for (int64_t i = 0; i < ct_tensor_numel(x); i++) {
-            num += (p[i] - r[i]) * (p[i] - r[i]);
-            den += r[i] * r[i];
-        }
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
-static bool all_finite(const ct_tensor *t)
-{
-    bool ok = true;
-    CT_FRAME {
-        ct_tensor *x = ct_tensor_cast(t, CT_DTYPE_F64);
-        const double *p = ct_tensor_data(x);
-        for (int64_t i = 0; i < ct_tensor_numel(x); i++) ok = ok && isfinite(p[i]);
-    }
-    return ok;
-}
-
-static bool same_bits(const ct_tensor *a, const ct_tensor *b)
-{
-    return ct_tensor_nbytes(a) == ct_tensor_nbytes(b) &&
-           memcmp(ct_tensor_data(a), ct_tensor_data(b), ct_tensor_nbytes(a)) == 0;
-}
+#include "tests/kernels/util.h"
 
 /* A (B,H,T,D) tensor; `layout` 0: contiguous, 1: transposed view of (B,T,H,D) (what the
  * GPT hands over), 2: every other element of the last dim of a (B,H,T,2D) tensor. */
@@ -336,12 +304,6 @@ Test(attention, workspace_is_not_quadratic)
                  2 * ct_cpu_attention_workspace_bytes(2048, 2048, 64, 64, 4));
 }
 
-static void expect_error(const char *needle1, const char *needle2)
-{
-    const char *e = ct_last_error();
-    cr_assert(strstr(e, needle1) && strstr(e, needle2), "message '%s' lacks '%s' / '%s'", e, needle1, needle2);
-}
-
 Test(attention, errors_name_op_and_shapes)
 {
     CT_FRAME {
@@ -354,17 +316,17 @@ Test(attention, errors_name_op_and_shapes)
         ct_tensor *k64 = ct_tensor_zeros(CT_DTYPE_F64, CT_SHAPE(2, 3, 6, 8));
         ct_tensor *qi = ct_tensor_zeros(CT_DTYPE_I32, CT_SHAPE(2, 3, 5, 8));
         cr_assert_null(ct_kernel_attention(q, bad_d, v, true, 0, NULL));
-        expect_error("attention", "[2, 3, 6, 7]");
+        ERROR_HAS("attention", "[2, 3, 6, 7]");
         cr_assert_null(ct_kernel_attention(q, k, bad_s, true, 0, NULL));
-        expect_error("attention", "[2, 3, 5, 4]");
+        ERROR_HAS("attention", "[2, 3, 5, 4]");
         cr_assert_null(ct_kernel_attention(three, k, v, false, 0, NULL));
-        expect_error("attention", "[3, 5, 8]");
+        ERROR_HAS("attention", "[3, 5, 8]");
         cr_assert_null(ct_kernel_attention(q, k64, v, false, 0, NULL));
-        expect_error("attention", "f64[2, 3, 6, 8]");
+        ERROR_HAS("attention", "f64[2, 3, 6, 8]");
         cr_assert_null(ct_kernel_attention(qi, qi, qi, false, 0, NULL));
-        expect_error("attention", "i32");
+        ERROR_HAS("attention", "i32");
         cr_assert_null(ct_kernel_attention(q, k, v, false, NAN, NULL));
-        expect_error("attention", "scale");
+        ERROR_HAS("attention", "scale");
         ct_error_clear();
         cr_assert_null(ct_kernel_attention(NULL, k, v, false, 0, NULL));
 
@@ -372,15 +334,15 @@ Test(attention, errors_name_op_and_shapes)
         cr_assert_not_null(out);
         ct_tensor *dq = NULL, *dk = NULL, *dv = NULL;
         cr_assert_neq(ct_kernel_attention_backward(q, q, k, v, out, lse, true, 0, &dq, &dk, &dv), CT_OK);
-        expect_error("attention_backward", "[2, 3, 5, 8]");
+        ERROR_HAS("attention_backward", "[2, 3, 5, 8]");
         cr_assert_null(dq);
         cr_assert_neq(ct_kernel_attention_backward(out, q, k, v, out, three, true, 0, &dq, &dk, &dv), CT_OK);
-        expect_error("attention_backward", "[3, 5, 8]");
+        ERROR_HAS("attention_backward", "[3, 5, 8]");
         ct_tensor *lse_bf16 = ct_tensor_cast(lse, CT_DTYPE_BF16);
         cr_assert_neq(ct_kernel_attention_backward(out, q, k, v, out, lse_bf16, true, 0, &dq, &dk, &dv), CT_OK);
-        expect_error("attention_backward", "bf16[2, 3, 5]");
+        ERROR_HAS("attention_backward", "bf16[2, 3, 5]");
         cr_assert_neq(ct_kernel_attention_backward(out, q, bad_d, v, out, lse, true, 0, &dq, &dk, &dv), CT_OK);
-        expect_error("attention_backward", "[2, 3, 6, 7]");
+        ERROR_HAS("attention_backward", "[2, 3, 6, 7]");
         cr_assert_neq(ct_kernel_attention_backward(out, q, k, v, out, NULL, true, 0, &dq, &dk, &dv), CT_OK);
         cr_assert_neq(ct_kernel_attention_backward(out, q, k, v, out, lse, true, 0, NULL, &dk, &dv), CT_OK);
         cr_assert_null(dq);

@@ -16,27 +16,7 @@
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/matmul.h"
-
-/* ||x - ref|| / ||ref|| over all elements, in double. */
-static double rel_err(const ct_tensor *x, const ct_tensor *ref)
-{
-    double num = 0, den = 0;
-    CT_FRAME {
-        ct_tensor *x64 = ct_tensor_cast(x, CT_DTYPE_F64), *r64 = ct_tensor_cast(ref, CT_DTYPE_F64);
-        cr_assert(x64 && r64);
-        const double *xp = ct_tensor_data(x64), *rp = ct_tensor_data(r64);
-        for (int64_t i = 0; i < ct_tensor_numel(r64); i++) {
-            num += (xp[i] - rp[i]) * (xp[i] - rp[i]);
-            den += rp[i] * rp[i];
-        }
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
-static double tol_for(ct_dtype dt)
-{
-    return dt == CT_DTYPE_F64 ? 1e-12 : dt == CT_DTYPE_F32 ? 1e-6 : 1e-2;
-}
+#include "tests/kernels/util.h"
 
 /* Which fast path a check runs. */
 typedef enum { VIA_KERNEL, VIA_ONEDNN_PRIMITIVE } via;
@@ -228,8 +208,8 @@ static void check_lowp(ct_dtype dt, ct_gemm_backend be, const char *what)
              * clearly rather than falling back */
             const char *msg = ct_last_error();
             cr_assert_eq(ct_last_status(), CT_ERR_UNSUPPORTED, "%s", msg);
-            cr_assert(strstr(msg, "matmul") && strstr(msg, "oneDNN") && strstr(msg, ct_dtype_name(dt)) &&
-                      strstr(msg, dt == CT_DTYPE_BF16 ? "CTRAIN_BF16_GEMM" : "CTRAIN_F16_GEMM"), "%s", msg);
+            ERROR_HAS("matmul", "oneDNN", ct_dtype_name(dt),
+                      dt == CT_DTYPE_BF16 ? "CTRAIN_BF16_GEMM" : "CTRAIN_F16_GEMM");
             if (dt == CT_DTYPE_BF16) cr_assert(!ct_cpu_has_bf16_gemm(), "CPU has bf16 GEMM but oneDNN refused: %s", msg);
             ct_tensor *o2 = ct_tensor_empty(dt, CT_SHAPE(4, 4));
             cr_assert_eq(ct_cpu_matmul_onednn(o2, a, b, false, false, 1, 0), CT_ERR_UNSUPPORTED);
@@ -266,7 +246,7 @@ Test(matmul, default_backends_follow_cpu)
     cr_assert_neq(ct_cpu_matmul_set_backend(CT_DTYPE_F64, CT_GEMM_ONEDNN), CT_OK);
     cr_assert_neq(ct_cpu_matmul_set_backend(CT_DTYPE_BF16, CT_GEMM_OPENBLAS), CT_OK);
     cr_assert_neq(ct_cpu_matmul_set_backend(CT_DTYPE_F32, CT_GEMM_CONVERT), CT_OK);
-    cr_assert(strstr(ct_last_error(), "convert") && strstr(ct_last_error(), "f32"), "%s", ct_last_error());
+    ERROR_HAS("convert", "f32");
 }
 
 Test(matmul, env_selects_backend)
@@ -288,8 +268,7 @@ Test(matmul, env_bad_value_is_an_error)
     CT_FRAME {
         ct_tensor *a = ct_tensor_ones(CT_DTYPE_F32, CT_SHAPE(2, 2));
         cr_assert_null(ct_kernel_matmul(a, a, false, false));
-        cr_assert(strstr(ct_last_error(), "CTRAIN_SGEMM") && strstr(ct_last_error(), "mkl") &&
-                  strstr(ct_last_error(), "openblas"), "%s", ct_last_error());
+        ERROR_HAS("CTRAIN_SGEMM", "mkl", "openblas");
     }
 }
 
@@ -329,7 +308,7 @@ Test(matmul, small_batches_run_in_parallel)
             check_case(VIA_KERNEL, a, b, true, false, 2, 0.5, "small batched alpha/beta");
             /* same inputs, same thread count: same bits */
             ct_tensor *o1 = ct_kernel_matmul(a, b, false, true), *o2 = ct_kernel_matmul(a, b, false, true);
-            cr_assert_eq(memcmp(ct_tensor_data(o1), ct_tensor_data(o2), ct_tensor_nbytes(o1)), 0);
+            cr_assert(same_bits(o1, o2));
         }
         check_case(VIA_KERNEL, ct_tensor_randn(CT_DTYPE_F64, CT_SHAPE(32, 9, 5), 0, 1),
                    ct_tensor_randn(CT_DTYPE_F64, CT_SHAPE(32, 5, 11), 0, 1), false, false, 1, 0, "f64 small batched");
@@ -339,9 +318,8 @@ Test(matmul, small_batches_run_in_parallel)
 Test(matmul, non_contiguous_inputs)
 {
     ct_set_seed(13);
-    ct_dtype dts[] = {CT_DTYPE_F32, CT_DTYPE_F64, CT_DTYPE_BF16, CT_DTYPE_F16};
     for (int i = 0; i < 4; i++) {
-        ct_dtype dt = dts[i];
+        ct_dtype dt = float_dtypes[i];
         CT_FRAME {
             /* transposed views: the GEMM reads them through the transpose flag */
             ct_tensor *at = ct_tensor_transpose(ct_tensor_randn(dt, CT_SHAPE(19, 23), 0, 1), 0, 1); /* (23, 19) */
@@ -367,9 +345,8 @@ Test(matmul, non_contiguous_inputs)
 Test(matmul, out_alpha_beta_and_k_zero)
 {
     ct_set_seed(14);
-    ct_dtype dts[] = {CT_DTYPE_F32, CT_DTYPE_F64, CT_DTYPE_BF16, CT_DTYPE_F16};
     for (int i = 0; i < 4; i++) {
-        ct_dtype dt = dts[i];
+        ct_dtype dt = float_dtypes[i];
         CT_FRAME {
             ct_tensor *a = ct_tensor_randn(dt, CT_SHAPE(2, 9, 14), 0, 1), *b = ct_tensor_randn(dt, CT_SHAPE(14, 5), 0, 1);
             check_case(VIA_KERNEL, a, b, false, false, 0.5, -1.5, "alpha/beta");
@@ -452,7 +429,7 @@ Test(matmul, panels_use_ctrain_threads_and_openblas_stays_single)
             cr_assert_leq(rel_err(c, ref), 1e-6);
             cr_assert_leq(rel_err(ct_tensor_transpose(ct, 0, 1), ref), 1e-6);
             ct_tensor *again = ct_kernel_matmul(a, b, false, false);
-            cr_assert_eq(memcmp(ct_tensor_data(again), ct_tensor_data(c), 203 * 77 * 4), 0, "threads %d", n);
+            cr_assert(same_bits(again, c), "threads %d", n);
         }
         ct_set_num_threads(0);
     }
@@ -460,63 +437,57 @@ Test(matmul, panels_use_ctrain_threads_and_openblas_stays_single)
 
 /* ---- bad input ----------------------------------------------------------------------- */
 
-static void expect_error(const char *what, const char *const *needles)
-{
-    const char *msg = ct_last_error();
-    for (int i = 0; needles[i]; i++) cr_assert(strstr(msg, needles[i]), "%s: \"%s\" lacks \"%s\"", what, msg, needles[i]);
-}
-
 Test(matmul, errors_name_op_and_shapes)
 {
     CT_FRAME {
         ct_tensor *a = ct_tensor_ones(CT_DTYPE_F32, CT_SHAPE(2, 3)), *b = ct_tensor_ones(CT_DTYPE_F32, CT_SHAPE(4, 2));
         cr_assert_null(ct_kernel_matmul(a, b, false, false));
-        expect_error("inner", (const char *[]){"matmul", "inner", "f32[2, 3]", "f32[4, 2]", "K=3", "K=4", NULL});
+        ERROR_HAS("matmul", "inner", "f32[2, 3]", "f32[4, 2]", "K=3", "K=4");
         cr_assert_null(ct_kernel_matmul(a, a, false, false));
         cr_assert_not_null(ct_kernel_matmul(a, a, false, true), "(2,3) @ (2,3)^T is fine");
 
         ct_tensor *d = ct_tensor_ones(CT_DTYPE_F64, CT_SHAPE(3, 2));
         cr_assert_null(ct_kernel_matmul(a, d, false, false));
-        expect_error("dtype", (const char *[]){"matmul", "dtype", "f32[2, 3]", "f64[3, 2]", NULL});
+        ERROR_HAS("matmul", "dtype", "f32[2, 3]", "f64[3, 2]");
 
         ct_tensor *v = ct_tensor_ones(CT_DTYPE_F32, CT_SHAPE(3));
         cr_assert_null(ct_kernel_matmul(a, v, false, false));
-        expect_error("rank", (const char *[]){"matmul", "2 dims", "f32[3]", NULL});
+        ERROR_HAS("matmul", "2 dims", "f32[3]");
 
         ct_tensor *i = ct_tensor_ones(CT_DTYPE_I32, CT_SHAPE(2, 2));
         cr_assert_null(ct_kernel_matmul(i, i, false, false));
-        expect_error("int", (const char *[]){"matmul", "i32", NULL});
+        ERROR_HAS("matmul", "i32");
 
         ct_tensor *x = ct_tensor_ones(CT_DTYPE_F32, CT_SHAPE(2, 3, 4)), *y = ct_tensor_ones(CT_DTYPE_F32, CT_SHAPE(3, 4, 5));
         cr_assert_null(ct_kernel_matmul(x, y, false, false));
-        expect_error("broadcast", (const char *[]){"matmul", "broadcast", "f32[2, 3, 4]", "f32[3, 4, 5]", NULL});
+        ERROR_HAS("matmul", "broadcast", "f32[2, 3, 4]", "f32[3, 4, 5]");
 
         ct_tensor *m = ct_tensor_ones(CT_DTYPE_F32, CT_SHAPE(3, 2));
         ct_tensor *bad = ct_tensor_zeros(CT_DTYPE_F32, CT_SHAPE(2, 3));
         cr_assert_neq(ct_kernel_matmul_out(bad, a, m, false, false, 1, 0), CT_OK);
-        expect_error("out shape", (const char *[]){"matmul_out", "f32[2, 3]", "[2, 2]", "f32[3, 2]", NULL});
+        ERROR_HAS("matmul_out", "f32[2, 3]", "[2, 2]", "f32[3, 2]");
         ct_tensor *badt = ct_tensor_zeros(CT_DTYPE_F64, CT_SHAPE(2, 2));
         cr_assert_neq(ct_kernel_matmul_out(badt, a, m, false, false, 1, 0), CT_OK);
-        expect_error("out dtype", (const char *[]){"matmul_out", "f64[2, 2]", "f32", NULL});
+        ERROR_HAS("matmul_out", "f64[2, 2]", "f32");
         ct_tensor *nc = ct_tensor_transpose(ct_tensor_zeros(CT_DTYPE_F32, CT_SHAPE(2, 2)), 0, 1);
         ct_tensor *nc3 = ct_tensor_slice(ct_tensor_zeros(CT_DTYPE_F32, CT_SHAPE(2, 4)), 1, 0, 4, 2);
         cr_assert_eq(ct_kernel_matmul_out(nc, a, m, false, false, 1, 0), CT_ERR_INVALID, "a transposed out works? no");
         cr_assert_eq(ct_kernel_matmul_out(nc3, a, m, false, false, 1, 0), CT_ERR_INVALID);
-        expect_error("out layout", (const char *[]){"matmul_out", "contiguous", NULL});
+        ERROR_HAS("matmul_out", "contiguous");
         ct_tensor *sq = ct_tensor_ones(CT_DTYPE_F32, CT_SHAPE(2, 2));
         cr_assert_eq(ct_kernel_matmul_out(sq, sq, sq, false, false, 1, 0), CT_ERR_INVALID);
-        expect_error("alias", (const char *[]){"matmul_out", "shares storage", NULL});
+        ERROR_HAS("matmul_out", "shares storage");
 
         /* NULL inputs return NULL and keep the first message */
         cr_assert_null(ct_kernel_matmul(a, b, false, false));
         cr_assert_null(ct_kernel_matmul(NULL, b, false, false));
         cr_assert_null(ct_kernel_matmul(a, NULL, false, false));
-        expect_error("null keeps", (const char *[]){"inner", NULL});
+        ERROR_HAS("inner");
         cr_assert_neq(ct_kernel_matmul_out(NULL, a, b, false, false, 1, 0), CT_OK);
-        expect_error("null keeps", (const char *[]){"inner", NULL});
+        ERROR_HAS("inner");
         ct_error_clear();
         cr_assert_eq(ct_kernel_matmul_out(sq, NULL, sq, false, false, 1, 0), CT_ERR_INVALID);
-        expect_error("null", (const char *[]){"matmul_out", "NULL", NULL});
+        ERROR_HAS("matmul_out", "NULL");
     }
 }
 

@@ -10,6 +10,7 @@
 #include "core/threads.h"
 #include "kernels/cpu/optim.h"
 #include "kernels/optim.h"
+#include "tests/kernels/util.h"
 
 /* ---- the documented formulas, step by step, in double ---- */
 
@@ -40,28 +41,6 @@ static void sgd_by_hand(double *p, const double *g, double *buf, int64_t n, cons
     }
 }
 
-/* ||t - want|| / ||want|| */
-static double rel_err(const ct_tensor *t, const double *want)
-{
-    double num = 0, den = 0;
-    CT_FRAME {
-        ct_tensor *x = ct_tensor_cast(t, CT_DTYPE_F64);
-        const double *a = ct_tensor_data(x);
-        for (int64_t i = 0; i < ct_tensor_numel(x); i++) num += (a[i] - want[i]) * (a[i] - want[i]), den += want[i] * want[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
-static double *to_doubles(const ct_tensor *t)
-{
-    double *d = malloc((size_t)ct_tensor_numel(t) * sizeof(double));
-    CT_FRAME {
-        ct_tensor *x = ct_tensor_cast(t, CT_DTYPE_F64);
-        memcpy(d, ct_tensor_data(x), (size_t)ct_tensor_numel(t) * sizeof(double));
-    }
-    return d;
-}
-
 /* nsteps from `start` with fresh gradients each step; the fast kernel on tensors of dt vs
  * the hand loop on doubles, compared on p, m and v after every step. */
 static void check_adam(ct_dtype dt, int64_t n, ct_adamw_hparams h, int nsteps, double tol)
@@ -71,19 +50,18 @@ static void check_adam(ct_dtype dt, int64_t n, ct_adamw_hparams h, int nsteps, d
         /* step 1 starts from zero state; a late step from a running one */
         ct_tensor *m = h.step > 1 ? ct_tensor_randn(dt, CT_SHAPE(n), 0, 0.1) : ct_tensor_zeros(dt, CT_SHAPE(n));
         ct_tensor *v = h.step > 1 ? ct_tensor_rand(dt, CT_SHAPE(n), 0, 0.01) : ct_tensor_zeros(dt, CT_SHAPE(n));
-        double *hp = to_doubles(p), *hm = to_doubles(m), *hv = to_doubles(v);
+        double *hp = f64_data(p), *hm = f64_data(m), *hv = f64_data(v);
         for (int s = 0; s < nsteps; s++, h.step++) {
             ct_tensor *g = ct_tensor_randn(dt, CT_SHAPE(n), 0, 1);
-            double *hg = to_doubles(g);
+            double *hg = f64_data(g);
             cr_assert_eq(ct_kernel_adamw(p, g, m, v, &h), CT_OK, "%s", ct_last_error());
             adam_by_hand(hp, hg, hm, hv, n, &h);
-            double ep = rel_err(p, hp), em = rel_err(m, hm), ev = rel_err(v, hv);
+            double ep = rel_err_n(f64_data(p), hp, n, false), em = rel_err_n(f64_data(m), hm, n, false);
+            double ev = rel_err_n(f64_data(v), hv, n, false);
             cr_assert(ep <= tol && em <= tol && ev <= tol,
                       "%s n=%ld step=%ld decoupled=%d maximize=%d wd=%g: p %.3g m %.3g v %.3g", ct_dtype_name(dt),
                       (long)n, (long)h.step, h.decoupled, h.maximize, h.weight_decay, ep, em, ev);
-            free(hg);
         }
-        free(hp), free(hm), free(hv);
     }
 }
 
@@ -165,7 +143,7 @@ Test(optim, adamw_deterministic_across_threads)
             res[r] = p;
         }
         ct_set_num_threads(0);
-        cr_assert(memcmp(ct_tensor_data(res[0]), ct_tensor_data(res[1]), n * 4) == 0);
+        cr_assert(same_bits(res[0], res[1]));
     }
 }
 
@@ -185,16 +163,15 @@ Test(optim, adamw_list_equals_single_calls)
         cr_assert_eq(ct_kernel_adamw_list(3, p, (const ct_tensor *const *)g, m, v, &h), CT_OK, "%s", ct_last_error());
         for (int i = 0; i < 3; i++) {
             cr_assert_eq(ct_kernel_adamw(p2[i], g[i], m2[i], v2[i], &h), CT_OK);
-            cr_assert(memcmp(ct_tensor_data(p[i]), ct_tensor_data(p2[i]), ct_tensor_nbytes(p[i])) == 0);
-            cr_assert(memcmp(ct_tensor_data(v[i]), ct_tensor_data(v2[i]), ct_tensor_nbytes(v[i])) == 0);
+            cr_assert(same_bits(p[i], p2[i]));
+            cr_assert(same_bits(v[i], v2[i]));
         }
         /* a bad third entry: error, and the first two stay untouched */
         ct_tensor *bad_v[3] = {v[0], v[1], ct_tensor_zeros(CT_DTYPE_F32, CT_SHAPE(33, 64))};
         ct_tensor *before = ct_tensor_clone(p[0]);
         cr_assert_neq(ct_kernel_adamw_list(3, p, (const ct_tensor *const *)g, m, bad_v, &h), CT_OK);
-        cr_assert(strstr(ct_last_error(), "adamw_list[2]") && strstr(ct_last_error(), "[33, 64]"), "%s",
-                  ct_last_error());
-        cr_assert(memcmp(ct_tensor_data(before), ct_tensor_data(p[0]), ct_tensor_nbytes(before)) == 0);
+        ERROR_HAS("adamw_list[2]", "[33, 64]");
+        cr_assert(same_bits(before, p[0]));
         cr_assert_eq(ct_kernel_adamw_list(0, NULL, NULL, NULL, NULL, &h), CT_OK);
     }
 }
@@ -204,19 +181,18 @@ static void check_sgd(ct_dtype dt, int64_t n, ct_sgd_hparams h, int nsteps, doub
     CT_FRAME {
         ct_tensor *p = ct_tensor_randn(dt, CT_SHAPE(n), 0, 1);
         ct_tensor *buf = h.momentum != 0 ? ct_tensor_full(dt, CT_SHAPE(n), 123.0) : NULL; /* garbage: first step overwrites */
-        double *hp = to_doubles(p), *hb = calloc((size_t)n, sizeof(double));
+        double *hp = f64_data(p), *hb = calloc((size_t)n, sizeof(double));
         for (int s = 0; s < nsteps; s++) {
             h.first_step = s == 0;
             ct_tensor *g = ct_tensor_randn(dt, CT_SHAPE(n), 0, 1);
-            double *hg = to_doubles(g);
+            double *hg = f64_data(g);
             cr_assert_eq(ct_kernel_sgd(p, g, buf, &h), CT_OK, "%s", ct_last_error());
             sgd_by_hand(hp, hg, hb, n, &h);
-            double ep = rel_err(p, hp), eb = buf ? rel_err(buf, hb) : 0;
+            double ep = rel_err_n(f64_data(p), hp, n, false), eb = buf ? rel_err_n(f64_data(buf), hb, n, false) : 0;
             cr_assert(ep <= tol && eb <= tol, "%s n=%ld step %d momentum=%g dampening=%g nesterov=%d wd=%g: p %.3g buf %.3g",
                       ct_dtype_name(dt), (long)n, s, h.momentum, h.dampening, h.nesterov, h.weight_decay, ep, eb);
-            free(hg);
         }
-        free(hp), free(hb);
+        free(hb);
     }
 }
 
@@ -256,12 +232,6 @@ Test(optim, sgd_hand_case)
     cr_assert_eq(r[0], -0.5f);
 }
 
-static void expect_error(const char *a, const char *b)
-{
-    cr_assert(strstr(ct_last_error(), a) && strstr(ct_last_error(), b), "message '%s' lacks '%s' / '%s'", ct_last_error(),
-              a, b);
-}
-
 Test(optim, errors_name_op_and_shapes)
 {
     CT_FRAME {
@@ -272,37 +242,37 @@ Test(optim, errors_name_op_and_shapes)
         ct_tensor *pi = ct_tensor_zeros(CT_DTYPE_I32, CT_SHAPE(4, 6));
         ct_adamw_hparams h = adamw_default;
         cr_assert_neq(ct_kernel_adamw(p, g_bad, m, v, &h), CT_OK);
-        expect_error("adamw", "[6, 4]");
+        ERROR_HAS("adamw", "[6, 4]");
         cr_assert_neq(ct_kernel_adamw(p, g64, m, v, &h), CT_OK);
-        expect_error("adamw", "f64[4, 6]");
+        ERROR_HAS("adamw", "f64[4, 6]");
         cr_assert_neq(ct_kernel_adamw(p, g_t, m, v, &h), CT_OK);
-        expect_error("adamw", "contiguous");
+        ERROR_HAS("adamw", "contiguous");
         cr_assert_neq(ct_kernel_adamw(pi, pi, pi, pi, &h), CT_OK);
-        expect_error("adamw", "i32[4, 6]");
+        ERROR_HAS("adamw", "i32[4, 6]");
         cr_assert_neq(ct_kernel_adamw(p, NULL, m, v, &h), CT_OK);
-        expect_error("adamw", "NULL");
+        ERROR_HAS("adamw", "NULL");
         cr_assert_neq(ct_kernel_adamw(p, g, m, v, NULL), CT_OK);
         h.step = 0;
         cr_assert_neq(ct_kernel_adamw(p, g, m, v, &h), CT_OK);
-        expect_error("adamw", "step");
+        ERROR_HAS("adamw", "step");
         h = adamw_default, h.beta2 = 1;
         cr_assert_neq(ct_kernel_adamw(p, g, m, v, &h), CT_OK);
-        expect_error("adamw", "beta");
+        ERROR_HAS("adamw", "beta");
         h = adamw_default, h.lr = NAN;
         cr_assert_neq(ct_kernel_adamw(p, g, m, v, &h), CT_OK);
         cr_assert_neq(ct_kernel_adamw_list(-1, NULL, NULL, NULL, NULL, &adamw_default), CT_OK);
 
         cr_assert_neq(ct_kernel_sgd(p, g_bad, NULL, &(ct_sgd_hparams){.lr = 0.1}), CT_OK);
-        expect_error("sgd", "[6, 4]");
+        ERROR_HAS("sgd", "[6, 4]");
         cr_assert_neq(ct_kernel_sgd(p, g, NULL, &(ct_sgd_hparams){.lr = 0.1, .momentum = 0.9}), CT_OK);
-        expect_error("sgd", "momentum_buf NULL");
+        ERROR_HAS("sgd", "momentum_buf NULL");
         cr_assert_neq(ct_kernel_sgd(p, g, g_bad, &(ct_sgd_hparams){.lr = 0.1, .momentum = 0.9}), CT_OK);
-        expect_error("sgd", "momentum_buf f32[6, 4]");
+        ERROR_HAS("sgd", "momentum_buf f32[6, 4]");
         cr_assert_neq(ct_kernel_sgd(p, g, m, &(ct_sgd_hparams){.lr = 0.1, .momentum = 0.9, .dampening = 0.1, .nesterov = true}),
                       CT_OK);
-        expect_error("sgd", "nesterov");
+        ERROR_HAS("sgd", "nesterov");
         cr_assert_neq(ct_kernel_sgd(p, g, NULL, &(ct_sgd_hparams){.lr = -1}), CT_OK);
-        expect_error("sgd", "lr");
+        ERROR_HAS("sgd", "lr");
         /* momentum 0: the buffer is not needed and not checked */
         cr_assert_eq(ct_kernel_sgd(p, g, NULL, &(ct_sgd_hparams){.lr = 0.1}), CT_OK);
     }

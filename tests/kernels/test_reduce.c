@@ -15,6 +15,7 @@
 #include "core/threads.h"
 #include "kernels/cpu/reduce.h"
 #include "kernels/reduce.h"
+#include "tests/kernels/util.h"
 
 /* ---- helpers ----------------------------------------------------------------------------- */
 
@@ -34,41 +35,6 @@ static ct_tensor *make(ct_dtype dt, int ndim, const int64_t *shape, int layout, 
     if (layout == 1) return ct_tensor_permute(base, perm);
     if (layout == 2 && ndim > 0) return ct_tensor_slice(base, ndim - 1, 0, s[ndim - 1], 2);
     return base;
-}
-
-static ct_tensor *from_f64(ct_dtype dt, int ndim, const int64_t *shape, const double *v)
-{
-    ct_tensor *t = ct_tensor_cast(ct_tensor_from_data(CT_DTYPE_F64, ndim, shape, v), dt);
-    cr_assert_not_null(t, "%s", ct_last_error());
-    return t;
-}
-
-/* All elements as doubles in row-major order of the logical shape. */
-static double *values(const ct_tensor *t)
-{
-    ct_tensor *c = ct_tensor_cast(t, CT_DTYPE_F64);
-    cr_assert_not_null(c, "%s", ct_last_error());
-    return ct_tensor_data(c);
-}
-
-/* ||x - ref|| / ||ref||; NaN in both places counts as equal, in one as inf. */
-static double rel_err_v(const double *x, const double *ref, int64_t n)
-{
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        if (isnan(x[i]) || isnan(ref[i])) {
-            if (isnan(x[i]) != isnan(ref[i])) return INFINITY;
-            continue;
-        }
-        num += (x[i] - ref[i]) * (x[i] - ref[i]);
-        den += ref[i] * ref[i];
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
-static double tol_for(ct_dtype dt)
-{
-    return dt == CT_DTYPE_F64 ? 1e-13 : dt == CT_DTYPE_F32 ? 1e-6 : 1e-2;
 }
 
 enum { N_SUM, N_MEAN, N_MAX, N_MIN, N_VAR0, N_VAR1, N_OPS };
@@ -214,14 +180,14 @@ Test(reduce, every_dim_subset_vs_naive)
                                 naive(x, 15u, all);
                                 w = all[op];
                             }
-                            double e = rel_err_v(values(r), w, nout);
-                            double tol = op == N_MAX || op == N_MIN ? 0.0 : tol_for(x->dtype);
+                            double e = rel_err_n(f64_data(r), w, nout, true);
+                            double tol = op == N_MAX || op == N_MIN ? 0.0 : tol_for_f64(x->dtype, 1e-13);
                             cr_assert(e <= tol, "%s %s layout %d mask %u keep %d: %g", op_names[op],
                                       ct_dtype_name(x->dtype), layout, mask, keep, e);
                             if (keep) continue;
                             ct_tensor *rr = ct_tensor_empty(r->dtype, r->ndim, r->shape);
                             cr_assert_eq(run_ref(op, rr, x, nd ? mask : 15u), CT_OK);
-                            e = rel_err_v(values(rr), w, nout);
+                            e = rel_err_n(f64_data(rr), w, nout, true);
                             cr_assert(e <= tol, "ref %s mask %u: %g", op_names[op], mask, e);
                         }
                     }
@@ -270,12 +236,11 @@ Test(reduce, large_fast_vs_ref_and_thread_independent)
                     ct_tensor *r3 = run_op(op, x, b->dims, b->ndims, false);
                     ct_set_num_threads(0);
                     cr_assert_not_null(r1, "%s", ct_last_error());
-                    cr_assert_eq(memcmp(ct_tensor_data(r1), ct_tensor_data(r3), ct_tensor_nbytes(r1)), 0,
-                                 "%s case %zu: bits depend on the thread count", op_names[op], c);
+                    cr_assert(same_bits(r1, r3), "%s case %zu: bits depend on the thread count", op_names[op], c);
                     ct_tensor *rr = ct_tensor_empty(r1->dtype, r1->ndim, r1->shape);
                     run_ref(op, rr, x, mask);
-                    double e = rel_err_v(values(r1), values(rr), ct_tensor_numel(r1));
-                    double tol = op == N_MAX || op == N_MIN ? 0.0 : dts[di] == CT_DTYPE_F64 ? 1e-12 : tol_for(dts[di]);
+                    double e = rel_err_n(f64_data(r1), f64_data(rr), ct_tensor_numel(r1), true);
+                    double tol = op == N_MAX || op == N_MIN ? 0.0 : tol_for(dts[di]);
                     cr_assert(e <= tol, "%s %s case %zu: %g", op_names[op], ct_dtype_name(dts[di]), c, e);
                 }
             }
@@ -302,7 +267,7 @@ Test(reduce, integers)
                 cr_assert_eq(s->dtype, CT_DTYPE_I64, "integer sums are i64");
                 ct_tensor *mx = ct_kernel_max(x, dims, nd, true), *mn = ct_kernel_min(x, dims, nd, false);
                 cr_assert_eq(mx->dtype, x->dtype);
-                double *vs = values(s), *vx = values(mx), *vn = values(mn);
+                double *vs = f64_data(s), *vx = f64_data(mx), *vn = f64_data(mn);
                 /* against the ref kernels, and against the naive loop where nout fits it */
                 ct_tensor *rs = ct_tensor_empty(CT_DTYPE_I64, s->ndim, s->shape);
                 ct_tensor *rx = ct_tensor_empty(x->dtype, mx->ndim, mx->shape);
@@ -310,14 +275,14 @@ Test(reduce, integers)
                 ct_cpu_reduce_ref(CT_REDUCE_SUM, rs, x, mask);
                 ct_cpu_reduce_ref(CT_REDUCE_MAX, rx, x, mask);
                 ct_cpu_reduce_ref(CT_REDUCE_MIN, rn, x, mask);
-                cr_assert_eq(rel_err_v(vs, values(rs), ct_tensor_numel(s)), 0.0);
-                cr_assert_eq(rel_err_v(vx, values(rx), ct_tensor_numel(mx)), 0.0);
-                cr_assert_eq(rel_err_v(vn, values(rn), ct_tensor_numel(mn)), 0.0);
+                cr_assert_eq(rel_err_n(vs, f64_data(rs), ct_tensor_numel(s), true), 0.0);
+                cr_assert_eq(rel_err_n(vx, f64_data(rx), ct_tensor_numel(mx), true), 0.0);
+                cr_assert_eq(rel_err_n(vn, f64_data(rn), ct_tensor_numel(mn), true), 0.0);
                 if (ct_tensor_numel(s) <= 256) {
                     double want[N_OPS][256];
                     naive(x, mask, want);
-                    cr_assert_eq(rel_err_v(vs, want[N_SUM], ct_tensor_numel(s)), 0.0);
-                    cr_assert_eq(rel_err_v(vx, want[N_MAX], ct_tensor_numel(s)), 0.0);
+                    cr_assert_eq(rel_err_n(vs, want[N_SUM], ct_tensor_numel(s), true), 0.0);
+                    cr_assert_eq(rel_err_n(vx, want[N_MAX], ct_tensor_numel(s), true), 0.0);
                 }
             }
         }
@@ -385,7 +350,7 @@ Test(reduce, argmax_vs_naive)
         cr_assert_eq(ct_tensor_get(a, (int64_t[]){9}), 3);
         ct_tensor *r = ct_tensor_empty(CT_DTYPE_I64, CT_SHAPE(300));
         ct_cpu_argmax_ref(r, x, 1);
-        cr_assert_eq(memcmp(ct_tensor_data(a), ct_tensor_data(r), 300 * 8), 0);
+        cr_assert(same_bits(a, r));
         ct_tensor *m = ct_kernel_max(x, (int[]){1}, 1, false);
         cr_assert(isnan(ct_tensor_get(m, (int64_t[]){7})) && ct_tensor_get(m, (int64_t[]){9}) == (double)1e30f);
         cr_assert(isnan(ct_tensor_item(ct_kernel_min(x, NULL, 0, false))), "NaN propagates through blocks");
@@ -408,10 +373,10 @@ Test(reduce, empty_scalar_and_small_counts)
         ct_tensor *m = ct_kernel_max(e, (int[]){1}, 1, false); /* nothing reduced over an empty dim */
         cr_assert(m && m->shape[0] == 0);
         cr_assert_null(ct_kernel_max(e, (int[]){0}, 1, false));
-        cr_assert(strstr(ct_last_error(), "max") && strstr(ct_last_error(), "f32[0, 3]"), "%s", ct_last_error());
+        ERROR_HAS("max", "f32[0, 3]");
         cr_assert_null(ct_kernel_min(e, NULL, 0, false));
         cr_assert_null(ct_kernel_argmax(e, 0, false));
-        cr_assert(strstr(ct_last_error(), "argmax"));
+        ERROR_HAS("argmax");
         ct_tensor *ea = ct_kernel_argmax(e, 1, true);
         cr_assert(ea && ea->ndim == 2 && ea->shape[0] == 0 && ea->shape[1] == 1);
         /* var with N <= correction: NaN, no crash */
@@ -440,7 +405,7 @@ Test(reduce, sum_to_shape)
     ct_set_seed(15);
     CT_FRAME {
         ct_tensor *x = make(CT_DTYPE_F64, CT_SHAPE(4, 3, 5), 1, -1, 1);
-        const double *v = values(x);
+        const double *v = f64_data(x);
         struct { int n; int64_t s[3]; } targets[] = {{2, {3, 1}}, {1, {5}}, {3, {1, 1, 1}}, {3, {4, 3, 5}},
                                                      {0, {0}}, {3, {4, 1, 5}}, {2, {1, 5}}};
         for (size_t t = 0; t < sizeof targets / sizeof targets[0]; t++) {
@@ -464,11 +429,10 @@ Test(reduce, sum_to_shape)
                 }
                 want[o] += v[i];
             }
-            cr_assert(rel_err_v(values(r), want, cnt) < 1e-14, "target %zu", t);
+            cr_assert(rel_err_n(f64_data(r), want, cnt, true) < 1e-14, "target %zu", t);
         }
         cr_assert_null(ct_kernel_sum_to_shape(x, CT_SHAPE(2, 5)));
-        cr_assert(strstr(ct_last_error(), "sum_to_shape") && strstr(ct_last_error(), "[2, 5]") &&
-                  strstr(ct_last_error(), "f64[4, 3, 5]"), "%s", ct_last_error());
+        ERROR_HAS("sum_to_shape", "[2, 5]", "f64[4, 3, 5]");
         cr_assert_null(ct_kernel_sum_to_shape(x, CT_SHAPE(1, 4, 3, 5)));
         /* the broadcast-gradient use: d(a + b)/db for b (C,) broadcast over (N, C) */
         ct_tensor *g = ct_tensor_expand(from_f64(CT_DTYPE_F32, CT_SHAPE(1, 3), (double[]){1, 2, 3}), CT_SHAPE(100, 3));
@@ -484,31 +448,29 @@ Test(reduce, errors_name_op_dims_and_shape)
     CT_FRAME {
         ct_tensor *x = ct_tensor_zeros(CT_DTYPE_F32, CT_SHAPE(2, 3));
         cr_assert_null(ct_kernel_sum(x, (int[]){2}, 1, false));
-        cr_assert(strstr(ct_last_error(), "sum") && strstr(ct_last_error(), "dim 2") &&
-                  strstr(ct_last_error(), "f32[2, 3]"), "%s", ct_last_error());
+        ERROR_HAS("sum", "dim 2", "f32[2, 3]");
         cr_assert_null(ct_kernel_mean(x, (int[]){-3}, 1, false));
-        cr_assert(strstr(ct_last_error(), "mean") && strstr(ct_last_error(), "-3"), "%s", ct_last_error());
+        ERROR_HAS("mean", "-3");
         cr_assert_null(ct_kernel_max(x, (int[]){1, -1}, 2, false));
-        cr_assert(strstr(ct_last_error(), "max") && strstr(ct_last_error(), "twice"), "%s", ct_last_error());
+        ERROR_HAS("max", "twice");
         cr_assert_null(ct_kernel_sum(x, NULL, 2, false));
-        cr_assert(strstr(ct_last_error(), "sum"));
+        ERROR_HAS("sum");
         ct_tensor *i = ct_tensor_zeros(CT_DTYPE_I32, CT_SHAPE(4));
         cr_assert_null(ct_kernel_mean(i, NULL, 0, false));
-        cr_assert(strstr(ct_last_error(), "mean") && strstr(ct_last_error(), "i32[4]") &&
-                  strstr(ct_last_error(), "ct_tensor_cast"), "%s", ct_last_error());
+        ERROR_HAS("mean", "i32[4]", "ct_tensor_cast");
         cr_assert_null(ct_kernel_var(i, NULL, 0, 1, false));
-        cr_assert(strstr(ct_last_error(), "var") && strstr(ct_last_error(), "i32[4]"));
+        ERROR_HAS("var", "i32[4]");
         ct_tensor *q = ct_tensor_zeros(CT_DTYPE_F8_E5M2, CT_SHAPE(4));
         cr_assert_null(ct_kernel_sum(q, NULL, 0, false));
-        cr_assert(strstr(ct_last_error(), "f8_e5m2[4]") && strstr(ct_last_error(), "cast"), "%s", ct_last_error());
+        ERROR_HAS("f8_e5m2[4]", "cast");
         cr_assert_null(ct_kernel_argmax(x, 5, false));
-        cr_assert(strstr(ct_last_error(), "argmax") && strstr(ct_last_error(), "dim 5"));
+        ERROR_HAS("argmax", "dim 5");
         ct_tensor fake = *x; /* a header relabelled as cuda:0: no CUDA kernels in this build */
         fake.device = CT_CUDA(0);
         cr_assert_null(ct_kernel_sum(&fake, NULL, 0, false));
-        cr_assert(strstr(ct_last_error(), "sum") && strstr(ct_last_error(), "cuda:0"), "%s", ct_last_error());
+        ERROR_HAS("sum", "cuda:0");
         cr_assert_null(ct_kernel_argmax(&fake, 0, false));
-        cr_assert(strstr(ct_last_error(), "argmax") && strstr(ct_last_error(), "cuda:0"), "%s", ct_last_error());
+        ERROR_HAS("argmax", "cuda:0");
         ct_error_set(CT_ERR_INVALID, "earlier failure");
         cr_assert_null(ct_kernel_sum(NULL, NULL, 0, false));
         cr_assert_null(ct_kernel_var(NULL, NULL, 0, 1, false));

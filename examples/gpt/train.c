@@ -1,0 +1,535 @@
+/* Trains a small GPT on text, byte-level, on the CPU.
+ *
+ * Default data: the English text of Debian's fortunes package (all the
+ * fortune files, concatenated); any text file can be given with --data. The
+ * text becomes a byte token file (data/tokenizer.h); the last --val_fraction of
+ * it is held out for validation. The loop is an ordinary PyTorch-style loop:
+ * forward, loss, backward, clip, AdamW step with warmup + cosine schedule.
+ *
+ * Writes into --out_dir: loss.csv (step, train loss, val loss, lr, tokens/s),
+ * loss.png (when gnuplot is installed), model.safetensors (HF GPT-2 names), and
+ * prints a text sample at the end. --help lists every option.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "autograd/ops.h"
+#include "core/frame.h"
+#include "core/threads.h"
+#include "data/loader.h"
+#include "data/token_dataset.h"
+#include "data/tokenizer.h"
+#include "nn/gpt.h"
+#include "optim/clip.h"
+#include "optim/optimizer.h"
+#include "optim/schedule.h"
+
+#define FORTUNES_DIR "/usr/share/games/fortunes"
+
+typedef struct options {
+    const char *data, *out_dir, *prompt;
+    int64_t block_size, n_layer, n_head, n_embd, batch_size, steps, warmup, eval_every, eval_batches;
+    int64_t sample_tokens, top_k;
+    double lr, min_lr, weight_decay, grad_clip, dropout, val_fraction, temperature;
+    uint64_t seed;
+    int threads;
+} options;
+
+static const options defaults = {
+    .data = NULL, .out_dir = "build/gpt", .prompt = "The ",
+    .block_size = 256, .n_layer = 4, .n_head = 4, .n_embd = 256, .batch_size = 8, .steps = 300, .warmup = 30,
+    .eval_every = 50, .eval_batches = 8, .sample_tokens = 300, .top_k = 40,
+    .lr = 2e-3, .min_lr = 2e-4, .weight_decay = 0.1, .grad_clip = 1.0, .dropout = 0.0, .val_fraction = 0.1,
+    .temperature = 0.8, .seed = 1337, .threads = 0,
+};
+
+static void usage(FILE *f)
+{
+    const options *d = &defaults;
+    fprintf(f,
+            "usage: gpt_train [options]\n"
+            "Trains a byte-level GPT on a text file and samples from it.\n\n"
+            "data and output\n"
+            "  --data FILE          text to train on (default: the text of Debian's fortunes package)\n"
+            "  --out_dir DIR        where loss.csv, loss.png and model.safetensors go (default %s)\n"
+            "  --val_fraction F     last fraction of the text held out for validation (default %g)\n"
+            "model\n"
+            "  --block_size N       context length (default %lld)\n"
+            "  --n_layer N          transformer blocks (default %lld)\n"
+            "  --n_head N           attention heads (default %lld)\n"
+            "  --n_embd N           width, divisible by n_head (default %lld)\n"
+            "  --dropout P          dropout probability (default %g)\n"
+            "training\n"
+            "  --batch_size N       sequences per step (default %lld)\n"
+            "  --steps N            optimizer steps (default %lld)\n"
+            "  --lr LR              peak learning rate (default %g)\n"
+            "  --min_lr LR          cosine floor (default %g)\n"
+            "  --warmup N           linear warmup steps (default %lld)\n"
+            "  --weight_decay W     AdamW decay for matrices; biases, norms and embeddings get none (default %g)\n"
+            "  --grad_clip C        clip the global gradient norm to C, 0 = off (default %g)\n"
+            "  --eval_every N       validate every N steps (default %lld)\n"
+            "  --eval_batches N     batches per validation (default %lld)\n"
+            "  --seed S             seeds weights, shuffling and sampling (default %llu)\n"
+            "  --threads N          threads (default: OMP_NUM_THREADS or all cores)\n"
+            "sampling\n"
+            "  --prompt TEXT        start of the sample (default \"%s\")\n"
+            "  --sample_tokens N    bytes to generate at the end, 0 = none (default %lld)\n"
+            "  --temperature T      (default %g)\n"
+            "  --top_k K            0 = no filter (default %lld)\n"
+            "  --help               this text\n",
+            d->out_dir, d->val_fraction, (long long)d->block_size, (long long)d->n_layer, (long long)d->n_head,
+            (long long)d->n_embd, d->dropout, (long long)d->batch_size, (long long)d->steps, d->lr, d->min_lr,
+            (long long)d->warmup, d->weight_decay, d->grad_clip, (long long)d->eval_every,
+            (long long)d->eval_batches, (unsigned long long)d->seed, d->prompt, (long long)d->sample_tokens,
+            d->temperature, (long long)d->top_k);
+}
+
+static bool parse_i64(const char *flag, const char *s, int64_t lo, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || *end || end == s || v < lo) {
+        fprintf(stderr, "gpt_train: %s %s: expected an integer >= %lld\n", flag, s, (long long)lo);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+static bool parse_f64(const char *flag, const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end || end == s || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "gpt_train: %s %s: expected a number in [%g, %g]\n", flag, s, lo, hi);
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+static int parse_args(int argc, char **argv, options *o)
+{
+    *o = defaults;
+    enum { O_DATA = 256, O_OUT, O_VAL, O_BLOCK, O_LAYER, O_HEAD, O_EMBD, O_DROP, O_BATCH, O_STEPS, O_LR, O_MINLR,
+           O_WARM, O_WD, O_CLIP, O_EVERY, O_EVALB, O_SEED, O_THREADS, O_PROMPT, O_SAMPLE, O_TEMP, O_TOPK, O_HELP };
+    static const struct option opts[] = {
+        {"data", 1, 0, O_DATA}, {"out_dir", 1, 0, O_OUT}, {"val_fraction", 1, 0, O_VAL},
+        {"block_size", 1, 0, O_BLOCK}, {"n_layer", 1, 0, O_LAYER}, {"n_head", 1, 0, O_HEAD},
+        {"n_embd", 1, 0, O_EMBD}, {"dropout", 1, 0, O_DROP}, {"batch_size", 1, 0, O_BATCH},
+        {"steps", 1, 0, O_STEPS}, {"lr", 1, 0, O_LR}, {"min_lr", 1, 0, O_MINLR}, {"warmup", 1, 0, O_WARM},
+        {"weight_decay", 1, 0, O_WD}, {"grad_clip", 1, 0, O_CLIP}, {"eval_every", 1, 0, O_EVERY},
+        {"eval_batches", 1, 0, O_EVALB}, {"seed", 1, 0, O_SEED}, {"threads", 1, 0, O_THREADS},
+        {"prompt", 1, 0, O_PROMPT}, {"sample_tokens", 1, 0, O_SAMPLE}, {"temperature", 1, 0, O_TEMP},
+        {"top_k", 1, 0, O_TOPK}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
+    int c;
+    int64_t tmp;
+    bool ok = true;
+    opterr = 0;
+    while (ok && (c = getopt_long_only(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case O_DATA: o->data = optarg; break;
+        case O_OUT: o->out_dir = optarg; break;
+        case O_VAL: ok = parse_f64("--val_fraction", optarg, 0.001, 0.5, &o->val_fraction); break;
+        case O_BLOCK: ok = parse_i64("--block_size", optarg, 1, &o->block_size); break;
+        case O_LAYER: ok = parse_i64("--n_layer", optarg, 1, &o->n_layer); break;
+        case O_HEAD: ok = parse_i64("--n_head", optarg, 1, &o->n_head); break;
+        case O_EMBD: ok = parse_i64("--n_embd", optarg, 1, &o->n_embd); break;
+        case O_DROP: ok = parse_f64("--dropout", optarg, 0, 0.99, &o->dropout); break;
+        case O_BATCH: ok = parse_i64("--batch_size", optarg, 1, &o->batch_size); break;
+        case O_STEPS: ok = parse_i64("--steps", optarg, 0, &o->steps); break;
+        case O_LR: ok = parse_f64("--lr", optarg, 0, 10, &o->lr); break;
+        case O_MINLR: ok = parse_f64("--min_lr", optarg, 0, 10, &o->min_lr); break;
+        case O_WARM: ok = parse_i64("--warmup", optarg, 0, &o->warmup); break;
+        case O_WD: ok = parse_f64("--weight_decay", optarg, 0, 10, &o->weight_decay); break;
+        case O_CLIP: ok = parse_f64("--grad_clip", optarg, 0, 1e9, &o->grad_clip); break;
+        case O_EVERY: ok = parse_i64("--eval_every", optarg, 1, &o->eval_every); break;
+        case O_EVALB: ok = parse_i64("--eval_batches", optarg, 1, &o->eval_batches); break;
+        case O_SEED: ok = parse_i64("--seed", optarg, 0, &tmp); o->seed = (uint64_t)tmp; break;
+        case O_THREADS: ok = parse_i64("--threads", optarg, 0, &tmp); o->threads = (int)tmp; break;
+        case O_PROMPT: o->prompt = optarg; break;
+        case O_SAMPLE: ok = parse_i64("--sample_tokens", optarg, 0, &o->sample_tokens); break;
+        case O_TEMP: ok = parse_f64("--temperature", optarg, 0.01, 100, &o->temperature); break;
+        case O_TOPK: ok = parse_i64("--top_k", optarg, 0, &o->top_k); break;
+        case O_HELP: usage(stdout); return 1;
+        default:
+            fprintf(stderr, "gpt_train: unknown or incomplete option %s (see --help)\n", argv[optind - 1]);
+            return -1;
+        }
+    }
+    if (!ok) return -1;
+    if (optind < argc) {
+        fprintf(stderr, "gpt_train: unexpected argument %s (see --help)\n", argv[optind]);
+        return -1;
+    }
+    if (o->n_embd % o->n_head) {
+        fprintf(stderr, "gpt_train: --n_embd %lld is not divisible by --n_head %lld\n", (long long)o->n_embd,
+                (long long)o->n_head);
+        return -1;
+    }
+    if (o->min_lr > o->lr) {
+        fprintf(stderr, "gpt_train: --min_lr %g is above --lr %g\n", o->min_lr, o->lr);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- data ------------------------------------------------------------------------ */
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* Concatenates the fortune files (names without an extension) in name order. */
+static char *read_fortunes(size_t *len)
+{
+    DIR *dir = opendir(FORTUNES_DIR);
+    if (!dir) {
+        fprintf(stderr, "gpt_train: cannot open %s: %s (install Debian's fortunes package or pass --data FILE)\n",
+                FORTUNES_DIR, strerror(errno));
+        return NULL;
+    }
+    char *names[512];
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(dir)) && n < 512)
+        if (e->d_name[0] != '.' && !strchr(e->d_name, '.')) names[n++] = strdup(e->d_name);
+    closedir(dir);
+    qsort(names, (size_t)n, sizeof *names, cmp_str);
+    char *buf = NULL;
+    size_t cap = 0;
+    *len = 0;
+    for (int i = 0; i < n; i++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s", FORTUNES_DIR, names[i]);
+        free(names[i]);
+        FILE *f = fopen(path, "rb");
+        struct stat st;
+        if (!f || fstat(fileno(f), &st) || !S_ISREG(st.st_mode)) {
+            if (f) fclose(f);
+            continue;
+        }
+        if (*len + (size_t)st.st_size + 1 > cap) {
+            cap = (*len + (size_t)st.st_size + 1) * 2;
+            char *nb = realloc(buf, cap);
+            if (!nb) {
+                fclose(f);
+                free(buf);
+                fprintf(stderr, "gpt_train: out of memory reading %s\n", path);
+                return NULL;
+            }
+            buf = nb;
+        }
+        *len += fread(buf + *len, 1, (size_t)st.st_size, f);
+        fclose(f);
+    }
+    if (!*len) {
+        fprintf(stderr, "gpt_train: no fortune files in %s\n", FORTUNES_DIR);
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
+/* Writes the training text as a byte token file into out_dir; returns bytes. */
+static int64_t prepare_tokens(const options *o, const char *token_path)
+{
+    if (o->data) {
+        if (ct_tokenizer_encode_file(o->data, token_path)) {
+            fprintf(stderr, "gpt_train: %s\n", ct_last_error());
+            return -1;
+        }
+        ct_token_file_info info;
+        if (ct_token_file_probe(token_path, CT_TOKENS_LLMC, &info)) {
+            fprintf(stderr, "gpt_train: %s\n", ct_last_error());
+            return -1;
+        }
+        return info.ntokens;
+    }
+    size_t len;
+    char *text = read_fortunes(&len);
+    if (!text) return -1;
+    ct_status st = ct_tokenizer_encode_memory(text, len, token_path);
+    free(text);
+    if (st) {
+        fprintf(stderr, "gpt_train: %s\n", ct_last_error());
+        return -1;
+    }
+    return (int64_t)len;
+}
+
+/* ---- progress -------------------------------------------------------------------- */
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void fmt_time(char *buf, size_t cap, double s)
+{
+    int t = (int)(s + 0.5);
+    if (t >= 3600) snprintf(buf, cap, "%dh%02dm", t / 3600, t / 60 % 60);
+    else snprintf(buf, cap, "%dm%02ds", t / 60, t % 60);
+}
+
+/* A live bar on a terminal, one plain line per report otherwise. */
+static void progress(bool tty, int64_t step, int64_t steps, double loss, double tok_s, double elapsed)
+{
+    char eta[32], el[32];
+    double per = step > 0 ? elapsed / (double)step : 0;
+    fmt_time(eta, sizeof eta, per * (double)(steps - step));
+    fmt_time(el, sizeof el, elapsed);
+    if (tty) {
+        int width = 30, fill = steps ? (int)(width * step / steps) : width;
+        fprintf(stderr, "\r[%.*s%*s] step %lld/%lld  loss %.4f  %.0f tok/s  %s elapsed  ETA %s ", fill,
+                "==============================", width - fill, "", (long long)step, (long long)steps, loss, tok_s,
+                el, eta);
+        fflush(stderr);
+    } else {
+        printf("step %lld/%lld  loss %.4f  %.0f tok/s  elapsed %s  ETA %s\n", (long long)step, (long long)steps, loss,
+               tok_s, el, eta);
+        fflush(stdout);
+    }
+}
+
+/* Mean loss over up to n batches of the validation loader, in eval mode. */
+static double evaluate(ct_gpt *m, ct_loader *val, int64_t n)
+{
+    double sum = 0;
+    int64_t count = 0;
+    ct_module_train(&m->base, false);
+    ct_loader_set_cursor(val, 0, 0);
+    CT_NO_GRAD {
+        for (int64_t i = 0; i < n; i++) {
+            bool stop = false;
+            CT_FRAME {
+                ct_tensor *x, *y;
+                ct_loader_result r = ct_loader_next(val, &x, &y);
+                if (r != CT_LOADER_BATCH) {
+                    stop = true;
+                } else {
+                    ct_tensor *loss = ct_gpt_loss(m, x, y);
+                    if (loss) {
+                        sum += ct_tensor_item(loss);
+                        count++;
+                    }
+                }
+            }
+            if (stop) break;
+        }
+    }
+    ct_module_train(&m->base, true);
+    return count ? sum / (double)count : NAN;
+}
+
+static void plot(const char *dir)
+{
+    char cmd[4096];
+    if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
+        printf("gnuplot not found: skipped %s/loss.png (the CSV has the curve)\n", dir);
+        return;
+    }
+    snprintf(cmd, sizeof cmd,
+             "gnuplot -e \"set terminal pngcairo size 900,500; set output '%s/loss.png'; set datafile separator ',';"
+             " set key top right; set xlabel 'step'; set ylabel 'loss (nats per byte)'; set grid;"
+             " plot '%s/loss.csv' using 1:2 with lines title 'train', '' using 1:3 with linespoints title 'val'\""
+             " 2>/dev/null",
+             dir, dir);
+    if (system(cmd) == 0) printf("loss curve: %s/loss.png\n", dir);
+    else printf("gnuplot failed: no %s/loss.png (the CSV has the curve)\n", dir);
+}
+
+/* ---- main -------------------------------------------------------------------------- */
+
+/* AdamW groups as in GPT-2 training: decay on matrices (2-D weights), none on
+ * biases and LayerNorm weights; the tied embedding counts as a matrix. */
+static ct_optimizer *make_optimizer(ct_gpt *m, const options *o)
+{
+    ct_param_list l;
+    if (ct_module_named_tensors(&m->base, false, &l)) return NULL;
+    ct_tensor **decay = malloc((size_t)l.n * sizeof *decay), **nodecay = malloc((size_t)l.n * sizeof *nodecay);
+    int nd = 0, nn = 0;
+    for (int i = 0; decay && nodecay && i < l.n; i++) {
+        if (l.tensors[i]->ndim >= 2) decay[nd++] = l.tensors[i];
+        else nodecay[nn++] = l.tensors[i];
+    }
+    /* AdamW without decay is Adam without decay (ct_adamw's 0 means its default) */
+    ct_adam_config cfg = {.lr = o->lr, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = o->weight_decay};
+    ct_optimizer *opt = !decay || !nodecay          ? NULL
+                        : o->weight_decay > 0 ? ct_adamw_new(nd, decay, &cfg)
+                                              : ct_adam_new(nd, decay, &cfg);
+    if (opt && ct_optimizer_add_group(opt, nn, nodecay, &(ct_param_group_config){.no_weight_decay = true})) {
+        ct_optimizer_free(opt);
+        opt = NULL;
+    }
+    free(decay);
+    free(nodecay);
+    ct_param_list_free(&l);
+    return opt;
+}
+
+int main(int argc, char **argv)
+{
+    options o;
+    int pr = parse_args(argc, argv, &o);
+    if (pr) return pr > 0 ? 0 : 2;
+    if (o.threads) ct_set_num_threads(o.threads);
+    if (mkdir(o.out_dir, 0755) && errno != EEXIST) {
+        /* create parents one level deep, as in build/gpt */
+        char parent[1024];
+        snprintf(parent, sizeof parent, "%s", o.out_dir);
+        char *slash = strrchr(parent, '/');
+        if (slash) *slash = '\0';
+        if (!slash || (mkdir(parent, 0755) && errno != EEXIST) || (mkdir(o.out_dir, 0755) && errno != EEXIST)) {
+            fprintf(stderr, "gpt_train: cannot create %s: %s\n", o.out_dir, strerror(errno));
+            return 1;
+        }
+    }
+    char token_path[1200], csv_path[1200], model_path[1200];
+    snprintf(token_path, sizeof token_path, "%s/tokens.bin", o.out_dir);
+    snprintf(csv_path, sizeof csv_path, "%s/loss.csv", o.out_dir);
+    snprintf(model_path, sizeof model_path, "%s/model.safetensors", o.out_dir);
+    int64_t ntok = prepare_tokens(&o, token_path);
+    if (ntok < 0) return 1;
+    int64_t nval = (int64_t)((double)ntok * o.val_fraction), split = ntok - nval;
+    if (split < o.block_size + 1 || nval < o.block_size + 1) {
+        fprintf(stderr, "gpt_train: %lld bytes of text are too few for --block_size %lld with --val_fraction %g\n",
+                (long long)ntok, (long long)o.block_size, o.val_fraction);
+        return 1;
+    }
+    ct_set_seed(o.seed);
+    int status = 1;
+    ct_gpt *model = NULL;
+    ct_dataset *train_ds = NULL, *val_ds = NULL;
+    ct_loader *train = NULL, *val = NULL;
+    ct_optimizer *opt = NULL;
+    ct_scheduler *sched = NULL;
+    FILE *csv = NULL;
+    model = ct_gpt_new(&(ct_gpt_config){.vocab_size = 256, .block_size = o.block_size, .n_layer = o.n_layer,
+                                        .n_head = o.n_head, .n_embd = o.n_embd, .dropout = o.dropout});
+    /* training windows overlap (stride T/2) to see more contexts per epoch;
+     * validation windows do not */
+    train_ds = model ? ct_token_dataset_open(token_path, &(ct_token_dataset_config){
+                                                             .block_size = o.block_size, .stride = o.block_size / 2 + 1,
+                                                             .end = split, .vocab_size = 256})
+                     : NULL;
+    val_ds = train_ds ? ct_token_dataset_open(token_path, &(ct_token_dataset_config){.block_size = o.block_size,
+                                                                                     .begin = split, .vocab_size = 256})
+                      : NULL;
+    train = val_ds ? ct_loader_new(train_ds, &(ct_loader_config){.batch_size = o.batch_size, .shuffle = true,
+                                                                 .seed = o.seed, .drop_last = true})
+                   : NULL;
+    val = train ? ct_loader_new(val_ds, &(ct_loader_config){.batch_size = o.batch_size, .no_prefetch = true}) : NULL;
+    opt = val ? make_optimizer(model, &o) : NULL;
+    sched = opt ? ct_scheduler_new(opt, &(ct_lr_schedule){.decay = CT_LR_COSINE, .max_lr = o.lr, .min_lr = o.min_lr,
+                                                          .warmup_steps = o.warmup,
+                                                          .total_steps = o.steps > o.warmup ? o.steps : o.warmup + 1})
+                : NULL;
+    csv = sched ? fopen(csv_path, "w") : NULL;
+    if (!csv) {
+        fprintf(stderr, "gpt_train: %s\n", sched ? strerror(errno) : ct_last_error());
+        goto out;
+    }
+    fprintf(csv, "step,train_loss,val_loss,lr,tokens_per_s\n");
+    ct_param_list params;
+    if (ct_module_named_tensors(&model->base, false, &params)) goto out;
+    printf("GPT: %lld parameters, %lld layers, %lld heads, width %lld, block %lld; %lld bytes of text (%lld train, "
+           "%lld validation); %d threads\n",
+           (long long)ct_module_num_params(&model->base), (long long)o.n_layer, (long long)o.n_head,
+           (long long)o.n_embd, (long long)o.block_size, (long long)ntok, (long long)split, (long long)nval,
+           ct_get_num_threads());
+    bool tty = isatty(STDERR_FILENO) && isatty(STDOUT_FILENO);
+    double t0 = now(), last_val = NAN, smooth = NAN;
+    int64_t tokens_per_step = o.batch_size * o.block_size;
+    bool failed = false;
+    for (int64_t step = 1; step <= o.steps && !failed; step++) {
+        double loss_v = NAN, ts = now();
+        CT_FRAME {
+            ct_tensor *x, *y;
+            ct_loader_result r = ct_loader_next(train, &x, &y);
+            if (r == CT_LOADER_END) r = ct_loader_next(train, &x, &y); /* next epoch */
+            ct_tensor *loss = r == CT_LOADER_BATCH ? ct_gpt_loss(model, x, y) : NULL;
+            if (!loss || ct_backward(loss)) {
+                failed = true;
+            } else {
+                loss_v = ct_tensor_item(loss);
+                if (o.grad_clip > 0) ct_clip_grad_norm(params.n, params.tensors, o.grad_clip, 2.0);
+                if (ct_optimizer_step(opt) || ct_scheduler_step(sched)) failed = true;
+                ct_optimizer_zero_grad(opt);
+            }
+        }
+        if (failed) break;
+        double tok_s = (double)tokens_per_step / (now() - ts);
+        smooth = isnan(smooth) ? loss_v : 0.9 * smooth + 0.1 * loss_v;
+        double val_loss = NAN;
+        if (step % o.eval_every == 0 || step == o.steps) {
+            val_loss = last_val = evaluate(model, val, o.eval_batches);
+            if (tty) fprintf(stderr, "\n");
+            printf("step %lld: train loss %.4f, val loss %.4f nats/byte\n", (long long)step, smooth, val_loss);
+        }
+        char vbuf[32] = "";
+        if (!isnan(val_loss)) snprintf(vbuf, sizeof vbuf, "%.6f", val_loss);
+        fprintf(csv, "%lld,%.6f,%s,%.6g,%.1f\n", (long long)step, loss_v, vbuf, ct_optimizer_lr(opt), tok_s);
+        progress(tty, step, o.steps, smooth, tok_s, now() - t0);
+    }
+    ct_param_list_free(&params);
+    if (tty) fprintf(stderr, "\n");
+    if (failed) {
+        fprintf(stderr, "gpt_train: %s\n", ct_last_error());
+        goto out;
+    }
+    fclose(csv);
+    csv = NULL;
+    double total = now() - t0;
+    printf("trained %lld steps in %.1f s (%.0f tokens/s); final val loss %.4f nats/byte\n", (long long)o.steps, total,
+           (double)(o.steps * tokens_per_step) / total, last_val);
+    printf("loss log: %s\n", csv_path);
+    plot(o.out_dir);
+    if (ct_module_save(&model->base, model_path, 1, (const char *[]){"format"}, (const char *[]){"pt"})) {
+        fprintf(stderr, "gpt_train: %s\n", ct_last_error());
+        goto out;
+    }
+    printf("model: %s\n", model_path);
+    if (o.sample_tokens > 0) {
+        int64_t n = (int64_t)strlen(o.prompt);
+        if (n == 0 || n > o.block_size) n = 1;
+        int64_t *ids = malloc((size_t)(n + o.sample_tokens) * sizeof *ids);
+        char *text = malloc((size_t)(n + o.sample_tokens) + 1);
+        for (int64_t i = 0; ids && i < n; i++) ids[i] = (unsigned char)o.prompt[i];
+        ct_rng rng;
+        ct_rng_init(&rng, o.seed);
+        if (!ids || !text ||
+            ct_gpt_generate(model, ids, n, &(ct_generate_config){.max_new_tokens = o.sample_tokens,
+                                                                 .temperature = o.temperature, .top_k = o.top_k},
+                            &rng, ids)) {
+            fprintf(stderr, "gpt_train: sampling failed: %s\n", ct_last_error());
+        } else {
+            ct_tokenizer_decode(ids, n + o.sample_tokens, text, n + o.sample_tokens + 1);
+            printf("\n--- sample ---\n%s\n--------------\n", text);
+        }
+        free(ids);
+        free(text);
+    }
+    status = 0;
+out:
+    if (csv) fclose(csv);
+    ct_scheduler_free(sched);
+    ct_optimizer_free(opt);
+    ct_loader_free(val);
+    ct_loader_free(train);
+    ct_dataset_free(val_ds);
+    ct_dataset_free(train_ds);
+    ct_module_free(model ? &model->base : NULL);
+    ct_frame_reset_root();
+    return status;
+}

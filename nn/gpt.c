@@ -1,0 +1,253 @@
+#include "nn/gpt.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd/ops.h"
+#include "core/frame.h"
+
+static void *module_alloc(size_t size, const char *type, ct_module_destroy_fn destroy)
+{
+    ct_module *m = calloc(1, size);
+    if (!m) {
+        ct_error_set(CT_ERR_NOMEM, "%s: out of memory", type);
+        return NULL;
+    }
+    ct_module_init(m, type, destroy);
+    return m;
+}
+
+/* Adds child (NULL on a failed constructor) and returns it; false on failure. */
+static bool adopt(ct_module *parent, const char *name, void *child)
+{
+    return child && ct_module_add_child(parent, name, (ct_module *)child) == CT_OK;
+}
+
+static ct_gpt_attention *attention_new(const ct_gpt_config *c, double proj_std)
+{
+    ct_gpt_attention *m = module_alloc(sizeof *m, "CausalSelfAttention", NULL);
+    if (!m) return NULL;
+    m->n_head = c->n_head;
+    m->n_embd = c->n_embd;
+    bool ok = adopt(&m->base, "c_attn", m->c_attn = ct_linear_layer_new(c->n_embd, 3 * c->n_embd, true, 0.02)) &&
+              adopt(&m->base, "c_proj", m->c_proj = ct_linear_layer_new(c->n_embd, c->n_embd, true, proj_std)) &&
+              adopt(&m->base, "resid_dropout", m->resid_dropout = ct_dropout_layer_new(c->dropout));
+    if (!ok) {
+        ct_module_free(&m->base);
+        return NULL;
+    }
+    return m;
+}
+
+static ct_gpt_mlp *mlp_new(const ct_gpt_config *c, double proj_std)
+{
+    ct_gpt_mlp *m = module_alloc(sizeof *m, "MLP", NULL);
+    if (!m) return NULL;
+    bool ok = adopt(&m->base, "c_fc", m->c_fc = ct_linear_layer_new(c->n_embd, 4 * c->n_embd, true, 0.02)) &&
+              adopt(&m->base, "c_proj", m->c_proj = ct_linear_layer_new(4 * c->n_embd, c->n_embd, true, proj_std)) &&
+              adopt(&m->base, "dropout", m->dropout = ct_dropout_layer_new(c->dropout));
+    if (!ok) {
+        ct_module_free(&m->base);
+        return NULL;
+    }
+    return m;
+}
+
+static ct_gpt_block *block_new(const ct_gpt_config *c, double proj_std)
+{
+    ct_gpt_block *m = module_alloc(sizeof *m, "Block", NULL);
+    if (!m) return NULL;
+    bool ok = adopt(&m->base, "ln_1", m->ln_1 = ct_layernorm_layer_new(c->n_embd, c->ln_eps, true)) &&
+              adopt(&m->base, "attn", m->attn = attention_new(c, proj_std)) &&
+              adopt(&m->base, "ln_2", m->ln_2 = ct_layernorm_layer_new(c->n_embd, c->ln_eps, true)) &&
+              adopt(&m->base, "mlp", m->mlp = mlp_new(c, proj_std));
+    if (!ok) {
+        ct_module_free(&m->base);
+        return NULL;
+    }
+    return m;
+}
+
+static void gpt_destroy(ct_module *m) { free(((ct_gpt *)m)->blocks); }
+
+ct_gpt *ct_gpt_new(const ct_gpt_config *cfg)
+{
+    ct_gpt_config c = cfg ? *cfg : (ct_gpt_config){0};
+    if (!c.vocab_size) c.vocab_size = 50257;
+    if (!c.block_size) c.block_size = 1024;
+    if (!c.n_layer) c.n_layer = 12;
+    if (!c.n_head) c.n_head = 12;
+    if (!c.n_embd) c.n_embd = 768;
+    if (c.ln_eps <= 0) c.ln_eps = 1e-5;
+    if (c.vocab_size < 0 || c.block_size < 0 || c.n_layer < 0 || c.n_head < 0 || c.n_embd < 0 ||
+        c.n_embd % c.n_head != 0 || !(c.dropout >= 0 && c.dropout < 1)) {
+        ct_error_set(CT_ERR_INVALID,
+                     "gpt_new: bad config vocab_size %lld block_size %lld n_layer %lld n_head %lld n_embd %lld "
+                     "dropout %g (sizes positive, n_embd divisible by n_head, dropout in [0, 1))",
+                     (long long)c.vocab_size, (long long)c.block_size, (long long)c.n_layer, (long long)c.n_head,
+                     (long long)c.n_embd, c.dropout);
+        return NULL;
+    }
+    if (!ct_dtype_is_float(c.dtype)) {
+        ct_error_set(CT_ERR_INVALID, "gpt_new: parameter dtype %s is not a floating type", ct_dtype_name(c.dtype));
+        return NULL;
+    }
+    ct_gpt *m = module_alloc(sizeof *m, "GPT", gpt_destroy);
+    if (!m) return NULL;
+    ct_dtype prev_dtype = ct_nn_set_param_dtype(c.dtype);
+    m->cfg = c;
+    m->blocks = calloc((size_t)c.n_layer, sizeof *m->blocks);
+    double proj_std = 0.02 / sqrt(2.0 * (double)c.n_layer);
+    bool ok = m->blocks && adopt(&m->base, "wte", m->wte = ct_embedding_layer_new(c.vocab_size, c.n_embd, 0.02)) &&
+              adopt(&m->base, "wpe", m->wpe = ct_embedding_layer_new(c.block_size, c.n_embd, 0.02)) &&
+              adopt(&m->base, "drop", m->drop = ct_dropout_layer_new(c.dropout));
+    if (ok) {
+        m->h = module_alloc(sizeof(ct_module), "ModuleList", NULL);
+        ok = adopt(&m->base, "h", m->h);
+    }
+    for (int64_t i = 0; ok && i < c.n_layer; i++) {
+        char name[24];
+        snprintf(name, sizeof name, "%lld", (long long)i);
+        ok = adopt(m->h, name, m->blocks[i] = block_new(&c, proj_std));
+    }
+    ok = ok && adopt(&m->base, "ln_f", m->ln_f = ct_layernorm_layer_new(c.n_embd, c.ln_eps, true));
+    ct_nn_set_param_dtype(prev_dtype);
+    if (!ok) {
+        ct_module_free(&m->base);
+        return NULL;
+    }
+    return m;
+}
+
+/* x (B, T, C) -> (B, T, C) */
+ct_tensor *ct_gpt_attention_forward(ct_gpt_attention *m, ct_tensor *x)
+{
+    if (!m || !x) return NULL;
+    int64_t B = x->shape[0], T = x->shape[1], C = m->n_embd, H = m->n_head, D = C / H;
+    ct_tensor *qkv = ct_linear_layer_forward(m->c_attn, x); /* (B, T, 3C) */
+    ct_tensor *heads[3];
+    for (int i = 0; i < 3; i++) /* (B, T, C) slice -> (B, T, H, D) -> (B, H, T, D) */
+        heads[i] = ct_transpose(ct_view(ct_narrow(qkv, -1, i * C, C), CT_SHAPE(B, T, H, D)), 1, 2);
+    ct_tensor *y = ct_attention(heads[0], heads[1], heads[2], true, 0.0); /* (B, H, T, D) */
+    y = ct_reshape(ct_transpose(y, 1, 2), CT_SHAPE(B, T, C));
+    return ct_dropout_layer_forward(m->resid_dropout, ct_linear_layer_forward(m->c_proj, y));
+}
+
+ct_tensor *ct_gpt_mlp_forward(ct_gpt_mlp *m, ct_tensor *x)
+{
+    if (!m || !x) return NULL;
+    ct_tensor *h = ct_gelu(ct_linear_layer_forward(m->c_fc, x));
+    return ct_dropout_layer_forward(m->dropout, ct_linear_layer_forward(m->c_proj, h));
+}
+
+ct_tensor *ct_gpt_block_forward(ct_gpt_block *m, ct_tensor *x)
+{
+    if (!m || !x) return NULL;
+    x = ct_add(x, ct_gpt_attention_forward(m->attn, ct_layernorm_layer_forward(m->ln_1, x)));
+    return ct_add(x, ct_gpt_mlp_forward(m->mlp, ct_layernorm_layer_forward(m->ln_2, x)));
+}
+
+ct_tensor *ct_gpt_forward(ct_gpt *m, ct_tensor *idx)
+{
+    if (!m || !idx) return NULL;
+    char d[200];
+    if (idx->ndim != 2 || idx->shape[1] > m->cfg.block_size || idx->shape[1] < 1 || ct_dtype_is_float(idx->dtype)) {
+        ct_error_set(CT_ERR_INVALID, "gpt_forward: idx %s must be integer tokens (B, T) with 1 <= T <= block_size %lld",
+                     ct_tensor_describe(idx, d, sizeof d), (long long)m->cfg.block_size);
+        return NULL;
+    }
+    int64_t T = idx->shape[1];
+    ct_tensor *pos = ct_tensor_arange(CT_DTYPE_I64, 0, (double)T, 1);
+    ct_tensor *x = ct_add(ct_embedding_layer_forward(m->wte, idx), ct_embedding_layer_forward(m->wpe, pos));
+    x = ct_dropout_layer_forward(m->drop, x);
+    for (int64_t i = 0; i < m->cfg.n_layer; i++) x = ct_gpt_block_forward(m->blocks[i], x);
+    x = ct_layernorm_layer_forward(m->ln_f, x);
+    /* tied lm head: (B, T, C) @ wte^T (C, V) */
+    ct_tensor *logits = ct_matmul_t(x, m->wte->weight, false, true);
+    if (!logits) ct_error_prefix("gpt_forward: ");
+    return logits;
+}
+
+ct_tensor *ct_gpt_loss(ct_gpt *m, ct_tensor *idx, ct_tensor *targets)
+{
+    return ct_cross_entropy(ct_gpt_forward(m, idx), targets, -1);
+}
+
+/* index of a sample from softmax(logits / temperature) restricted to the top k */
+static int64_t sample_row(const float *logits, int64_t V, const ct_generate_config *c, ct_rng *rng, double *probs)
+{
+    double t = c->temperature > 0 ? c->temperature : 1.0, kth = -INFINITY, mx = -INFINITY;
+    if (c->top_k > 0 && c->top_k < V) {
+        /* the k-th largest value: a copy, partially sorted by repeated max
+         * extraction (k is small next to V in practice) */
+        for (int64_t i = 0; i < V; i++) probs[i] = logits[i];
+        for (int64_t j = 0; j < c->top_k; j++) {
+            int64_t best = j;
+            for (int64_t i = j + 1; i < V; i++)
+                if (probs[i] > probs[best]) best = i;
+            double tmp = probs[j];
+            probs[j] = probs[best];
+            probs[best] = tmp;
+        }
+        kth = probs[c->top_k - 1];
+    }
+    for (int64_t i = 0; i < V; i++)
+        if (logits[i] >= kth && logits[i] / t > mx) mx = logits[i] / t;
+    double sum = 0;
+    for (int64_t i = 0; i < V; i++) {
+        probs[i] = logits[i] >= kth ? exp(logits[i] / t - mx) : 0.0;
+        sum += probs[i];
+    }
+    double u;
+    ct_rng_uniform_f64(rng, &u, 1, 0.0, 1.0);
+    double acc = 0, target = u * sum;
+    for (int64_t i = 0; i < V; i++) {
+        acc += probs[i];
+        if (probs[i] > 0 && acc > target) return i;
+    }
+    for (int64_t i = V - 1; i >= 0; i--) /* rounding left u*sum past the end */
+        if (probs[i] > 0) return i;
+    return 0;
+}
+
+ct_status ct_gpt_generate(ct_gpt *m, const int64_t *prompt, int64_t n, const ct_generate_config *cfg, ct_rng *rng,
+                          int64_t *out)
+{
+    if (!m || !cfg || !out || (n > 0 && !prompt))
+        return ct_error_set(CT_ERR_INVALID, "gpt_generate: NULL model, config, prompt or output");
+    if (n < 1 || cfg->max_new_tokens < 0 || cfg->temperature < 0)
+        return ct_error_set(CT_ERR_INVALID, "gpt_generate: prompt length %lld must be >= 1, max_new_tokens %lld >= 0, "
+                            "temperature %g >= 0", (long long)n, (long long)cfg->max_new_tokens, cfg->temperature);
+    int64_t V = m->cfg.vocab_size;
+    for (int64_t i = 0; i < n; i++) {
+        if (prompt[i] < 0 || prompt[i] >= V)
+            return ct_error_set(CT_ERR_INVALID, "gpt_generate: prompt token %lld at position %lld is outside the "
+                                "vocabulary of %lld", (long long)prompt[i], (long long)i, (long long)V);
+        out[i] = prompt[i];
+    }
+    double *probs = malloc((size_t)V * sizeof *probs);
+    if (!probs) return ct_error_set(CT_ERR_NOMEM, "gpt_generate: out of memory");
+    if (!rng) rng = ct_rng_default();
+    bool was_training = m->base.training;
+    ct_module_train(&m->base, false);
+    bool prev = ct_grad_set_enabled(false);
+    ct_status st = CT_OK;
+    for (int64_t k = 0; k < cfg->max_new_tokens && !st; k++) {
+        int64_t len = n + k, start = len > m->cfg.block_size ? len - m->cfg.block_size : 0;
+        ct_frame_push();
+        ct_tensor *idx = ct_tensor_from_data(CT_DTYPE_I64, CT_SHAPE(1, len - start), out + start);
+        ct_tensor *logits = ct_gpt_forward(m, idx);
+        ct_tensor *last = logits ? ct_tensor_contiguous(ct_tensor_select(ct_tensor_select(logits, 0, 0), 0, -1))
+                                 : NULL;
+        if (last && last->dtype != CT_DTYPE_F32) last = ct_tensor_cast(last, CT_DTYPE_F32);
+        if (!last) st = ct_last_status();
+        else out[len] = sample_row(ct_tensor_data(last), V, cfg, rng, probs);
+        ct_frame_pop();
+    }
+    ct_grad_set_enabled(prev);
+    ct_module_train(&m->base, was_training);
+    free(probs);
+    return st;
+}

@@ -1,0 +1,92 @@
+/* ctrain — GPT (GPT-2 architecture) with HuggingFace GPT-2 parameter names.
+ *
+ *   idx (B, T) -> x = wte[idx] + wpe[0..T)                     (B, T, C)
+ *   for each block h.i:  x = x + attn(ln_1(x));  x = x + mlp(ln_2(x))
+ *   attn: qkv = c_attn(x) (B, T, 3C) -> q, k, v (B, H, T, C/H) -> causal
+ *         softmax(q k^T / sqrt(C/H)) v -> (B, T, C) -> c_proj
+ *   mlp:  c_proj(gelu_tanh(c_fc(x)))       c_fc: C -> 4C, c_proj: 4C -> C
+ *   logits = ln_f(x) @ wte^T                                  (B, T, V)
+ *
+ * The lm head is tied to wte (no separate parameter). Names match HF's
+ * GPT2Model: wte.weight, wpe.weight, h.{i}.ln_1.{weight,bias},
+ * h.{i}.attn.c_attn.{weight,bias} (stored [in, out] like HF's Conv1D),
+ * h.{i}.attn.c_proj.*, h.{i}.ln_2.*, h.{i}.mlp.c_fc.*, h.{i}.mlp.c_proj.*,
+ * ln_f.{weight,bias} -- so an HF GPT-2 model.safetensors loads with
+ * ct_module_load and what ctrain saves loads in HF.
+ *
+ * Initialisation as GPT-2: normal(0, 0.02) for weights and embeddings, the
+ * residual projections (attn.c_proj, mlp.c_proj) normal(0, 0.02/sqrt(2 n_layer)),
+ * biases 0, LayerNorm weights 1.
+ */
+#ifndef CT_NN_GPT_H
+#define CT_NN_GPT_H
+
+#include "core/philox.h"
+#include "nn/layers.h"
+
+typedef struct ct_gpt_config {
+    int64_t vocab_size; /* default 50257 */
+    int64_t block_size; /* default 1024: longest sequence */
+    int64_t n_layer;    /* default 12 */
+    int64_t n_head;     /* default 12 */
+    int64_t n_embd;     /* default 768; divisible by n_head */
+    double dropout;     /* default 0 */
+    double ln_eps;      /* default 1e-5 */
+    ct_dtype dtype;     /* of the parameters; default (0) f32 */
+} ct_gpt_config;
+
+typedef struct ct_gpt_attention {
+    ct_module base;
+    int64_t n_head, n_embd;
+    ct_linear_layer *c_attn, *c_proj;
+    ct_dropout_layer *resid_dropout;
+} ct_gpt_attention;
+
+typedef struct ct_gpt_mlp {
+    ct_module base;
+    ct_linear_layer *c_fc, *c_proj;
+    ct_dropout_layer *dropout;
+} ct_gpt_mlp;
+
+typedef struct ct_gpt_block {
+    ct_module base;
+    ct_layernorm_layer *ln_1, *ln_2;
+    ct_gpt_attention *attn;
+    ct_gpt_mlp *mlp;
+} ct_gpt_block;
+
+typedef struct ct_gpt {
+    ct_module base;
+    ct_gpt_config cfg;
+    ct_embedding_layer *wte, *wpe;
+    ct_dropout_layer *drop;
+    ct_module *h; /* children "0" .. "n_layer-1", each a ct_gpt_block */
+    ct_gpt_block **blocks;
+    ct_layernorm_layer *ln_f;
+} ct_gpt;
+
+/* A GPT with fresh GPT-2 initialisation from the process generator
+ * (ct_set_seed first for reproducible weights). cfg NULL = GPT-2 124M. */
+ct_gpt *ct_gpt_new(const ct_gpt_config *cfg);
+/* idx (B, T) integer tokens, T <= block_size -> logits (B, T, V). */
+ct_tensor *ct_gpt_forward(ct_gpt *m, ct_tensor *idx);
+/* Mean cross-entropy of the logits against targets (B, T) (ignore_index -1). */
+ct_tensor *ct_gpt_loss(ct_gpt *m, ct_tensor *idx, ct_tensor *targets);
+
+ct_tensor *ct_gpt_attention_forward(ct_gpt_attention *m, ct_tensor *x);
+ct_tensor *ct_gpt_mlp_forward(ct_gpt_mlp *m, ct_tensor *x);
+ct_tensor *ct_gpt_block_forward(ct_gpt_block *m, ct_tensor *x);
+
+typedef struct ct_generate_config {
+    int64_t max_new_tokens;
+    double temperature; /* default 1; must be > 0 */
+    int64_t top_k;      /* 0 = no filtering */
+} ct_generate_config;
+
+/* Appends max_new_tokens sampled tokens to prompt[0..n) (ids < vocab_size),
+ * writing n + max_new_tokens ids into out. Runs in eval mode without grad;
+ * the model's training flag is restored. rng NULL = the process generator. */
+ct_status ct_gpt_generate(ct_gpt *m, const int64_t *prompt, int64_t n, const ct_generate_config *cfg, ct_rng *rng,
+                          int64_t *out);
+
+#endif

@@ -1,0 +1,103 @@
+/* ctrain — modules: trees of named children, parameters and buffers.
+ *
+ * A module type embeds ct_module as its first member and adds typed fields:
+ *
+ *     typedef struct ct_linear { ct_module base; ct_tensor *weight, *bias; } ct_linear;
+ *
+ * Parameters and buffers are registered under local names; a tensor's full
+ * name is the dotted path from the root ("h.0.attn.c_attn.weight"), as in
+ * PyTorch's state_dict. The module owns one reference to each registered
+ * tensor and to each child; ct_module_free releases the whole tree.
+ * Registration order is kept everywhere (parameters(), state dicts), and a
+ * tensor registered twice (tied weights) is listed once, under its first name.
+ */
+#ifndef CT_NN_MODULE_H
+#define CT_NN_MODULE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/tensor.h"
+
+typedef struct ct_module ct_module;
+
+/* Frees the type's own fields (not the registered tensors or children, which
+ * ct_module_free releases). May be NULL. */
+typedef void (*ct_module_destroy_fn)(ct_module *m);
+
+typedef struct ct_module_entry {
+    char *name;
+    ct_tensor *tensor; /* owned reference */
+} ct_module_entry;
+
+struct ct_module {
+    const char *type; /* "Linear", "Block", ... (static string) */
+    bool training;
+    ct_module_destroy_fn destroy;
+    ct_module_entry *params, *buffers;
+    int nparams, nbuffers;
+    struct {
+        char *name;
+        ct_module *module; /* owned */
+    } *children;
+    int nchildren;
+};
+
+/* Initialises an embedded ct_module (zeroed memory): training mode on. */
+void ct_module_init(ct_module *m, const char *type, ct_module_destroy_fn destroy);
+/* Releases parameters, buffers and children, calls destroy, frees m (which
+ * must have been malloc'ed as the start of its type's struct). NULL is fine. */
+void ct_module_free(ct_module *m);
+
+/* Registers t (one reference is taken) as parameter `name`; it is marked as
+ * requiring grad. Names are unique within a module. */
+ct_status ct_module_add_param(ct_module *m, const char *name, ct_tensor *t);
+ct_status ct_module_add_buffer(ct_module *m, const char *name, ct_tensor *t);
+/* Adds child under name; the parent owns it from now on (also on failure). */
+ct_status ct_module_add_child(ct_module *m, const char *name, ct_module *child);
+
+/* Sets training (true) or evaluation (false) mode on the whole tree. */
+void ct_module_train(ct_module *m, bool training);
+
+/* A flat, ordered list of a tree's tensors with their dotted names. */
+typedef struct ct_param_list {
+    int n;
+    ct_tensor **tensors; /* borrowed from the module */
+    char **names;        /* owned by the list */
+} ct_param_list;
+
+/* Parameters (or, with buffers = true, parameters then buffers) in
+ * registration order, depth first, each tensor once. Free with ct_param_list_free. */
+ct_status ct_module_named_tensors(const ct_module *m, bool buffers, ct_param_list *out);
+void ct_param_list_free(ct_param_list *l);
+/* Total number of parameter elements (each tensor once). */
+int64_t ct_module_num_params(const ct_module *m);
+/* The parameter or buffer with this dotted name, or NULL. Borrowed. */
+ct_tensor *ct_module_find(const ct_module *m, const char *name);
+/* Releases every parameter's .grad. */
+void ct_module_zero_grad(ct_module *m);
+
+/* ---- state dicts as safetensors ------------------------------------------------ */
+
+/* Writes parameters and buffers under their dotted names (tied tensors once)
+ * with optional metadata pairs, atomically (temporary file + rename). */
+ct_status ct_module_save(const ct_module *m, const char *path, int nmeta, const char *const *meta_keys,
+                         const char *const *meta_values);
+
+/* What a load found. Lists are owned by the report; free with ct_load_report_free. */
+typedef struct ct_load_report {
+    int nmissing, nunexpected, nmismatched;
+    char **missing;    /* in the module, not in the file */
+    char **unexpected; /* in the file, not in the module */
+    char **mismatched; /* "name: file f32[3, 4], module f32[4, 3]" */
+} ct_load_report;
+
+/* Copies every tensor of the file whose name the module has into the module's
+ * tensor (dtype converted when they differ, shape must match). strict: any
+ * missing, unexpected or mismatched name is an error listing them, and nothing
+ * is copied. Not strict: loads what matches and reports the rest (report may be
+ * NULL). */
+ct_status ct_module_load(ct_module *m, const char *path, bool strict, ct_load_report *report);
+void ct_load_report_free(ct_load_report *r);
+
+#endif
