@@ -8,16 +8,6 @@
 #include "autograd/ops.h"
 #include "core/frame.h"
 
-static void *module_alloc(size_t size, const char *type, ct_module_destroy_fn destroy)
-{
-    ct_module *m = calloc(1, size);
-    if (!m) {
-        ct_error_set(CT_ERR_NOMEM, "%s: out of memory", type);
-        return NULL;
-    }
-    ct_module_init(m, type, destroy);
-    return m;
-}
 
 /* Adds child (NULL on a failed constructor) and returns it; false on failure. */
 static bool adopt(ct_module *parent, const char *name, void *child)
@@ -27,7 +17,7 @@ static bool adopt(ct_module *parent, const char *name, void *child)
 
 static ct_gpt_attention *attention_new(const ct_gpt_config *c, double proj_std)
 {
-    ct_gpt_attention *m = module_alloc(sizeof *m, "CausalSelfAttention", NULL);
+    ct_gpt_attention *m = ct_module_alloc(sizeof *m, "CausalSelfAttention", NULL);
     if (!m) return NULL;
     m->n_head = c->n_head;
     m->n_embd = c->n_embd;
@@ -43,7 +33,7 @@ static ct_gpt_attention *attention_new(const ct_gpt_config *c, double proj_std)
 
 static ct_gpt_mlp *mlp_new(const ct_gpt_config *c, double proj_std)
 {
-    ct_gpt_mlp *m = module_alloc(sizeof *m, "MLP", NULL);
+    ct_gpt_mlp *m = ct_module_alloc(sizeof *m, "MLP", NULL);
     if (!m) return NULL;
     bool ok = adopt(&m->base, "c_fc", m->c_fc = ct_linear_layer_new(c->n_embd, 4 * c->n_embd, true, 0.02)) &&
               adopt(&m->base, "c_proj", m->c_proj = ct_linear_layer_new(4 * c->n_embd, c->n_embd, true, proj_std)) &&
@@ -57,7 +47,7 @@ static ct_gpt_mlp *mlp_new(const ct_gpt_config *c, double proj_std)
 
 static ct_gpt_block *block_new(const ct_gpt_config *c, double proj_std)
 {
-    ct_gpt_block *m = module_alloc(sizeof *m, "Block", NULL);
+    ct_gpt_block *m = ct_module_alloc(sizeof *m, "Block", NULL);
     if (!m) return NULL;
     bool ok = adopt(&m->base, "ln_1", m->ln_1 = ct_layernorm_layer_new(c->n_embd, c->ln_eps, true)) &&
               adopt(&m->base, "attn", m->attn = attention_new(c, proj_std)) &&
@@ -94,7 +84,7 @@ ct_gpt *ct_gpt_new(const ct_gpt_config *cfg)
         ct_error_set(CT_ERR_INVALID, "gpt_new: parameter dtype %s is not a floating type", ct_dtype_name(c.dtype));
         return NULL;
     }
-    ct_gpt *m = module_alloc(sizeof *m, "GPT", gpt_destroy);
+    ct_gpt *m = ct_module_alloc(sizeof *m, "GPT", gpt_destroy);
     if (!m) return NULL;
     ct_dtype prev_dtype = ct_nn_set_param_dtype(c.dtype);
     m->cfg = c;
@@ -104,7 +94,7 @@ ct_gpt *ct_gpt_new(const ct_gpt_config *cfg)
               adopt(&m->base, "wpe", m->wpe = ct_embedding_layer_new(c.block_size, c.n_embd, 0.02)) &&
               adopt(&m->base, "drop", m->drop = ct_dropout_layer_new(c.dropout));
     if (ok) {
-        m->h = module_alloc(sizeof(ct_module), "ModuleList", NULL);
+        m->h = ct_module_alloc(sizeof(ct_module), "ModuleList", NULL);
         ok = adopt(&m->base, "h", m->h);
     }
     for (int64_t i = 0; ok && i < c.n_layer; i++) {

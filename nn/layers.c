@@ -25,17 +25,6 @@ ct_dtype ct_nn_set_param_dtype(ct_dtype dt)
     return prev;
 }
 
-/* Allocates the type (zeroed) and initialises its ct_module. */
-static void *module_alloc(size_t size, const char *type)
-{
-    ct_module *m = calloc(1, size);
-    if (!m) {
-        ct_error_set(CT_ERR_NOMEM, "%s: out of memory", type);
-        return NULL;
-    }
-    ct_module_init(m, type, NULL);
-    return m;
-}
 
 /* Registers a fresh parameter; returns the (module-owned) tensor or NULL. */
 static ct_tensor *new_param(ct_module *m, const char *name, int ndim, const int64_t *shape, double fill,
@@ -59,7 +48,7 @@ ct_linear_layer *ct_linear_layer_new(int64_t in, int64_t out, bool bias, double 
                      (long long)out);
         return NULL;
     }
-    ct_linear_layer *m = module_alloc(sizeof *m, "Linear");
+    ct_linear_layer *m = ct_module_alloc(sizeof *m, "Linear", NULL);
     if (!m) return NULL;
     m->in = in, m->out = out;
     m->weight = new_param(&m->base, "weight", CT_SHAPE(in, out), 0, std_or_default(init_std));
@@ -84,7 +73,7 @@ ct_embedding_layer *ct_embedding_layer_new(int64_t num, int64_t dim, double init
                      (long long)dim);
         return NULL;
     }
-    ct_embedding_layer *m = module_alloc(sizeof *m, "Embedding");
+    ct_embedding_layer *m = ct_module_alloc(sizeof *m, "Embedding", NULL);
     if (!m) return NULL;
     m->num = num, m->dim = dim;
     m->weight = new_param(&m->base, "weight", CT_SHAPE(num, dim), 0, std_or_default(init_std));
@@ -107,7 +96,7 @@ ct_layernorm_layer *ct_layernorm_layer_new(int64_t dim, double eps, bool bias)
         ct_error_set(CT_ERR_INVALID, "layernorm_new: dim %lld must be positive", (long long)dim);
         return NULL;
     }
-    ct_layernorm_layer *m = module_alloc(sizeof *m, "LayerNorm");
+    ct_layernorm_layer *m = ct_module_alloc(sizeof *m, "LayerNorm", NULL);
     if (!m) return NULL;
     m->dim = dim;
     m->eps = eps > 0 ? eps : 1e-5;
@@ -132,7 +121,7 @@ ct_rmsnorm_layer *ct_rmsnorm_layer_new(int64_t dim, double eps)
         ct_error_set(CT_ERR_INVALID, "rmsnorm_new: dim %lld must be positive", (long long)dim);
         return NULL;
     }
-    ct_rmsnorm_layer *m = module_alloc(sizeof *m, "RMSNorm");
+    ct_rmsnorm_layer *m = ct_module_alloc(sizeof *m, "RMSNorm", NULL);
     if (!m) return NULL;
     m->dim = dim;
     m->eps = eps > 0 ? eps : 1e-6;
@@ -156,7 +145,7 @@ ct_dropout_layer *ct_dropout_layer_new(double p)
         ct_error_set(CT_ERR_INVALID, "dropout_new: p = %g must be in [0, 1)", p);
         return NULL;
     }
-    ct_dropout_layer *m = module_alloc(sizeof *m, "Dropout");
+    ct_dropout_layer *m = ct_module_alloc(sizeof *m, "Dropout", NULL);
     if (m) m->p = p;
     return m;
 }

@@ -7,6 +7,17 @@
 #include "core/frame.h"
 #include "core/safetensors.h"
 
+void *ct_module_alloc(size_t size, const char *type, ct_module_destroy_fn destroy)
+{
+    ct_module *m = size >= sizeof *m ? calloc(1, size) : NULL;
+    if (!m) {
+        ct_error_set(CT_ERR_NOMEM, "%s: out of memory", type);
+        return NULL;
+    }
+    ct_module_init(m, type, destroy);
+    return m;
+}
+
 void ct_module_init(ct_module *m, const char *type, ct_module_destroy_fn destroy)
 {
     m->type = type;

@@ -43,6 +43,9 @@ struct ct_module {
     int nchildren;
 };
 
+/* Allocates a module type of `size` bytes (zeroed) whose first member is a
+ * ct_module, and initialises it. NULL + error when out of memory. */
+void *ct_module_alloc(size_t size, const char *type, ct_module_destroy_fn destroy);
 /* Initialises an embedded ct_module (zeroed memory): training mode on. */
 void ct_module_init(ct_module *m, const char *type, ct_module_destroy_fn destroy);
 /* Releases parameters, buffers and children, calls destroy, frees m (which
