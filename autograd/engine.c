@@ -13,6 +13,7 @@
  * Each node runs inside its own frame, so its temporaries go as soon as it is
  * done, and frees its saved tensors unless retain_graph is set.
  */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -272,7 +273,7 @@ ct_status ct_backward_with(ct_tensor *root, const ct_tensor *grad, const ct_back
         goto out;
     }
     pass_state s = {0};
-    uint64_t pass = __atomic_add_fetch(&pass_counter, 1, __ATOMIC_RELAXED);
+    uint64_t pass = atomic_fetch_add(&pass_counter, 1) + 1;
     st = collect(&s, root->grad_fn, pass);
     if (!st) {
         root->grad_fn->grad = ct_tensor_retain(seed);

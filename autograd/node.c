@@ -1,4 +1,5 @@
 /* Graph nodes, grad mode, leaves and hooks. The backward pass is in engine.c. */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -89,7 +90,7 @@ ct_node *ct_node_new(const char *op, ct_backward_fn backward, int ninputs, ct_te
     n->op = op;
     n->backward = backward;
     n->ninputs = ninputs;
-    n->seq = __atomic_fetch_add(&node_seq, 1, __ATOMIC_RELAXED);
+    n->seq = atomic_fetch_add(&node_seq, 1);
     for (int i = 0; i < ninputs; i++) {
         ct_tensor *x = inputs[i];
         if (!x) continue;
