@@ -15,16 +15,7 @@
 #include "kernels/matmul.h"
 #include "kernels/reduce.h"
 
-#define F64 CT_DTYPE_F64
-
-static ct_tensor *leaf(ct_tensor *t)
-{
-    cr_assert_not_null(t, "%s", ct_last_error());
-    cr_assert_eq(ct_tensor_set_requires_grad(t, true), CT_OK, "%s", ct_last_error());
-    return t;
-}
-
-static ct_tensor *randn(int ndim, const int64_t *shape) { return leaf(ct_tensor_randn(F64, ndim, shape, 0, 1)); }
+#include "tests/autograd/util.h"
 
 /* values in [lo, hi) */
 static ct_tensor *uniform(int ndim, const int64_t *shape, double lo, double hi)
@@ -572,15 +563,6 @@ Test(ops_math, f32_backward_is_finite)
 }
 
 /* ---- misuse -------------------------------------------------------------------------------------- */
-
-#define EXPECT_ERROR(expr, ...)                                                                     \
-    do {                                                                                            \
-        ct_error_clear();                                                                           \
-        cr_assert_null(expr);                                                                       \
-        const char *want_[] = {__VA_ARGS__};                                                        \
-        for (size_t i_ = 0; i_ < sizeof want_ / sizeof want_[0]; i_++)                              \
-            cr_assert(strstr(ct_last_error(), want_[i_]), "'%s' lacks '%s'", ct_last_error(), want_[i_]); \
-    } while (0)
 
 Test(ops_math, misuse_names_the_op_and_shapes)
 {

@@ -12,16 +12,7 @@
 #include "core/frame.h"
 #include "core/philox.h"
 
-#define F64 CT_DTYPE_F64
-
-static ct_tensor *leaf(ct_tensor *t)
-{
-    cr_assert_not_null(t, "%s", ct_last_error());
-    cr_assert_eq(ct_tensor_set_requires_grad(t, true), CT_OK, "%s", ct_last_error());
-    return t;
-}
-
-static ct_tensor *randn(int ndim, const int64_t *shape) { return leaf(ct_tensor_randn(F64, ndim, shape, 0, 1)); }
+#include "tests/autograd/util.h"
 
 /* A non-contiguous leaf: the (0, 2, 1) permutation of a random (a, c, b) tensor. */
 static ct_tensor *permuted(int64_t a, int64_t b, int64_t c)
@@ -267,15 +258,6 @@ Test(ops_shape, f32_view_chain_backward_is_finite)
 }
 
 /* ---- misuse -------------------------------------------------------------------------------- */
-
-#define EXPECT_ERROR(expr, ...)                                                                     \
-    do {                                                                                            \
-        ct_error_clear();                                                                           \
-        cr_assert_null(expr);                                                                       \
-        const char *want_[] = {__VA_ARGS__};                                                        \
-        for (size_t i_ = 0; i_ < sizeof want_ / sizeof want_[0]; i_++)                              \
-            cr_assert(strstr(ct_last_error(), want_[i_]), "'%s' lacks '%s'", ct_last_error(), want_[i_]); \
-    } while (0)
 
 Test(ops_shape, misuse_names_the_op_and_shapes)
 {

@@ -12,45 +12,19 @@
 #include <unistd.h>
 
 #include "core/frame.h"
+#include "tests/data/util.h"
 #include "core/tensor.h"
 #include "data/dataset.h"
 #include "data/token_dataset.h"
 
 /* ---- temp directory and file builders ------------------------------------- */
 
-static char tmpdir[64];
-
 static void make_tmpdir(void)
 {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/ct_tokds_XXXXXX");
-    cr_assert_not_null(mkdtemp(tmpdir));
-}
-
-static void remove_tmpdir(void)
-{
-    DIR *d = opendir(tmpdir);
-    if (!d) return;
-    struct dirent *e;
-    char p[512];
-    while ((e = readdir(d)) != NULL) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", tmpdir, e->d_name);
-        if (rmdir(p) != 0) unlink(p);
-    }
-    closedir(d);
-    rmdir(tmpdir);
+    make_tmpdir_with("/tmp/ct_tokds_");
 }
 
 TestSuite(token_dataset, .init = make_tmpdir, .fini = remove_tmpdir);
-
-static const char *path_of(const char *name)
-{
-    static char p[4][256];
-    static int k;
-    k = (k + 1) % 4;
-    snprintf(p[k], sizeof p[k], "%s/%s", tmpdir, name);
-    return p[k];
-}
 
 static void put_le(uint8_t *p, uint32_t v, int nbytes)
 {

@@ -10,16 +10,14 @@
 #include <unistd.h>
 
 #include "core/frame.h"
+#include "tests/data/util.h"
 #include "core/tensor.h"
 #include "data/token_dataset.h"
 #include "data/tokenizer.h"
 
-static char tmpdir[64];
-
 static void make_tmpdir(void)
 {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/ct_tokzr_XXXXXX");
-    cr_assert_not_null(mkdtemp(tmpdir));
+    make_tmpdir_with("/tmp/ct_tokzr_");
 }
 
 static int count_entries(const char *dir)
@@ -33,31 +31,7 @@ static int count_entries(const char *dir)
     return n;
 }
 
-static void remove_tmpdir(void)
-{
-    DIR *d = opendir(tmpdir);
-    if (!d) return;
-    struct dirent *e;
-    char p[512];
-    while ((e = readdir(d)) != NULL) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", tmpdir, e->d_name);
-        unlink(p);
-    }
-    closedir(d);
-    rmdir(tmpdir);
-}
-
 TestSuite(tokenizer, .init = make_tmpdir, .fini = remove_tmpdir);
-
-static const char *path_of(const char *name)
-{
-    static char p[4][256];
-    static int k;
-    k = (k + 1) % 4;
-    snprintf(p[k], sizeof p[k], "%s/%s", tmpdir, name);
-    return p[k];
-}
 
 static uint8_t *read_all(const char *path, size_t *n)
 {
