@@ -3,6 +3,7 @@
 #   make            libctrain.so + libctrain.a       make test    the whole suite
 #   make asan       the suite under ASan + UBSan     make fuzz    each fuzz target, bounded
 #   make bench      kernel benchmarks                make install PREFIX=/usr/local DESTDIR=
+#   make bench-gpt  GPT training vs PyTorch CPU
 #   make train      the README's main job            make clean
 #
 # PORTABLE=1 builds for any x86-64 instead of -march=native.
@@ -44,7 +45,7 @@ AR_LIB   := $(BUILD)/lib/libctrain.a
 TEST_BIN := $(BUILD)/tests/ctrain_tests
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all setup test asan memcheck fuzz bench install uninstall clean train
+.PHONY: all setup test asan memcheck fuzz bench bench-gpt install uninstall clean train
 .DEFAULT_GOAL := all
 
 all: setup
@@ -109,7 +110,12 @@ $(BUILD)/bench/%: bench/%.c $(AR_LIB)
 
 bench: setup
 	@$(MAKE) --no-print-directory $(JOBS) $(BENCH_BIN)
-	@set -e; for b in $(BENCH_BIN); do echo "== $$b"; $$b; done
+	@set -e; for b in $(filter $(BUILD)/bench/kernels/%,$(BENCH_BIN)); do echo "== $$b"; $$b; done
+
+# GPT training throughput against PyTorch CPU (bench/gpt_cpu/run.sh; about 20 minutes).
+bench-gpt: setup
+	@$(MAKE) --no-print-directory $(JOBS) $(BENCH_BIN)
+	bench/gpt_cpu/run.sh --out $(BUILD)/bench/gpt_cpu.md
 
 # The README's main job: train the bundled GPT on its default data.
 GPT_BIN := $(BUILD)/examples/gpt_train

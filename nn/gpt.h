@@ -73,6 +73,17 @@ ct_tensor *ct_gpt_forward(ct_gpt *m, ct_tensor *idx);
 /* Mean cross-entropy of the logits against targets (B, T) (ignore_index -1). */
 ct_tensor *ct_gpt_loss(ct_gpt *m, ct_tensor *idx, ct_tensor *targets);
 
+/* Loads a GPT-2 checkpoint as HF writes it: GPT2Model's names as they are or under
+ * GPT2LMHeadModel's "transformer." prefix; the causal-mask buffers h.{i}.attn.bias and
+ * h.{i}.attn.masked_bias of older files are skipped (ctrain computes the mask); an
+ * lm_head.weight must equal wte.weight (the head is tied), else nothing is loaded and
+ * the error says so. strict and report as ct_module_load. */
+ct_status ct_gpt_load(ct_gpt *m, const char *path, bool strict, ct_load_report *report);
+/* Writes dir/model.safetensors (metadata format = pt) and dir/config.json (GPT2Config:
+ * gelu_new, tied embeddings, this model's sizes), so that
+ * transformers.GPT2LMHeadModel.from_pretrained(dir) loads the model. dir must exist. */
+ct_status ct_gpt_save_hf(const ct_gpt *m, const char *dir);
+
 ct_tensor *ct_gpt_attention_forward(ct_gpt_attention *m, ct_tensor *x);
 ct_tensor *ct_gpt_mlp_forward(ct_gpt_mlp *m, ct_tensor *x);
 ct_tensor *ct_gpt_block_forward(ct_gpt_block *m, ct_tensor *x);

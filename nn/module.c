@@ -285,6 +285,20 @@ static void join_names(char *buf, size_t cap, char **names, int n)
 
 ct_status ct_module_load(ct_module *m, const char *path, bool strict, ct_load_report *report)
 {
+    return ct_module_load_mapped(m, path, strict, report, NULL, NULL);
+}
+
+/* The file's tensor whose module-side key is name, or -1. */
+static int find_key(char *const *keys, int nfile, const char *name)
+{
+    for (int j = 0; j < nfile; j++)
+        if (keys[j] && !strcmp(keys[j], name)) return j;
+    return -1;
+}
+
+ct_status ct_module_load_mapped(ct_module *m, const char *path, bool strict, ct_load_report *report,
+                                ct_load_key_fn map, void *ctx)
+{
     ct_load_report r = {0};
     ct_param_list l;
     ct_status st = ct_module_named_tensors(m, true, &l);
@@ -296,18 +310,32 @@ ct_status ct_module_load(ct_module *m, const char *path, bool strict, ct_load_re
     }
     int nfile = ct_safetensors_count(f);
     bool *used = calloc((size_t)(nfile ? nfile : 1), sizeof *used);
-    if (!used) st = ct_error_set(CT_ERR_NOMEM, "module_load: out of memory");
+    char **keys = calloc((size_t)(nfile ? nfile : 1), sizeof *keys);
+    int *src_of = calloc((size_t)(l.n ? l.n : 1), sizeof *src_of);
+    if (!used || !keys || !src_of) st = ct_error_set(CT_ERR_NOMEM, "module_load: out of memory");
+    /* pass 0: the module-side key of each file tensor; NULL = ignored by the map */
+    for (int j = 0; j < nfile && !st; j++) {
+        const char *fname = ct_safetensors_name(f, j);
+        char buf[512];
+        const char *k = map ? map(fname, buf, sizeof buf, ctx) : fname;
+        if (!k) {
+            used[j] = true;
+            continue;
+        }
+        if (!(keys[j] = strdup(k))) st = ct_error_set(CT_ERR_NOMEM, "module_load: out of memory");
+    }
     /* pass 1: match names and shapes without touching data */
     for (int i = 0; i < l.n && !st; i++) {
-        ct_dtype dt;
-        int nd;
-        int64_t sh[CT_MAX_DIMS];
-        if (!ct_safetensors_info(f, l.names[i], &dt, &nd, sh)) {
+        int j = src_of[i] = find_key(keys, nfile, l.names[i]);
+        if (j < 0) {
             st = push_name(&r.missing, &r.nmissing, "%s", l.names[i], NULL, NULL);
             continue;
         }
-        for (int j = 0; j < nfile; j++)
-            if (!strcmp(ct_safetensors_name(f, j), l.names[i])) used[j] = true;
+        ct_dtype dt;
+        int nd;
+        int64_t sh[CT_MAX_DIMS];
+        ct_safetensors_info(f, ct_safetensors_name(f, j), &dt, &nd, sh);
+        used[j] = true;
         ct_tensor *t = l.tensors[i];
         bool same = nd == t->ndim;
         for (int d = 0; same && d < nd; d++) same = sh[d] == t->shape[d];
@@ -316,6 +344,7 @@ ct_status ct_module_load(ct_module *m, const char *path, bool strict, ct_load_re
             snprintf(fs, sizeof fs, "%s%s", ct_dtype_name(dt), ct_shape_str(nd, sh, tmp, sizeof tmp));
             snprintf(ms, sizeof ms, "%s%s", ct_dtype_name(t->dtype), ct_shape_str(t->ndim, t->shape, tmp, sizeof tmp));
             st = push_name(&r.mismatched, &r.nmismatched, "%s: file %s, module %s", l.names[i], fs, ms);
+            src_of[i] = -1;
         }
     }
     for (int j = 0; j < nfile && !st; j++)
@@ -332,18 +361,17 @@ ct_status ct_module_load(ct_module *m, const char *path, bool strict, ct_load_re
     }
     /* pass 2: copy what matches */
     for (int i = 0; i < l.n && !st; i++) {
-        bool skip = false;
-        for (int k = 0; k < r.nmissing && !skip; k++) skip = !strcmp(r.missing[k], l.names[i]);
-        size_t len = strlen(l.names[i]);
-        for (int k = 0; k < r.nmismatched && !skip; k++)
-            skip = !strncmp(r.mismatched[k], l.names[i], len) && r.mismatched[k][len] == ':';
-        if (skip) continue;
+        if (src_of[i] < 0) continue;
+        const char *fname = ct_safetensors_name(f, src_of[i]);
         ct_frame_push();
-        ct_tensor *src = ct_safetensors_get(f, l.names[i]);
+        ct_tensor *src = ct_safetensors_get(f, fname);
         st = src ? ct_tensor_copy_(l.tensors[i], src) : ct_last_status();
         ct_frame_pop();
-        if (st) ct_error_prefix("module_load %s: tensor %s: ", path, l.names[i]);
+        if (st) ct_error_prefix("module_load %s: tensor %s: ", path, fname);
     }
+    for (int j = 0; keys && j < nfile; j++) free(keys[j]);
+    free(keys);
+    free(src_of);
     free(used);
     ct_safetensors_close(f);
     ct_param_list_free(&l);

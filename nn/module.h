@@ -103,4 +103,13 @@ typedef struct ct_load_report {
 ct_status ct_module_load(ct_module *m, const char *path, bool strict, ct_load_report *report);
 void ct_load_report_free(ct_load_report *r);
 
+/* Maps the name of a tensor in the file to the module's dotted name for it: returns
+ * file_name itself, a name written into buf (buflen bytes), or NULL when the module
+ * has no use for that tensor (it is then neither loaded nor reported unexpected). */
+typedef const char *(*ct_load_key_fn)(const char *file_name, char *buf, size_t buflen, void *ctx);
+/* ct_module_load through a name map (map NULL = names as they are); how a model reads
+ * a checkpoint written under another prefix or with extra buffers (see ct_gpt_load). */
+ct_status ct_module_load_mapped(ct_module *m, const char *path, bool strict, ct_load_report *report,
+                                ct_load_key_fn map, void *ctx);
+
 #endif

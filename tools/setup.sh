@@ -8,6 +8,7 @@ packages=(
     libopenblas-dev libdnnl-dev libuv1-dev libyaml-dev libcjson-dev libcriterion-dev
     clang libclang-rt-14-dev libomp-14-dev valgrind
     fortunes gnuplot-nox
+    python3-torch
 )
 
 missing=()

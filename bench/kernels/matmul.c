@@ -23,6 +23,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/timing.h"
 #include "core/convert.h"
 #include "core/frame.h"
 #include "core/philox.h"
@@ -35,19 +36,6 @@
 
 #define REPS 15
 #define MAX_METHODS 4
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
-static int cmp_double(const void *x, const void *y)
-{
-    double a = *(const double *)x, b = *(const double *)y;
-    return (a > b) - (a < b);
-}
 
 typedef struct bench_ctx {
     int64_t n;
@@ -129,7 +117,7 @@ static void run_convert_by_hand(bench_ctx *x)
 typedef void (*method_fn)(bench_ctx *);
 
 /* Median seconds per call of each method, interleaved round by round. */
-static void measure(bench_ctx *x, int nm, method_fn *fns, double *median)
+static void measure(bench_ctx *x, int nm, method_fn *fns, double *med)
 {
     double t[MAX_METHODS][REPS];
     for (int m = 0; m < nm; m++)
@@ -143,10 +131,10 @@ static void measure(bench_ctx *x, int nm, method_fn *fns, double *median)
         }
     }
     for (int m = 0; m < nm; m++) {
-        median[m] = NAN;
+        med[m] = NAN;
         if (!fns[m]) continue;
         qsort(t[m], REPS, sizeof(double), cmp_double);
-        median[m] = t[m][REPS / 2];
+        med[m] = t[m][REPS / 2];
     }
 }
 

@@ -21,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench/timing.h"
 #include "core/frame.h"
 #include "core/philox.h"
 #include "core/tensor.h"
@@ -30,19 +31,6 @@
 #include "kernels/norm.h"
 #include "kernels/optim.h"
 #include "kernels/softmax.h"
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 typedef struct bench_ctx {
     /* shared inputs */
@@ -74,8 +62,7 @@ static double bench_median(bench_fn fn, bench_ctx *c, int variant, int max_reps)
             ts[r] = now() - s;
         }
     }
-    qsort(ts, (size_t)reps, sizeof *ts, cmp_double);
-    double med = reps % 2 ? ts[reps / 2] : 0.5 * (ts[reps / 2 - 1] + ts[reps / 2]);
+    double med = median(ts, reps);
     free(ts);
     return med;
 }

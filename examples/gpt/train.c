@@ -36,18 +36,18 @@
 
 typedef struct options {
     const char *data, *out_dir, *prompt;
-    int64_t block_size, n_layer, n_head, n_embd, batch_size, steps, warmup, eval_every, eval_batches;
+    int64_t seq_warmup, block_size, n_layer, n_head, n_embd, batch_size, steps, warmup, eval_every, eval_batches;
     int64_t sample_tokens, top_k;
-    double lr, min_lr, weight_decay, grad_clip, dropout, val_fraction, temperature;
+    double lr, min_lr, beta1, beta2, weight_decay, grad_clip, dropout, val_fraction, temperature;
     uint64_t seed;
     int threads;
 } options;
 
 static const options defaults = {
     .data = NULL, .out_dir = "build/gpt", .prompt = "The ",
-    .block_size = 256, .n_layer = 4, .n_head = 4, .n_embd = 256, .batch_size = 8, .steps = 300, .warmup = 30,
+    .block_size = 256, .n_layer = 4, .n_head = 4, .n_embd = 256, .batch_size = 8, .steps = 700, .warmup = 30, .seq_warmup = 200,
     .eval_every = 50, .eval_batches = 8, .sample_tokens = 300, .top_k = 40,
-    .lr = 2e-3, .min_lr = 2e-4, .weight_decay = 0.1, .grad_clip = 1.0, .dropout = 0.0, .val_fraction = 0.1,
+    .lr = 2e-3, .min_lr = 2e-4, .beta1 = 0.9, .beta2 = 0.99, .weight_decay = 0.1, .grad_clip = 1.0, .dropout = 0.0, .val_fraction = 0.1,
     .temperature = 0.8, .seed = 1337, .threads = 0,
 };
 
@@ -73,6 +73,10 @@ static void usage(FILE *f)
             "  --lr LR              peak learning rate (default %g)\n"
             "  --min_lr LR          cosine floor (default %g)\n"
             "  --warmup N           linear warmup steps (default %lld)\n"
+            "  --seq_warmup N       grow the context from block_size/8 (>= 32) to block_size over the first N\n"
+            "                       steps, same tokens per step; 0 = off (default %lld)\n"
+            "  --beta1 B            AdamW first-moment decay (default %g)\n"
+            "  --beta2 B            AdamW second-moment decay (default %g)\n"
             "  --weight_decay W     AdamW decay for matrices; biases, norms and embeddings get none (default %g)\n"
             "  --grad_clip C        clip the global gradient norm to C, 0 = off (default %g)\n"
             "  --eval_every N       validate every N steps (default %lld)\n"
@@ -87,7 +91,7 @@ static void usage(FILE *f)
             "  --help               this text\n",
             d->out_dir, d->val_fraction, (long long)d->block_size, (long long)d->n_layer, (long long)d->n_head,
             (long long)d->n_embd, d->dropout, (long long)d->batch_size, (long long)d->steps, d->lr, d->min_lr,
-            (long long)d->warmup, d->weight_decay, d->grad_clip, (long long)d->eval_every,
+            (long long)d->warmup, (long long)d->seq_warmup, d->beta1, d->beta2, d->weight_decay, d->grad_clip, (long long)d->eval_every,
             (long long)d->eval_batches, (unsigned long long)d->seed, d->prompt, (long long)d->sample_tokens,
             d->temperature, (long long)d->top_k);
 }
@@ -118,16 +122,31 @@ static bool parse_f64(const char *flag, const char *s, double lo, double hi, dou
     return true;
 }
 
+/* Sequence-length warmup (curriculum): over the first seq_warmup steps the context
+ * grows from the shortest power-of-two fraction of block_size that is >= 32 (and
+ * divides it) to block_size, in doublings spaced evenly; each batch of B windows of T
+ * tokens is cut into B*T/L windows of L, so every step still sees B*T tokens. */
+static int64_t curriculum_len(const options *o, int64_t step)
+{
+    if (o->seq_warmup <= 0 || step > o->seq_warmup) return o->block_size;
+    int K = 0;
+    while (o->block_size % ((int64_t)2 << K) == 0 && (o->block_size >> (K + 1)) >= 32) K++;
+    /* stage K (shortest) at step 1, stage 0 (full) after seq_warmup steps */
+    int k = (int)ceil((double)K * (double)(o->seq_warmup - step + 1) / (double)(o->seq_warmup + 1));
+    return o->block_size >> k;
+}
+
 static int parse_args(int argc, char **argv, options *o)
 {
     *o = defaults;
     enum { O_DATA = 256, O_OUT, O_VAL, O_BLOCK, O_LAYER, O_HEAD, O_EMBD, O_DROP, O_BATCH, O_STEPS, O_LR, O_MINLR,
-           O_WARM, O_WD, O_CLIP, O_EVERY, O_EVALB, O_SEED, O_THREADS, O_PROMPT, O_SAMPLE, O_TEMP, O_TOPK, O_HELP };
+           O_WARM, O_SEQW, O_B1, O_B2, O_WD, O_CLIP, O_EVERY, O_EVALB, O_SEED, O_THREADS, O_PROMPT, O_SAMPLE, O_TEMP, O_TOPK, O_HELP };
     static const struct option opts[] = {
         {"data", 1, 0, O_DATA}, {"out_dir", 1, 0, O_OUT}, {"val_fraction", 1, 0, O_VAL},
         {"block_size", 1, 0, O_BLOCK}, {"n_layer", 1, 0, O_LAYER}, {"n_head", 1, 0, O_HEAD},
         {"n_embd", 1, 0, O_EMBD}, {"dropout", 1, 0, O_DROP}, {"batch_size", 1, 0, O_BATCH},
         {"steps", 1, 0, O_STEPS}, {"lr", 1, 0, O_LR}, {"min_lr", 1, 0, O_MINLR}, {"warmup", 1, 0, O_WARM},
+        {"seq_warmup", 1, 0, O_SEQW}, {"beta1", 1, 0, O_B1}, {"beta2", 1, 0, O_B2},
         {"weight_decay", 1, 0, O_WD}, {"grad_clip", 1, 0, O_CLIP}, {"eval_every", 1, 0, O_EVERY},
         {"eval_batches", 1, 0, O_EVALB}, {"seed", 1, 0, O_SEED}, {"threads", 1, 0, O_THREADS},
         {"prompt", 1, 0, O_PROMPT}, {"sample_tokens", 1, 0, O_SAMPLE}, {"temperature", 1, 0, O_TEMP},
@@ -151,6 +170,9 @@ static int parse_args(int argc, char **argv, options *o)
         case O_LR: ok = parse_f64("--lr", optarg, 0, 10, &o->lr); break;
         case O_MINLR: ok = parse_f64("--min_lr", optarg, 0, 10, &o->min_lr); break;
         case O_WARM: ok = parse_i64("--warmup", optarg, 0, &o->warmup); break;
+        case O_SEQW: ok = parse_i64("--seq_warmup", optarg, 0, &o->seq_warmup); break;
+        case O_B1: ok = parse_f64("--beta1", optarg, 1e-6, 0.999999, &o->beta1); break;
+        case O_B2: ok = parse_f64("--beta2", optarg, 1e-6, 0.999999, &o->beta2); break;
         case O_WD: ok = parse_f64("--weight_decay", optarg, 0, 10, &o->weight_decay); break;
         case O_CLIP: ok = parse_f64("--grad_clip", optarg, 0, 1e9, &o->grad_clip); break;
         case O_EVERY: ok = parse_i64("--eval_every", optarg, 1, &o->eval_every); break;
@@ -364,7 +386,7 @@ static ct_optimizer *make_optimizer(ct_gpt *m, const options *o)
         else nodecay[nn++] = l.tensors[i];
     }
     /* AdamW without decay is Adam without decay (ct_adamw's 0 means its default) */
-    ct_adam_config cfg = {.lr = o->lr, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = o->weight_decay};
+    ct_adam_config cfg = {.lr = o->lr, .beta1 = o->beta1, .beta2 = o->beta2, .weight_decay = o->weight_decay};
     ct_optimizer *opt = !decay || !nodecay          ? NULL
                         : o->weight_decay > 0 ? ct_adamw_new(nd, decay, &cfg)
                                               : ct_adam_new(nd, decay, &cfg);
@@ -458,6 +480,13 @@ int main(int argc, char **argv)
             ct_tensor *x, *y;
             ct_loader_result r = ct_loader_next(train, &x, &y);
             if (r == CT_LOADER_END) r = ct_loader_next(train, &x, &y); /* next epoch */
+            int64_t L = curriculum_len(&o, step);
+            if (r == CT_LOADER_BATCH && L < o.block_size) {
+                /* (B, T) -> (B*T/L, L): the same tokens in shorter contexts */
+                int64_t sh[2] = {o.batch_size * o.block_size / L, L};
+                x = ct_reshape(x, 2, sh);
+                y = ct_reshape(y, 2, sh);
+            }
             ct_tensor *loss = r == CT_LOADER_BATCH ? ct_gpt_loss(model, x, y) : NULL;
             if (!loss || ct_backward(loss)) {
                 failed = true;
@@ -495,11 +524,12 @@ int main(int argc, char **argv)
            (double)(o.steps * tokens_per_step) / total, last_val);
     printf("loss log: %s\n", csv_path);
     plot(o.out_dir);
-    if (ct_module_save(&model->base, model_path, 1, (const char *[]){"format"}, (const char *[]){"pt"})) {
+    /* model.safetensors + config.json: transformers' GPT2LMHeadModel.from_pretrained(out_dir) reads them */
+    if (ct_gpt_save_hf(model, o.out_dir)) {
         fprintf(stderr, "gpt_train: %s\n", ct_last_error());
         goto out;
     }
-    printf("model: %s\n", model_path);
+    printf("model: %s (with config.json for HF GPT2LMHeadModel)\n", model_path);
     if (o.sample_tokens > 0) {
         int64_t n = (int64_t)strlen(o.prompt);
         if (n == 0 || n > o.block_size) n = 1;

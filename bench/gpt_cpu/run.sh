@@ -1,0 +1,256 @@
+#!/usr/bin/env bash
+# GPT training throughput, ctrain against PyTorch on the CPU (fp32), in one run.
+#
+#   bench/gpt_cpu/run.sh [--quick] [--out FILE] [--configs "w1 124m"] [--threads "1 2"]
+#
+# For each environment {as set: the caller's environment unchanged; unset: without
+# OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE} x config {w1, 124m} x threads {1, 2} it runs
+#   - the sgemm ceiling       gpt_cpu --sgemm (cblas_sgemm on the step's GEMM shapes)
+#   - ctrain                  gpt_cpu (build/bench/gpt_cpu/gpt_cpu, built here first)
+#   - each available torch    torch_gpt.py under every interpreter that imports a
+#                             different torch (Debian's python3-torch, and a PyPI torch
+#                             where some interpreter has one installed)
+# with OPENBLAS_NUM_THREADS = OMP_NUM_THREADS = threads; torch always with
+# OMP_WAIT_POLICY=PASSIVE; ctrain with whichever of PASSIVE or the OpenMP default
+# (OMP_WAIT_POLICY unset) was faster in a short check at the start (printed). The
+# ctrain and torch runs are interleaved (ctrain, torch, ctrain, torch) and each keeps
+# its best of two (one with --quick) to cut the noise of a shared VM.
+#
+# Interpreters: $PYTHON alone when set (it must import torch); otherwise python3 on
+# PATH, /usr/bin/python3 and, for a newer torch, any other python3 found (pyenv
+# versions, /usr/local/bin, $VIRTUAL_ENV), one column per distinct torch version.
+#
+# Prints a markdown table (also written to FILE with --out) and the OPENBLAS_CORETYPE /
+# OPENBLAS_L2_SIZE values seen. Logs of every run: build/bench/gpt_cpu/logs/.
+# Exits non-zero, with a message, when any run fails or a first-step loss is not close
+# to ln(vocab) (the sanity check that both sides train the same model).
+set -euo pipefail
+
+die() { echo "run.sh: $*" >&2; exit 1; }
+trap 'echo "run.sh: failed at line $LINENO: $BASH_COMMAND" >&2' ERR
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/../.." && pwd)
+cd "$root"
+
+quick=0
+out=""
+configs="w1 124m"
+thread_list="1 2"
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --quick) quick=1 ;;
+    --out) [ $# -ge 2 ] || die "--out needs a file name"; out=$2; shift ;;
+    --configs) [ $# -ge 2 ] || die "--configs needs a list, e.g. \"w1 124m\""; configs=$2; shift ;;
+    --threads) [ $# -ge 2 ] || die "--threads needs a list, e.g. \"1 2\""; thread_list=$2; shift ;;
+    -h | --help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown option '$1' (see --help)" ;;
+    esac
+    shift
+done
+for c in $configs; do
+    case "$c" in w1 | 124m) ;; *) die "--configs: unknown config '$c' (w1, 124m)" ;; esac
+done
+for t in $thread_list; do
+    [[ "$t" =~ ^[1-9][0-9]*$ ]] || die "--threads: '$t' is not a positive integer"
+done
+[ -z "$out" ] || : >"$out" || die "cannot write --out $out"
+
+# ---- steps ----------------------------------------------------------------------------
+if [ "$quick" = 1 ]; then
+    reps=1
+    steps_w1="--warmup 1 --steps 2"
+    steps_124m="--warmup 1 --steps 1"
+    steps_sgemm="--warmup 1 --steps 2"
+    steps_check="--warmup 1 --steps 1"
+else
+    reps=2
+    steps_w1="" # the programs' defaults: w1 3 + 20, 124m 2 + 6
+    steps_124m=""
+    steps_sgemm="--warmup 3 --steps 10"
+    steps_check="--warmup 1 --steps 3"
+fi
+steps_for() { if [ "$1" = w1 ]; then echo "$steps_w1"; else echo "$steps_124m"; fi; }
+
+# ---- build ----------------------------------------------------------------------------
+bin=build/bench/gpt_cpu/gpt_cpu
+echo "run.sh: building $bin" >&2
+make -s "$bin" >&2 || die "make $bin failed"
+[ -x "$bin" ] || die "$bin was not built"
+logs=build/bench/gpt_cpu/logs
+rm -rf "$logs"
+mkdir -p "$logs"
+results=$logs/results.tsv
+: >"$results"
+
+# ---- interpreters with torch ----------------------------------------------------------
+torch_version() { "$1" -c 'import torch, sys; sys.stdout.write(torch.__version__)' 2>/dev/null; }
+pys=()
+vers=()
+add_python() {
+    local p v i
+    p=$(command -v "$1" 2>/dev/null) || return 0
+    v=$(torch_version "$p") || return 0
+    [ -n "$v" ] || return 0
+    for i in "${vers[@]+"${vers[@]}"}"; do [ "$i" = "$v" ] && return 0; done
+    pys+=("$p")
+    vers+=("$v")
+}
+if [ -n "${PYTHON:-}" ]; then
+    v=$(torch_version "$PYTHON") || die "\$PYTHON=$PYTHON cannot import torch"
+    pys=("$PYTHON")
+    vers=("$v")
+else
+    add_python python3
+    add_python /usr/bin/python3
+    for p in ${VIRTUAL_ENV:+"$VIRTUAL_ENV/bin/python3"} /usr/local/bin/python3 \
+        "$HOME"/.pyenv/versions/*/bin/python3 $(compgen -c python3. 2>/dev/null | sort -u); do
+        [ -e "$p" ] || command -v "$p" >/dev/null 2>&1 || continue
+        add_python "$p"
+    done
+fi
+[ ${#pys[@]} -gt 0 ] || die "no interpreter can import torch (tried python3, /usr/bin/python3, others; set \$PYTHON)"
+for i in "${!pys[@]}"; do echo "run.sh: torch ${vers[$i]} via ${pys[$i]}" >&2; done
+py=${pys[0]} # any of them has json for the report
+
+coretype=${OPENBLAS_CORETYPE-<unset>}
+l2size=${OPENBLAS_L2_SIZE-<unset>}
+
+# ---- one run ---------------------------------------------------------------------------
+# run ENVNAME THREADS WAITPOLICY(default|PASSIVE) LOGNAME CMD... ; appends "ENVNAME\tJSON" to results
+n_run=0
+run() {
+    local envname=$1 t=$2 wait=$3 log=$4
+    shift 4
+    local -a e=(env)
+    [ "$envname" = unset ] && e+=(-u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE)
+    if [ "$wait" = PASSIVE ]; then e+=(OMP_WAIT_POLICY=PASSIVE); else e=("${e[@]:0:1}" -u OMP_WAIT_POLICY "${e[@]:1}"); fi
+    e+=(OPENBLAS_NUM_THREADS="$t" OMP_NUM_THREADS="$t")
+    n_run=$((n_run + 1))
+    local f
+    f="$logs/$(printf %03d $n_run)-$log"
+    echo "run.sh: [$envname] ${e[*]} $*" >"$f.err"
+    if ! "${e[@]}" "$@" >"$f.out" 2>>"$f.err"; then
+        echo "run.sh: FAILED ($envname, OMP_WAIT_POLICY=$wait, threads $t): $*" >&2
+        tail -n 20 "$f.err" >&2
+        exit 1
+    fi
+    local line
+    line=$(grep '^{' "$f.out" | tail -n 1) || die "no JSON line from: $* (see $f.out)"
+    printf '%s\t%s\t%s\n' "$envname" "$wait" "$line" >>"$results"
+    echo "run.sh: [$envname t=$t] $line" >&2
+    LAST_JSON=$line
+}
+tok_s() { "$py" -c 'import json,sys; print(json.loads(sys.argv[1])["tokens_per_s"])' "$1"; }
+
+# ---- ctrain's OMP_WAIT_POLICY ----------------------------------------------------------
+max_t=1
+for t in $thread_list; do [ "$t" -gt "$max_t" ] && max_t=$t; done
+first_cfg=w1 # the cheaper model, whatever --configs says
+best_default=0
+best_passive=0
+for r in 1 2; do
+    for w in default PASSIVE; do
+        # shellcheck disable=SC2086
+        run check "$max_t" "$w" "waitcheck-$w" "$bin" --config "$first_cfg" --threads "$max_t" $steps_check
+        v=$(tok_s "$LAST_JSON")
+        if [ "$w" = PASSIVE ]; then
+            best_passive=$("$py" -c "print(max($best_passive, $v))")
+        else
+            best_default=$("$py" -c "print(max($best_default, $v))")
+        fi
+    done
+done
+if "$py" -c "import sys; sys.exit(0 if $best_passive > $best_default else 1)"; then ctrain_wait=PASSIVE; else ctrain_wait=default; fi
+wait_note="ctrain OMP_WAIT_POLICY check ($first_cfg, $max_t threads, best of 2): unset $best_default tok/s, PASSIVE $best_passive tok/s -> ctrain runs with $([ $ctrain_wait = PASSIVE ] && echo OMP_WAIT_POLICY=PASSIVE || echo OMP_WAIT_POLICY unset)"
+echo "run.sh: $wait_note" >&2
+
+# ---- the grid --------------------------------------------------------------------------
+for envname in "as set" unset; do
+    envkey=$([ "$envname" = unset ] && echo unset || echo as_set)
+    for cfg in $configs; do
+        for t in $thread_list; do
+            # shellcheck disable=SC2086
+            run "$envkey" "$t" PASSIVE "sgemm-$cfg-$t" "$bin" --config "$cfg" --threads "$t" --sgemm $steps_sgemm
+            for r in $(seq 1 $reps); do
+                # shellcheck disable=SC2046
+                run "$envkey" "$t" "$ctrain_wait" "ctrain-$cfg-$t-$r" "$bin" --config "$cfg" --threads "$t" $(steps_for "$cfg")
+                for i in "${!pys[@]}"; do
+                    # shellcheck disable=SC2046
+                    run "$envkey" "$t" PASSIVE "torch${i}-$cfg-$t-$r" "${pys[$i]}" "$here/torch_gpt.py" \
+                        --config "$cfg" --threads "$t" $(steps_for "$cfg")
+                done
+            done
+        done
+    done
+done
+
+# ---- report ----------------------------------------------------------------------------
+report=$logs/table.md
+"$py" - "$results" "$coretype" "$l2size" "$wait_note" "$quick" >"$report" <<'EOF' || die "the report failed (loss check or parsing; see above)"
+import json, math, sys
+
+path, coretype, l2size, wait_note, quick = sys.argv[1:6]
+rows = []
+with open(path) as f:
+    for line in f:
+        env, wait, js = line.rstrip("\n").split("\t", 2)
+        if env == "check":
+            continue
+        d = json.loads(js)
+        d["env"] = "as set" if env == "as_set" else "unset"
+        rows.append(d)
+
+vocab = {"w1": 256, "124m": 50257}
+bad = [r for r in rows if r["loss0"] is not None and abs(r["loss0"] - math.log(vocab[r["config"]])) > 0.5]
+for r in bad:
+    print(f"run.sh: loss0 {r['loss0']} of {r['impl']} ({r['config']}, {r['env']}) is not near "
+          f"ln({vocab[r['config']]}) = {math.log(vocab[r['config']]):.3f}", file=sys.stderr)
+if bad:
+    sys.exit(1)
+
+best = {}  # (env, config, threads, impl) -> the run with the most tokens/s
+for r in rows:
+    k = (r["env"], r["config"], r["threads"], r["impl"])
+    if k not in best or r["tokens_per_s"] > best[k]["tokens_per_s"]:
+        best[k] = r
+torches = []
+for r in rows:
+    if r["impl"].startswith("torch-") and r["impl"] not in torches:
+        torches.append(r["impl"])
+
+def f(x, nd=1):
+    return "-" if x is None else f"{x:.{nd}f}"
+
+print(f"OPENBLAS_CORETYPE as set: {coretype}; OPENBLAS_L2_SIZE as set: {l2size}"
+      " (\"unset\" rows run without both)")
+print(wait_note)
+adamw = sorted({f"{r['impl']}: {r['adamw']}" for r in rows if "adamw" in r})
+print("torch AdamW implementation (fastest in its pre-check): " + "; ".join(adamw))
+print("steps: " + ("--quick (smoke test, not a measurement)" if quick == "1" else
+      "w1 3 warm-up + 20 timed, 124m 2 + 6; median step; best of 2 interleaved runs"))
+print()
+print("| env | config | threads | torch | ctrain tok/s | torch tok/s | ctrain/torch | ctrain GFLOP/s "
+      "| torch GFLOP/s | sgemm ceiling GFLOP/s | ctrain % of ceiling | ctrain peak RSS MiB "
+      "| torch peak RSS MiB | loss0 ctrain / torch |")
+print("|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+seen = []
+for r in rows:
+    k = (r["env"], r["config"], r["threads"])
+    if k not in seen:
+        seen.append(k)
+for env, cfg, t in seen:
+    c = best.get((env, cfg, t, "ctrain"))
+    s = best.get((env, cfg, t, "sgemm"))
+    for tv in torches:
+        p = best.get((env, cfg, t, tv))
+        if not (c and p and s):
+            continue
+        print(f"| {env} | {cfg} | {t} | {tv[6:]} | {f(c['tokens_per_s'], 0)} | {f(p['tokens_per_s'], 0)} "
+              f"| {c['tokens_per_s'] / p['tokens_per_s']:.2f} | {f(c['gflops'])} | {f(p['gflops'])} "
+              f"| {f(s['gflops'])} | {100 * c['gflops'] / s['gflops']:.0f}% | {f(c['peak_rss_mb'], 0)} "
+              f"| {f(p['peak_rss_mb'], 0)} | {c['loss0']:.3f} / {p['loss0']:.3f} |")
+EOF
+cat "$report"
+[ -z "$out" ] || cp "$report" "$out"
+echo "run.sh: logs in $logs" >&2
