@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "core/frame.h"
-#include "tests/data/util.h"
+#include "tests/tmpdir.h"
 #include "core/tensor.h"
 #include "data/dataset.h"
 #include "data/token_dataset.h"

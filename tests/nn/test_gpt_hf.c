@@ -13,7 +13,7 @@
 #include "core/philox.h"
 #include "core/safetensors.h"
 #include "nn/gpt.h"
-#include "tests/data/util.h"
+#include "tests/tmpdir.h"
 
 static const ct_gpt_config tiny = {.vocab_size = 32, .block_size = 16, .n_layer = 2, .n_head = 2, .n_embd = 16};
 

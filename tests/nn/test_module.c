@@ -8,6 +8,7 @@
 #include "core/frame.h"
 #include "core/safetensors.h"
 #include "nn/module.h"
+#include "tests/tmpdir.h"
 
 typedef struct {
     ct_module base;
@@ -51,18 +52,7 @@ static ct_module *make_tree(void)
     return root;
 }
 
-static char tmpdir[64];
-static void setup_dir(void)
-{
-    strcpy(tmpdir, "/tmp/ct_module_XXXXXX");
-    cr_assert_not_null(mkdtemp(tmpdir));
-}
-static void remove_dir(void)
-{
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    cr_assert_eq(system(cmd), 0);
-}
+static void setup_dir(void) { make_tmpdir_with("/tmp/ct_module_"); }
 
 Test(module, names_order_ties_and_counts)
 {
@@ -100,11 +90,10 @@ Test(module, duplicate_and_bad_names_are_errors)
     ct_module_free(root);
 }
 
-Test(module, save_writes_dotted_names_and_values, .init = setup_dir, .fini = remove_dir)
+Test(module, save_writes_dotted_names_and_values, .init = setup_dir, .fini = remove_tmpdir)
 {
     ct_module *root = make_tree();
-    char path[128];
-    snprintf(path, sizeof path, "%s/m.safetensors", tmpdir);
+    const char *path = path_of("m.safetensors");
     cr_assert_eq(ct_module_save(root, path, 1, (const char *[]){"format"}, (const char *[]){"pt"}), CT_OK, "%s",
                  ct_last_error());
     ct_safetensors *f = ct_safetensors_open(path);
@@ -121,11 +110,9 @@ Test(module, save_writes_dotted_names_and_values, .init = setup_dir, .fini = rem
     ct_module_free(root);
 }
 
-Test(module, load_round_trip_strict_and_reports, .init = setup_dir, .fini = remove_dir)
+Test(module, load_round_trip_strict_and_reports, .init = setup_dir, .fini = remove_tmpdir)
 {
-    char path[128], other[128];
-    snprintf(path, sizeof path, "%s/m.safetensors", tmpdir);
-    snprintf(other, sizeof other, "%s/o.safetensors", tmpdir);
+    const char *path = path_of("m.safetensors"), *other = path_of("o.safetensors");
     ct_module *src = make_tree();
     CT_FRAME { ct_tensor_fill_(ct_module_find(src, "h.0.weight"), -4.0); }
     cr_assert_eq(ct_module_save(src, path, 0, NULL, NULL), CT_OK);

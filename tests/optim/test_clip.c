@@ -9,14 +9,7 @@
 #include "core/tensor.h"
 #include "core/threads.h"
 #include "optim/clip.h"
-
-#define ERROR_HAS(s) cr_assert(strstr(ct_last_error(), s), "error \"%s\" lacks \"%s\"", ct_last_error(), s)
-
-static void set_grad(ct_tensor *p, ct_tensor *g)
-{
-    ct_tensor_release(p->grad);
-    p->grad = g ? ct_tensor_retain(g) : NULL;
-}
+#include "tests/optim/util.h"
 
 /* A parameter of g's shape whose grad is a tensor holding vals. */
 static ct_tensor *param_with_grad(ct_dtype dt, int ndim, const int64_t *shape, const double *vals)

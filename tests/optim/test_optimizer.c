@@ -9,13 +9,7 @@
 #include "core/philox.h"
 #include "core/tensor.h"
 #include "optim/optimizer.h"
-
-#define ERROR_HAS(...)                                                                          \
-    do {                                                                                        \
-        const char *want_[] = {__VA_ARGS__};                                                    \
-        for (size_t k_ = 0; k_ < sizeof want_ / sizeof *want_; k_++)                            \
-            cr_assert(strstr(ct_last_error(), want_[k_]), "error \"%s\" lacks \"%s\"", ct_last_error(), want_[k_]); \
-    } while (0)
+#include "tests/optim/util.h"
 
 /* ---- the reference: torch.optim's per-parameter loops, in double ---- */
 
@@ -75,18 +69,6 @@ static double rel_err(const ct_tensor *t, const double *want)
     for (int64_t i = 0; i < ct_tensor_numel(t); i++) num += (a[i] - want[i]) * (a[i] - want[i]), den += want[i] * want[i];
     free(a);
     return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
-static bool same_bits(const ct_tensor *a, const ct_tensor *b)
-{
-    return a->dtype == b->dtype && ct_tensor_same_shape(a, b) &&
-           !memcmp(ct_tensor_data(a), ct_tensor_data(b), ct_tensor_nbytes(a));
-}
-
-static void set_grad(ct_tensor *p, ct_tensor *g)
-{
-    ct_tensor_release(p->grad);
-    p->grad = g ? ct_tensor_retain(g) : NULL;
 }
 
 /* ---- the harness: NP parameters in up to three groups, NSTEPS steps ---- */

@@ -9,8 +9,7 @@
 #include "core/tensor.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
-
-#define ERROR_HAS(s) cr_assert(strstr(ct_last_error(), s), "error \"%s\" lacks \"%s\"", ct_last_error(), s)
+#include "tests/optim/util.h"
 
 static const ct_lr_schedule cosine = {.decay = CT_LR_COSINE, .max_lr = 1, .min_lr = 0.1, .warmup_steps = 10, .total_steps = 110};
 

@@ -13,47 +13,11 @@
 #include "core/safetensors.h"
 #include "core/tensor.h"
 #include "optim/optimizer.h"
+#include "tests/optim/util.h"
+#include "tests/tmpdir.h"
 
-#define ERROR_HAS(...)                                                                          \
-    do {                                                                                        \
-        const char *want_[] = {__VA_ARGS__};                                                    \
-        for (size_t k_ = 0; k_ < sizeof want_ / sizeof *want_; k_++)                            \
-            cr_assert(strstr(ct_last_error(), want_[k_]), "error \"%s\" lacks \"%s\"", ct_last_error(), want_[k_]); \
-    } while (0)
-
-static bool same_bits(const ct_tensor *a, const ct_tensor *b)
-{
-    return a && b && a->dtype == b->dtype && ct_tensor_same_shape(a, b) &&
-           !memcmp(ct_tensor_data(a), ct_tensor_data(b), ct_tensor_nbytes(a));
-}
-
-static void set_grad(ct_tensor *p, ct_tensor *g)
-{
-    ct_tensor_release(p->grad);
-    p->grad = g ? ct_tensor_retain(g) : NULL;
-}
-
-/* A directory for this test's files, removed by tmp_cleanup. */
-static char tmpdir[64];
-static void tmp_setup(void)
-{
-    strcpy(tmpdir, "/tmp/ct_optim_state_XXXXXX");
-    cr_assert_not_null(mkdtemp(tmpdir));
-}
-static void tmp_cleanup(void)
-{
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    cr_assert_eq(system(cmd), 0);
-}
-static const char *tmp_path(const char *name)
-{
-    static char buf[4][128];
-    static int k;
-    k = (k + 1) % 4;
-    snprintf(buf[k], sizeof buf[k], "%s/%s", tmpdir, name);
-    return buf[k];
-}
+/* Each test's files go in a fresh directory, removed by remove_tmpdir. */
+static void tmp_setup(void) { make_tmpdir_with("/tmp/ct_optim_state_"); }
 
 /* ---- the run: 4 parameters in two groups; parameter 3 never gets a gradient ---- */
 
@@ -96,7 +60,8 @@ static void run(ct_optimizer *o, ct_tensor **p, ct_tensor *G[NSTEPS][NP], int fr
     }
 }
 
-static void make_params(ct_tensor **p)
+/* NP normal tensors with the parameters' dtypes and shapes: parameters, or one step's gradients. */
+static void randn_set(ct_tensor **p)
 {
     for (int i = 0; i < NP; i++) p[i] = ct_tensor_randn(dtypes[i], 2, shapes[i], 0, 1);
 }
@@ -128,16 +93,15 @@ static void assert_same_state(const ct_optimizer *a, const ct_optimizer *b, int 
 
 /* 6 steps straight == 3 steps, save, load into a fresh optimizer (built with other
  * hyper-parameters) over copies of the parameters, 3 more steps: bit for bit. */
-Test(optim_state, resume_is_bitwise, .init = tmp_setup, .fini = tmp_cleanup)
+Test(optim_state, resume_is_bitwise, .init = tmp_setup, .fini = remove_tmpdir)
 {
     for (int kind = 0; kind < NKINDS; kind++) {
         ct_set_seed(100 + (uint64_t)kind);
         CT_FRAME {
             ct_tensor *G[NSTEPS][NP];
-            for (int s = 0; s < NSTEPS; s++)
-                for (int i = 0; i < NP; i++) G[s][i] = ct_tensor_randn(dtypes[i], 2, shapes[i], 0, 1);
+            for (int s = 0; s < NSTEPS; s++) randn_set(G[s]);
             ct_tensor *pa[NP], *pb[NP], *pc[NP];
-            make_params(pa);
+            randn_set(pa);
             clone_params(pb, pa);
 
             ct_optimizer *a = make(kind, pa, 0);
@@ -145,7 +109,7 @@ Test(optim_state, resume_is_bitwise, .init = tmp_setup, .fini = tmp_cleanup)
 
             ct_optimizer *b = make(kind, pb, 0);
             run(b, pb, G, 0, 3);
-            const char *path = tmp_path("opt.safetensors");
+            const char *path = path_of("opt.safetensors");
             cr_assert_eq(ct_optimizer_save(b, path), CT_OK, "%s", ct_last_error());
             clone_params(pc, pb);
             ct_optimizer *c = make(kind, pc, 1);
@@ -159,18 +123,17 @@ Test(optim_state, resume_is_bitwise, .init = tmp_setup, .fini = tmp_cleanup)
     }
 }
 
-Test(optim_state, file_layout, .init = tmp_setup, .fini = tmp_cleanup)
+Test(optim_state, file_layout, .init = tmp_setup, .fini = remove_tmpdir)
 {
     ct_set_seed(7);
     CT_FRAME {
         ct_tensor *G[NSTEPS][NP];
-        for (int s = 0; s < NSTEPS; s++)
-            for (int i = 0; i < NP; i++) G[s][i] = ct_tensor_randn(dtypes[i], 2, shapes[i], 0, 1);
+        for (int s = 0; s < NSTEPS; s++) randn_set(G[s]);
         ct_tensor *p[NP];
-        make_params(p);
+        randn_set(p);
         ct_optimizer *o = make(ADAMW, p, 0);
         run(o, p, G, 0, 3);
-        const char *path = tmp_path("layout.safetensors");
+        const char *path = path_of("layout.safetensors");
         cr_assert_eq(ct_optimizer_save(o, path), CT_OK, "%s", ct_last_error());
         ct_safetensors *f = ct_safetensors_open(path);
         cr_assert_not_null(f, "%s", ct_last_error());
@@ -191,8 +154,8 @@ Test(optim_state, file_layout, .init = tmp_setup, .fini = tmp_cleanup)
         /* a fresh optimizer's file has no tensors and loads */
         ct_tensor *q = ct_tensor_zeros(CT_DTYPE_F32, CT_SHAPE(2));
         ct_optimizer *e = ct_sgd_new(1, &q, NULL), *e2 = ct_sgd_new(1, &q, &(ct_sgd_config){.lr = 5});
-        cr_assert_eq(ct_optimizer_save(e, tmp_path("empty.safetensors")), CT_OK, "%s", ct_last_error());
-        cr_assert_eq(ct_optimizer_load(e2, tmp_path("empty.safetensors")), CT_OK, "%s", ct_last_error());
+        cr_assert_eq(ct_optimizer_save(e, path_of("empty.safetensors")), CT_OK, "%s", ct_last_error());
+        cr_assert_eq(ct_optimizer_load(e2, path_of("empty.safetensors")), CT_OK, "%s", ct_last_error());
         cr_assert_eq(ct_optimizer_lr(e2), 1e-3);
         cr_assert_neq(ct_optimizer_save(o, tmpdir), CT_OK); /* a directory: the writer's error */
         ERROR_HAS("optimizer_save");
@@ -226,18 +189,17 @@ static void resave_with_extra(const char *src, const char *dst, const char *extr
 }
 
 /* Each bad file: an error naming what does not match, and the optimizer unchanged. */
-Test(optim_state, load_errors_change_nothing, .init = tmp_setup, .fini = tmp_cleanup)
+Test(optim_state, load_errors_change_nothing, .init = tmp_setup, .fini = remove_tmpdir)
 {
     ct_set_seed(9);
     CT_FRAME {
         ct_tensor *G[NSTEPS][NP];
-        for (int s = 0; s < NSTEPS; s++)
-            for (int i = 0; i < NP; i++) G[s][i] = ct_tensor_randn(dtypes[i], 2, shapes[i], 0, 1);
+        for (int s = 0; s < NSTEPS; s++) randn_set(G[s]);
         ct_tensor *p[NP];
-        make_params(p);
+        randn_set(p);
         ct_optimizer *o = make(ADAM, p, 0);
         run(o, p, G, 0, 3);
-        const char *good = tmp_path("good.safetensors");
+        const char *good = path_of("good.safetensors");
         cr_assert_eq(ct_optimizer_save(o, good), CT_OK, "%s", ct_last_error());
 
         /* the target: stepped once, so there is state to keep intact */
@@ -289,10 +251,10 @@ Test(optim_state, load_errors_change_nothing, .init = tmp_setup, .fini = tmp_cle
         ct_optimizer_free(wd);
 
         /* missing, corrupt and truncated files, and a safetensors file that is not optimizer state */
-        cr_assert_neq(ct_optimizer_load(t, tmp_path("missing.safetensors")), CT_OK);
+        cr_assert_neq(ct_optimizer_load(t, path_of("missing.safetensors")), CT_OK);
         ERROR_HAS("optimizer_load", "missing.safetensors");
         EXPECT_UNCHANGED();
-        const char *bad = tmp_path("bad.safetensors");
+        const char *bad = path_of("bad.safetensors");
         write_bytes(bad, "this is not a safetensors file at all", 37);
         cr_assert_neq(ct_optimizer_load(t, bad), CT_OK);
         ERROR_HAS("optimizer_load", "bad.safetensors");

@@ -3,7 +3,7 @@
  * independent PyTorch implementation (tests/reference/gpt_torch.py) that builds
  * the same model from the safetensors file ctrain wrote.
  *
- * ctrain writes, into a fresh temporary directory:
+ * ctrain writes, into a fresh temporary directory (tests/tmpdir.h):
  *   model.safetensors    the initial state dict (HF GPT-2 names, [in, out] Conv1D layout)
  *   batch.safetensors    x, y: i64 (B, T)
  *   ctrain.safetensors   logits (B, T, V) and grad.<name> of the first step, before
@@ -35,6 +35,7 @@
 #include "nn/gpt.h"
 #include "optim/clip.h"
 #include "optim/optimizer.h"
+#include "tests/tmpdir.h"
 
 extern char **environ;
 
@@ -47,15 +48,6 @@ extern char **environ;
  * anything, and the unused position rows get zero gradients but still decay. */
 static const ct_gpt_config ref_cfg = {.vocab_size = 67, .block_size = 24, .n_layer = 2, .n_head = 2, .n_embd = 32};
 static const double ref_lr = 1e-3, ref_wd = 0.1, ref_beta2 = 0.95;
-
-static char *path_join(const char *dir, const char *name)
-{
-    size_t n = strlen(dir) + strlen(name) + 2;
-    char *p = malloc(n);
-    cr_assert_not_null(p);
-    snprintf(p, n, "%s/%s", dir, name);
-    return p;
-}
 
 /* Runs argv with a wall-clock limit; returns the exit status, or -1 when it
  * could not start, was killed by a signal or ran out of time (then killed). */
@@ -112,15 +104,13 @@ static ct_tensor *random_tokens(ct_rng *rng)
     return t;
 }
 
-/* Trains REF_STEPS steps and writes the three files into dir. */
-static void write_ctrain_side(const char *dir)
+/* Trains REF_STEPS steps and writes the three files into tmpdir. */
+static void write_ctrain_side(void)
 {
     ct_set_seed(20240520);
     ct_gpt *m = ct_gpt_new(&ref_cfg);
     cr_assert_not_null(m, "%s", ct_last_error());
-    char *model_path = path_join(dir, "model.safetensors");
-    cr_assert_eq(ct_module_save(&m->base, model_path, 0, NULL, NULL), CT_OK, "%s", ct_last_error());
-    free(model_path);
+    cr_assert_eq(ct_module_save(&m->base, path_of("model.safetensors"), 0, NULL, NULL), CT_OK, "%s", ct_last_error());
 
     ct_param_list pl;
     cr_assert_eq(ct_module_named_tensors(&m->base, false, &pl), CT_OK);
@@ -145,11 +135,9 @@ static void write_ctrain_side(const char *dir)
         ct_rng rng;
         ct_rng_init(&rng, 7);
         ct_tensor *x = random_tokens(&rng), *y = random_tokens(&rng);
-        char *batch_path = path_join(dir, "batch.safetensors");
-        cr_assert_eq(ct_safetensors_save(batch_path, 2, (const char *const[]){"x", "y"}, (ct_tensor *const[]){x, y},
+        cr_assert_eq(ct_safetensors_save(path_of("batch.safetensors"), 2, (const char *const[]){"x", "y"}, (ct_tensor *const[]){x, y},
                                          0, NULL, NULL),
                      CT_OK, "%s", ct_last_error());
-        free(batch_path);
 
         for (int step = 0; step < REF_STEPS; step++) {
             ct_optimizer_zero_grad(opt);
@@ -183,10 +171,8 @@ static void write_ctrain_side(const char *dir)
             names[n] = strdup(buf), outs[n++] = pl.tensors[i];
         }
         cr_assert_leq(n, cap);
-        char *out_path = path_join(dir, "ctrain.safetensors");
-        cr_assert_eq(ct_safetensors_save(out_path, n, (const char *const *)names, outs, 0, NULL, NULL), CT_OK, "%s",
+        cr_assert_eq(ct_safetensors_save(path_of("ctrain.safetensors"), n, (const char *const *)names, outs, 0, NULL, NULL), CT_OK, "%s",
                      ct_last_error());
-        free(out_path);
     }
     for (int i = 0; i < n; i++) free(names[i]);
     free(names);
@@ -215,34 +201,27 @@ static int compare_with_torch(const char *perturb)
     const char *py = find_python();
     cr_assert_not_null(py, "no python3 can import torch: the test setup installs Debian's python3-torch "
                            "(tools/setup.sh); set CT_PYTHON to an interpreter that has it");
-    char dir[] = "/tmp/ctrain-ref-XXXXXX";
-    cr_assert_not_null(mkdtemp(dir));
-    write_ctrain_side(dir);
+    write_ctrain_side();
     char lr[32], wd[32], b2[32];
     snprintf(lr, sizeof lr, "%.17g", ref_lr);
     snprintf(wd, sizeof wd, "%.17g", ref_wd);
     snprintf(b2, sizeof b2, "%.17g", ref_beta2);
-    char *argv[16] = {(char *)py, (char *)torch_script(), "--dir", dir, "--lr", lr, "--weight_decay", wd,
+    char *argv[16] = {(char *)py, (char *)torch_script(), "--dir", tmpdir, "--lr", lr, "--weight_decay", wd,
                       "--beta2", b2, "--n_head", "2", NULL};
     if (perturb) argv[12] = "--perturb", argv[13] = (char *)perturb, argv[14] = NULL;
-    int rc = run_with_timeout(argv, REF_TIMEOUT_S);
-    const char *files[] = {"model.safetensors", "batch.safetensors", "ctrain.safetensors"};
-    for (int i = 0; i < 3; i++) {
-        char *p = path_join(dir, files[i]);
-        unlink(p);
-        free(p);
-    }
-    rmdir(dir);
-    return rc;
+    return run_with_timeout(argv, REF_TIMEOUT_S);
 }
 
-Test(reference, gpt_matches_pytorch, .timeout = 300)
+static void setup(void) { make_tmpdir_with("/tmp/ctrain-ref-"); }
+TestSuite(reference, .init = setup, .fini = remove_tmpdir, .timeout = 300);
+
+Test(reference, gpt_matches_pytorch)
 {
     int rc = compare_with_torch(NULL);
     cr_assert_eq(rc, 0, "gpt_torch.py exited %d: ctrain and PyTorch disagree (see its output above)", rc);
 }
 
-Test(reference, perturbed_weight_is_caught, .timeout = 300)
+Test(reference, perturbed_weight_is_caught)
 {
     int rc = compare_with_torch("h.1.mlp.c_fc.weight");
     cr_assert_eq(rc, 1, "with a perturbed weight gpt_torch.py exited %d, expected 1 (a mismatch)", rc);

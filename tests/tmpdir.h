@@ -1,7 +1,7 @@
-/* A per-suite temporary directory for the data tests: created by the suite's
- * init, emptied and removed by its fini (also after a failed test). */
-#ifndef CT_TESTS_DATA_UTIL_H
-#define CT_TESTS_DATA_UTIL_H
+/* A temporary directory for tests that write files: created by a suite's or a
+ * test's init, emptied and removed by its fini (also after a failed test). */
+#ifndef CT_TESTS_TMPDIR_H
+#define CT_TESTS_TMPDIR_H
 
 #include <criterion/criterion.h>
 #include <dirent.h>
