@@ -25,12 +25,13 @@ endif
 VERSION  := 0.1.0
 # sub-makes build in parallel unless the caller already chose -j
 JOBS     := $(if $(findstring j,$(firstword -$(MAKEFLAGS))),,-j$(shell nproc 2>/dev/null || echo 2))
-LIB_DIRS := core kernels kernels/cpu autograd nn optim data
+LIB_DIRS := core kernels kernels/cpu autograd nn optim data dist
 LIB_SRC  := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
 LIB_HDR  := ctrain.h $(filter-out %_internal.h,$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.h)))
 TEST_SRC := $(wildcard tests/*/*.c tests/*/*/*.c)
 BENCH_SRC := $(wildcard bench/*/*.c)
 FUZZ_SRC := $(wildcard fuzz/*.c)
+CLI_SRC  := $(wildcard tools/*.c)
 
 WARN     := -Wall -Wextra -Werror -Wno-unknown-pragmas
 SAN      ?=
@@ -40,16 +41,19 @@ LDLIBS   += -lopenblas -ldnnl -lcjson -luv -lm -lpthread
 
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
+CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 SO       := $(BUILD)/lib/libctrain.so
 AR_LIB   := $(BUILD)/lib/libctrain.a
 TEST_BIN := $(BUILD)/tests/ctrain_tests
+# the `ctrain` command (tools/): launch and the other subcommands
+CLI_BIN  := $(if $(CLI_SRC),$(BUILD)/bin/ctrain)
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
 .PHONY: all setup test asan memcheck fuzz bench bench-gpt install uninstall clean train
 .DEFAULT_GOAL := all
 
 all: setup
-	@$(MAKE) --no-print-directory $(JOBS) $(SO) $(AR_LIB) $(GPT_BIN)
+	@$(MAKE) --no-print-directory $(JOBS) $(SO) $(AR_LIB) $(GPT_BIN) $(CLI_BIN)
 
 setup:
 	@./tools/setup.sh
@@ -66,19 +70,26 @@ $(AR_LIB): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
+$(BUILD)/bin/ctrain: $(CLI_OBJ) $(AR_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_LDFLAGS) -o $@ $(CLI_OBJ) $(AR_LIB) $(LDLIBS)
+
 $(TEST_BIN): $(TEST_OBJ) $(AR_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_LDFLAGS) -o $@ $(TEST_OBJ) $(AR_LIB) -lcriterion $(LDLIBS)
 
 # The suite: one Criterion binary, every test in its own process with a timeout.
-# Criterion's closing "Synthesis" line is the summary CI reads.
+# Criterion's closing "Synthesis" line is the summary CI reads. Tests that run the
+# `ctrain` command find it through CTRAIN_BIN.
 test: setup
-	@$(MAKE) --no-print-directory $(JOBS) $(SO) $(TEST_BIN)
-	$(TEST_BIN) --jobs $${CT_TEST_JOBS:-2}
+	@$(MAKE) --no-print-directory $(JOBS) $(SO) $(TEST_BIN) $(CLI_BIN)
+	CTRAIN_BIN=$(abspath $(BUILD)/bin/ctrain) $(TEST_BIN) --jobs $${CT_TEST_JOBS:-2}
 
 asan: setup
 	@$(MAKE) --no-print-directory $(JOBS) BUILD=build-asan OPT=-O1 build-asan/tests/ctrain_tests \
+	    $(if $(CLI_SRC),build-asan/bin/ctrain) \
 	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
+	CTRAIN_BIN=$(abspath build-asan/bin/ctrain) \
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
 	    tests/run_checked.sh build-asan/tests.log build-asan/tests/ctrain_tests --jobs $${CT_TEST_JOBS:-2}
 
@@ -130,6 +141,7 @@ train: setup
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include/ctrain
+	$(if $(CLI_BIN),install -D -m 755 $(CLI_BIN) $(DESTDIR)$(PREFIX)/bin/ctrain)
 	install -m 644 $(AR_LIB) $(DESTDIR)$(PREFIX)/lib/libctrain.a
 	install -m 755 $(SO) $(DESTDIR)$(PREFIX)/lib/libctrain.so.$(VERSION)
 	ln -sf libctrain.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/libctrain.so.0
@@ -139,9 +151,9 @@ install: all
 
 uninstall:
 	rm -rf $(DESTDIR)$(PREFIX)/include/ctrain $(DESTDIR)$(PREFIX)/lib/pkgconfig/ctrain.pc
-	rm -f $(DESTDIR)$(PREFIX)/lib/libctrain.a $(DESTDIR)$(PREFIX)/lib/libctrain.so*
+	rm -f $(DESTDIR)$(PREFIX)/lib/libctrain.a $(DESTDIR)$(PREFIX)/lib/libctrain.so* $(DESTDIR)$(PREFIX)/bin/ctrain
 
 clean:
 	rm -rf build build-asan
 
--include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(GPT_BIN).d
+-include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(GPT_BIN).d

@@ -165,9 +165,28 @@ static ct_status run_hooks(ct_tensor *leaf)
     return CT_OK;
 }
 
-/* leaf.grad += g (a fresh owned copy the first time). */
-static ct_status accumulate_leaf(ct_tensor *leaf, ct_tensor *g)
+/* True when t has exactly `refs` references, nothing else views its storage and it is
+ * dense: then whoever holds those references may keep t, or write into it, without
+ * anyone else seeing the change. Backward functions return fresh tensors (one
+ * reference, the node's frame) or borrowed/shared ones (more references, or a
+ * shared storage), so this tells the two apart. */
+static bool sole_owner(const ct_tensor *t, int refs)
 {
+    return __atomic_load_n(&t->refcount, __ATOMIC_ACQUIRE) == refs && t->storage &&
+           __atomic_load_n(&t->storage->refcount, __ATOMIC_ACQUIRE) == 1 && ct_tensor_is_contiguous(t) &&
+           !t->requires_grad;
+}
+
+/* leaf.grad += g. The first time, leaf.grad becomes g itself when g is a fresh
+ * tensor nobody else holds and that goes nowhere else (exclusive), which saves a
+ * copy of every parameter's gradient per step; else an owned copy. Either way the
+ * leaf's .grad is its own, so later calls add into it in place. */
+static ct_status accumulate_leaf(ct_tensor *leaf, ct_tensor *g, bool exclusive)
+{
+    if (!leaf->grad && exclusive && sole_owner(g, 1) && ct_device_equal(g->device, leaf->device)) {
+        leaf->grad = ct_tensor_retain(g);
+        return CT_OK;
+    }
     if (!leaf->grad) {
         ct_tensor *c = ct_tensor_clone(g);
         if (!c) return ct_last_status();
@@ -177,7 +196,8 @@ static ct_status accumulate_leaf(ct_tensor *leaf, ct_tensor *g)
     return ct_kernel_binary_out(CT_BINARY_ADD, leaf->grad, leaf->grad, g);
 }
 
-static ct_status deliver(pass_state *s, ct_node *from, int i, ct_tensor *g)
+/* exclusive: g is not also the gradient of another input of `from`. */
+static ct_status deliver(pass_state *s, ct_node *from, int i, ct_tensor *g, bool exclusive)
 {
     ct_edge *e = &from->edges[i];
     const ct_tensor *meta = &from->meta[i];
@@ -190,6 +210,9 @@ static ct_status deliver(pass_state *s, ct_node *from, int i, ct_tensor *g)
         if (g) {
             if (!c->grad) {
                 c->grad = ct_tensor_retain(g);
+            } else if (sole_owner(c->grad, 1)) { /* only the engine holds it: sum in place */
+                ct_status st = ct_kernel_binary_out(CT_BINARY_ADD, c->grad, c->grad, g);
+                if (st) return st;
             } else {
                 ct_tensor *sum = ct_kernel_binary(CT_BINARY_ADD, c->grad, g);
                 if (!sum) return ct_last_status();
@@ -202,7 +225,7 @@ static ct_status deliver(pass_state *s, ct_node *from, int i, ct_tensor *g)
     }
     if (e->leaf) {
         if (g) {
-            ct_status st = accumulate_leaf(e->leaf, g);
+            ct_status st = accumulate_leaf(e->leaf, g, exclusive);
             if (st) return st;
         }
         leaf_count *lc = find_leaf(s, e->leaf);
@@ -224,7 +247,10 @@ static ct_status run_node(pass_state *s, ct_node *n, bool retain_graph)
     }
     for (int i = 0; i < n->ninputs && !st; i++) {
         if (!n->needs_grad[i]) continue;
-        st = deliver(s, n, i, gx[i]);
+        bool exclusive = true;
+        for (int j = 0; j < n->ninputs; j++)
+            if (j != i && gx[j] == gx[i]) exclusive = false;
+        st = deliver(s, n, i, gx[i], exclusive);
     }
     ct_tensor_release(n->grad);
     n->grad = NULL;
@@ -268,7 +294,7 @@ ct_status ct_backward_with(ct_tensor *root, const ct_tensor *grad, const ct_back
         goto out;
     }
     if (!root->grad_fn) { /* backward on a leaf itself */
-        st = accumulate_leaf(root, seed);
+        st = accumulate_leaf(root, seed, true);
         if (!st) st = run_hooks(root);
         goto out;
     }

@@ -7,6 +7,7 @@
 #include "autograd/node.h"
 #include "core/frame.h"
 #include "kernels/attention.h"
+#include "kernels/dispatch.h"
 #include "kernels/dropout.h"
 #include "kernels/embedding.h"
 #include "kernels/loss.h"
@@ -290,6 +291,76 @@ ct_tensor *ct_attention(ct_tensor *q, ct_tensor *k, ct_tensor *v, bool causal, d
     c->scale = scale;
     ct_status st = CT_OK;
     for (int i = 0; i < 3 && !st; i++) st = ct_node_save(n, in[i], false);
+    if (!st) st = ct_node_save(n, out, true);
+    if (!st) st = ct_node_save(n, lse, false);
+    return finish(n, st, out);
+}
+
+/* ---- attention on a fused qkv projection ----------------------------------------------------- */
+
+typedef struct {
+    bool causal;
+    double scale;
+    int64_t n_head;
+} attention_qkv_ctx;
+
+/* Columns [off, off + C) of x (B,T,W), split into H heads of D = C/H, as a (B,H,T,D)
+ * view: element (b,h,t,d) = x[b, t, off + h*D + d]. x must be contiguous. */
+static ct_tensor *heads_view(ct_tensor *x, int64_t off, int64_t C, int64_t H)
+{
+    const int64_t B = x->shape[0], T = x->shape[1];
+    return ct_tensor_transpose(ct_tensor_view(ct_tensor_narrow(x, 2, off, C), CT_SHAPE(B, T, H, C / H)), 1, 2);
+}
+
+// input qkv (B,T,3C); saved qkv, out (B,T,C), lse (B,H,T). The kernel writes dq, dk, dv
+// straight into the three column blocks of one (B,T,3C) gradient (every element).
+static ct_status attention_qkv_backward(ct_node *n, ct_tensor *gy, ct_tensor **gx)
+{
+    const attention_qkv_ctx *c = ct_node_ctx(n);
+    ct_tensor *qkv = ct_tensor_contiguous(ct_node_saved(n, 0)), *g = ct_tensor_contiguous(gy);
+    if (!qkv || !g) return ct_last_status();
+    const int64_t C = qkv->shape[2] / 3, H = c->n_head;
+    ct_tensor *dx = ct_tensor_empty_on(qkv->device, qkv->dtype, qkv->ndim, qkv->shape);
+    if (!dx) return ct_last_status();
+    ct_status st = ct_kernel_attention_backward_into(
+        heads_view(g, 0, C, H), heads_view(qkv, 0, C, H), heads_view(qkv, C, C, H), heads_view(qkv, 2 * C, C, H),
+        heads_view(ct_node_saved(n, 1), 0, C, H), ct_node_saved(n, 2), c->causal, c->scale, heads_view(dx, 0, C, H),
+        heads_view(dx, C, C, H), heads_view(dx, 2 * C, C, H));
+    if (st) return st;
+    gx[0] = dx;
+    return CT_OK;
+}
+
+ct_tensor *ct_attention_qkv(ct_tensor *qkv, int64_t n_head, bool causal, double scale)
+{
+    if (!qkv) return NULL;
+    char d[200];
+    if (qkv->ndim != 3 || n_head < 1 || qkv->shape[2] < 3 || qkv->shape[2] % (3 * n_head) != 0) {
+        ct_error_set(CT_ERR_INVALID,
+                     "attention_qkv: qkv %s must be (B, T, 3C) with C a multiple of n_head = %lld (C >= 1)",
+                     ct_tensor_describe(qkv, d, sizeof d), (long long)n_head);
+        return NULL;
+    }
+    const int64_t B = qkv->shape[0], T = qkv->shape[1], C = qkv->shape[2] / 3, H = n_head;
+    ct_tensor *x = ct_tensor_contiguous(qkv);
+    ct_tensor *out = ct_tensor_empty_on(qkv->device, qkv->dtype, CT_SHAPE(B, T, C));
+    bool need = ct_autograd_needed(1, (const ct_tensor *const *)&qkv);
+    ct_tensor *lse = need ? ct_tensor_empty_on(qkv->device, ct_kernel_stat_dtype(qkv->dtype), CT_SHAPE(B, H, T)) : NULL;
+    if (!x || !out || (need && !lse)) return NULL;
+    if (ct_kernel_attention_into(heads_view(x, 0, C, H), heads_view(x, C, C, H), heads_view(x, 2 * C, C, H), causal,
+                                 scale, heads_view(out, 0, C, H), lse)) {
+        ct_error_prefix("attention_qkv (qkv %s, n_head %lld): ", ct_tensor_describe(qkv, d, sizeof d),
+                        (long long)n_head);
+        return NULL;
+    }
+    if (!need) return out;
+    ct_node *n = ct_node_new("attention_qkv", attention_qkv_backward, 1, &qkv);
+    if (!n) return NULL;
+    attention_qkv_ctx *c = ct_node_ctx(n);
+    c->causal = causal;
+    c->scale = scale;
+    c->n_head = n_head;
+    ct_status st = ct_node_save(n, qkv, false);
     if (!st) st = ct_node_save(n, out, true);
     if (!st) st = ct_node_save(n, lse, false);
     return finish(n, st, out);

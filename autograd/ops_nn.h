@@ -60,4 +60,14 @@ ct_tensor *ct_cross_entropy(ct_tensor *logits, ct_tensor *targets, int64_t ignor
  * recomputes the probabilities blockwise (kernels/attention.h). */
 ct_tensor *ct_attention(ct_tensor *q, ct_tensor *k, ct_tensor *v, bool causal, double scale);
 
+/* The same on a fused projection, as GPT-2's c_attn produces it: qkv (B,T,3C) holds
+ * q, k, v in column blocks [0,C), [C,2C), [2C,3C), each split into n_head heads of
+ * D = C/n_head (head h = columns h*D..h*D+D-1 of its block) -> out (B,T,C) with the
+ * heads side by side. Equals narrowing qkv, viewing each block as (B,T,H,D),
+ * transposing to (B,H,T,D), ct_attention, and merging the heads back, but without
+ * the copies: the kernel reads the heads in place, writes the output heads into
+ * (B,T,C) and, in backward, dq, dk, dv into one (B,T,3C) gradient. Saves qkv, out
+ * and the (B,H,T) logsumexp. */
+ct_tensor *ct_attention_qkv(ct_tensor *qkv, int64_t n_head, bool causal, double scale);
+
 #endif

@@ -28,6 +28,8 @@ const char *ct_status_str(ct_status st)
     case CT_ERR_FORMAT: return "bad format";
     case CT_ERR_UNSUPPORTED: return "unsupported";
     case CT_ERR_INTERNAL: return "internal error";
+    case CT_ERR_TIMEOUT: return "timed out";
+    case CT_ERR_PEER: return "peer failure";
     }
     return "unknown status";
 }

@@ -21,6 +21,8 @@ typedef enum ct_status {
     CT_ERR_FORMAT,      /* a file or message does not follow its format */
     CT_ERR_UNSUPPORTED, /* valid request this build or machine cannot do */
     CT_ERR_INTERNAL,    /* a library call failed unexpectedly */
+    CT_ERR_TIMEOUT,     /* a peer, the store or a collective did not answer in time */
+    CT_ERR_PEER,        /* another rank failed, disconnected or disagreed (desync) */
 } ct_status;
 
 /* The message of the last failure on this thread; "" when none. Borrowed. */

@@ -37,28 +37,55 @@ static ct_status attention_check(const char *op, const ct_tensor *q, const ct_te
     return ct_kernel_same_device(op, ts, 3);
 }
 
+/* t is (d0, d1, d2, d3) with the given dtype and q's device, any strides. */
+static ct_status attention_check_result(const char *op, const char *what, const ct_tensor *t, const ct_tensor *q,
+                                        int ndim, const int64_t *want, ct_dtype dt)
+{
+    char a[200], b[200];
+    bool ok = t && t->ndim == ndim && t->dtype == dt && ct_device_equal(t->device, q->device);
+    for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == want[i];
+    if (ok) return CT_OK;
+    if (!t) return ct_error_set(CT_ERR_INVALID, "%s: NULL %s", op, what);
+    char w[96];
+    int n = snprintf(w, sizeof w, "(%lld,%lld,%lld", (long long)want[0], (long long)want[1], (long long)want[2]);
+    snprintf(w + n, sizeof w - (size_t)n, ndim == 4 ? ",%lld)" : ")", ndim == 4 ? (long long)want[3] : 0LL);
+    ct_tensor_describe(t, a, sizeof a), ct_tensor_describe(q, b, sizeof b);
+    return ct_error_set(CT_ERR_INVALID, "%s: %s is %s; q %s needs it %s %s on q's device", op, what, a, b, w,
+                        ct_dtype_name(dt));
+}
+
+ct_status ct_kernel_attention_into(const ct_tensor *q, const ct_tensor *k, const ct_tensor *v, bool causal,
+                                   double scale, ct_tensor *out, ct_tensor *lse)
+{
+    const char *op = "attention";
+    if (!q || !k || !v) return ct_last_status() ? ct_last_status() : ct_error_set(CT_ERR_INVALID, "%s: NULL input", op);
+    ct_status st = attention_check(op, q, k, v, scale);
+    if (st) return st;
+    const int64_t want[4] = {q->shape[0], q->shape[1], q->shape[2], v->shape[3]};
+    if ((st = attention_check_result(op, "out", out, q, 4, want, q->dtype))) return st;
+    if (lse && (st = attention_check_result(op, "lse", lse, q, 3, want, ct_kernel_stat_dtype(q->dtype)))) return st;
+    ct_attention_fn fn = attention_impl[q->device.type];
+    if (!fn) return ct_kernel_unavailable(op, q->device);
+    return fn(q, k, v, causal, scale, out, lse);
+}
+
 ct_tensor *ct_kernel_attention(const ct_tensor *q, const ct_tensor *k, const ct_tensor *v, bool causal,
                                double scale, ct_tensor **lse)
 {
     if (!q || !k || !v) return NULL;
     if (attention_check("attention", q, k, v, scale)) return NULL;
     const int64_t B = q->shape[0], H = q->shape[1], T = q->shape[2], Dv = v->shape[3];
-    ct_attention_fn fn = attention_impl[q->device.type];
-    if (!fn) {
-        ct_kernel_unavailable("attention", q->device);
-        return NULL;
-    }
     ct_tensor *out = ct_tensor_empty_on(q->device, q->dtype, CT_SHAPE(B, H, T, Dv));
     ct_tensor *l = lse ? ct_tensor_empty_on(q->device, ct_kernel_stat_dtype(q->dtype), CT_SHAPE(B, H, T)) : NULL;
     if (!out || (lse && !l)) return NULL;
-    if (fn(q, k, v, causal, scale, out, l)) return NULL;
+    if (ct_kernel_attention_into(q, k, v, causal, scale, out, l)) return NULL;
     if (lse) *lse = l;
     return out;
 }
 
-ct_status ct_kernel_attention_backward(const ct_tensor *dout, const ct_tensor *q, const ct_tensor *k,
-                                       const ct_tensor *v, const ct_tensor *out, const ct_tensor *lse, bool causal,
-                                       double scale, ct_tensor **dq, ct_tensor **dk, ct_tensor **dv)
+ct_status ct_kernel_attention_backward_into(const ct_tensor *dout, const ct_tensor *q, const ct_tensor *k,
+                                            const ct_tensor *v, const ct_tensor *out, const ct_tensor *lse,
+                                            bool causal, double scale, ct_tensor *dq, ct_tensor *dk, ct_tensor *dv)
 {
     const char *op = "attention_backward";
     if (!dout || !q || !k || !v || !out || !lse) {
@@ -66,7 +93,6 @@ ct_status ct_kernel_attention_backward(const ct_tensor *dout, const ct_tensor *q
             return ct_error_set(CT_ERR_INVALID, "%s: NULL tensor among dout, q, k, v, out, lse", op);
         return ct_last_status();
     }
-    if (!dq || !dk || !dv) return ct_error_set(CT_ERR_INVALID, "%s: NULL result pointer for dq, dk or dv", op);
     ct_status st = attention_check(op, q, k, v, scale);
     if (st) return st;
     const int64_t B = q->shape[0], H = q->shape[1], T = q->shape[2], Dv = v->shape[3];
@@ -89,11 +115,26 @@ ct_status ct_kernel_attention_backward(const ct_tensor *dout, const ct_tensor *q
     if ((st = ct_kernel_same_device(op, ts, 6))) return st;
     ct_attention_backward_fn fn = attention_backward_impl[q->device.type];
     if (!fn) return ct_kernel_unavailable(op, q->device);
+    if ((st = attention_check_result(op, "dq", dq, q, 4, q->shape, q->dtype)) ||
+        (st = attention_check_result(op, "dk", dk, q, 4, k->shape, q->dtype)) ||
+        (st = attention_check_result(op, "dv", dv, q, 4, v->shape, q->dtype)))
+        return st;
+    return fn(dout, q, k, v, out, lse, causal, scale, dq, dk, dv);
+}
+
+ct_status ct_kernel_attention_backward(const ct_tensor *dout, const ct_tensor *q, const ct_tensor *k,
+                                       const ct_tensor *v, const ct_tensor *out, const ct_tensor *lse, bool causal,
+                                       double scale, ct_tensor **dq, ct_tensor **dk, ct_tensor **dv)
+{
+    if (!dq || !dk || !dv)
+        return ct_error_set(CT_ERR_INVALID, "attention_backward: NULL result pointer for dq, dk or dv");
+    if (!q || !k || !v) return ct_kernel_attention_backward_into(dout, q, k, v, out, lse, causal, scale, NULL, NULL, NULL);
     ct_tensor *gq = ct_tensor_empty_on(q->device, q->dtype, q->ndim, q->shape);
     ct_tensor *gk = ct_tensor_empty_on(k->device, k->dtype, k->ndim, k->shape);
     ct_tensor *gv = ct_tensor_empty_on(v->device, v->dtype, v->ndim, v->shape);
     if (!gq || !gk || !gv) return ct_last_status();
-    if ((st = fn(dout, q, k, v, out, lse, causal, scale, gq, gk, gv))) return st;
+    ct_status st = ct_kernel_attention_backward_into(dout, q, k, v, out, lse, causal, scale, gq, gk, gv);
+    if (st) return st;
     *dq = gq, *dk = gk, *dv = gv;
     return CT_OK;
 }

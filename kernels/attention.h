@@ -23,11 +23,11 @@
 #include "core/tensor.h"
 
 /* Device function types for the dispatch tables. out (B,H,T,Dv) and lse (B,H,T)
- * are contiguous tensors made by the caller (lse may be NULL: not written);
- * every argument has been checked. */
+ * are made by the caller, any strides (lse may be NULL: not written); every
+ * argument has been checked. */
 typedef ct_status (*ct_attention_fn)(const ct_tensor *q, const ct_tensor *k, const ct_tensor *v,
                                      bool causal, double scale, ct_tensor *out, ct_tensor *lse);
-/* dq, dk, dv are contiguous, same shapes and dtype as q, k, v; overwritten. */
+/* dq, dk, dv: same shapes and dtype as q, k, v, any strides; overwritten. */
 typedef ct_status (*ct_attention_backward_fn)(const ct_tensor *dout, const ct_tensor *q,
                                               const ct_tensor *k, const ct_tensor *v,
                                               const ct_tensor *out, const ct_tensor *lse,
@@ -41,6 +41,12 @@ typedef ct_status (*ct_attention_backward_fn)(const ct_tensor *dout, const ct_te
 ct_tensor *ct_kernel_attention(const ct_tensor *q, const ct_tensor *k, const ct_tensor *v,
                                bool causal, double scale, ct_tensor **lse);
 
+/* The same into caller-made tensors of any strides (views into larger buffers, e.g.
+ * the heads of a (B,T,H,D) output): out (B,H,T,Dv) of q's dtype, lse (B,H,T) f32 (f64
+ * for f64 inputs) or NULL. Non-zero status with a message naming the misfit on error. */
+ct_status ct_kernel_attention_into(const ct_tensor *q, const ct_tensor *k, const ct_tensor *v,
+                                   bool causal, double scale, ct_tensor *out, ct_tensor *lse);
+
 /* dq, dk, dv (new references owned by the current frame, same shapes and dtype as
  * q, k, v) from dout (B,H,T,Dv), recomputing the probabilities blockwise from
  * q, k and the forward's lse:
@@ -52,5 +58,13 @@ ct_status ct_kernel_attention_backward(const ct_tensor *dout, const ct_tensor *q
                                        const ct_tensor *out, const ct_tensor *lse, bool causal,
                                        double scale, ct_tensor **dq, ct_tensor **dk,
                                        ct_tensor **dv);
+
+/* The same into caller-made dq, dk, dv (shapes and dtype of q, k, v; any strides, e.g.
+ * the three column blocks of one (B,T,3C) gradient); every element is overwritten. */
+ct_status ct_kernel_attention_backward_into(const ct_tensor *dout, const ct_tensor *q,
+                                            const ct_tensor *k, const ct_tensor *v,
+                                            const ct_tensor *out, const ct_tensor *lse,
+                                            bool causal, double scale, ct_tensor *dq,
+                                            ct_tensor *dk, ct_tensor *dv);
 
 #endif

@@ -115,13 +115,8 @@ ct_gpt *ct_gpt_new(const ct_gpt_config *cfg)
 ct_tensor *ct_gpt_attention_forward(ct_gpt_attention *m, ct_tensor *x)
 {
     if (!m || !x) return NULL;
-    int64_t B = x->shape[0], T = x->shape[1], C = m->n_embd, H = m->n_head, D = C / H;
-    ct_tensor *qkv = ct_linear_layer_forward(m->c_attn, x); /* (B, T, 3C) */
-    ct_tensor *heads[3];
-    for (int i = 0; i < 3; i++) /* (B, T, C) slice -> (B, T, H, D) -> (B, H, T, D) */
-        heads[i] = ct_transpose(ct_view(ct_narrow(qkv, -1, i * C, C), CT_SHAPE(B, T, H, D)), 1, 2);
-    ct_tensor *y = ct_attention(heads[0], heads[1], heads[2], true, 0.0); /* (B, H, T, D) */
-    y = ct_reshape(ct_transpose(y, 1, 2), CT_SHAPE(B, T, C));
+    /* (B, T, 3C) -> causal attention over n_head heads, read and written in place -> (B, T, C) */
+    ct_tensor *y = ct_attention_qkv(ct_linear_layer_forward(m->c_attn, x), m->n_head, true, 0.0);
     return ct_dropout_layer_forward(m->resid_dropout, ct_linear_layer_forward(m->c_proj, y));
 }
 

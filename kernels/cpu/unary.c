@@ -14,7 +14,11 @@
  * Stable forms: sigmoid(x) = 1/(1+e) for x >= 0 and e/(1+e) for x < 0 with
  * e = exp(-|x|), so exp never overflows; 0.5(1 + tanh(u)) = sigmoid(2u), so
  * GELU-tanh's left tail keeps its relative precision; GELU-erf uses erfc(-z)
- * for 1 + erf(z) for the same reason. */
+ * for 1 + erf(z) for the same reason. GELU-tanh in f32 takes sigmoid(2u) as
+ * 1/(1 + exp(-2u)) directly: as accurate (exp's relative error carries through
+ * 1 + E and the reciprocal), and a shorter dependent chain, which is what these
+ * loops are bound by. Where exp(-2u) overflows (x < -10.4) it gives 0 for a true
+ * value below 1e-41; the two-sided form would give that subnormal. */
 #include <math.h>
 #include <string.h>
 
@@ -54,11 +58,19 @@ static inline double ew_sigmoid(double x)
 #define GELU_K 0.7978845608028654 /* sqrt(2/pi) */
 #define GELU_C 0.044715
 
-static inline float ew_gelu_tanhf(float x)
+/* exp(-2u) for GELU-tanh's u = k (x + c x^3) */
+static inline float ew_gelu_expf(float x)
 {
-    float u = (float)GELU_K * (x + (float)GELU_C * x * x * x);
-    return x * ew_sigmoidf(2.0f * u);
+    return ct_cpu_expf((float)(-2.0 * GELU_K) * CT_CPU_FMAF((float)GELU_C * x * x, x, x));
 }
+
+/* sigmoid(2u), one-sided (see the top comment) */
+static inline float ew_gelu_sigf(float x) { return 1.0f / (1.0f + ew_gelu_expf(x)); }
+
+static inline double ew_gelu_sig(double x) { return ew_sigmoid(2.0 * GELU_K * (x + GELU_C * x * x * x)); }
+
+/* x sigmoid(2u) = x / (1 + exp(-2u)) */
+static inline float ew_gelu_tanhf(float x) { return x / (1.0f + ew_gelu_expf(x)); }
 
 static inline double ew_gelu_tanh(double x)
 {
@@ -183,7 +195,7 @@ ct_status ct_cpu_unary(ct_unary_op op, ct_tensor *out, const ct_tensor *x)
 /* gi[i] = g[i] * f'(x[i]), over contiguous buffers (gathered when strided). y is
  * f(x) or NULL; x may be NULL when y is given for EXP/TANH/SIGMOID. gi is a new
  * tensor or a scratch buffer, never an input, so restrict holds. */
-#define DEF_BWD(NAME, T, SEL, EXP, TANH, SIGMOID, ERFC, SQRT)                                      \
+#define DEF_BWD(NAME, T, SEL, EXP, TANH, SIGMOID, GSIG, ERFC, SQRT)                                    \
     static void NAME(ct_unary_op op, T *restrict gi, const T *restrict g, const T *restrict x,     \
                      const T *restrict y, int64_t n)                                               \
     {                                                                                              \
@@ -231,7 +243,7 @@ ct_status ct_cpu_unary(ct_unary_op op, ct_tensor *out, const ct_tensor *x)
         case CT_UNARY_GELU_TANH:                                                                   \
             /* 0.5(1+t) = s and 0.5(1-t^2) = 2 s (1-s) with s = sigmoid(2u) */                     \
             for (int64_t i = 0; i < n; i++) {                                                      \
-                T xi = x[i], u = k * (xi + c * xi * xi * xi), s = SIGMOID((T)2 * u);               \
+                T xi = x[i], s = GSIG(xi);                                                         \
                 gi[i] = g[i] * (s + (T)2 * xi * s * ((T)1 - s) * k * ((T)1 + (T)3 * c * xi * xi)); \
             }                                                                                      \
             break;                                                                                 \
@@ -250,8 +262,8 @@ ct_status ct_cpu_unary(ct_unary_op op, ct_tensor *out, const ct_tensor *x)
             break;                                                                                 \
         }                                                                                          \
     }
-DEF_BWD(bwd_f32, float, ct_cpu_sel_f32, ct_cpu_expf, ew_tanhf, ew_sigmoidf, erfcf, sqrtf)
-DEF_BWD(bwd_f64, double, ct_cpu_sel_f64, exp, tanh, ew_sigmoid, erfc, sqrt)
+DEF_BWD(bwd_f32, float, ct_cpu_sel_f32, ct_cpu_expf, ew_tanhf, ew_sigmoidf, ew_gelu_sigf, erfcf, sqrtf)
+DEF_BWD(bwd_f64, double, ct_cpu_sel_f64, exp, tanh, ew_sigmoid, ew_gelu_sig, erfc, sqrt)
 
 typedef struct bwd_ctx {
     ct_unary_op op;

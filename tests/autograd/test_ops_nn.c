@@ -10,6 +10,7 @@
 #include "autograd/gradcheck.h"
 #include "autograd/node.h"
 #include "autograd/ops_nn.h"
+#include "autograd/ops_shape.h"
 #include "core/frame.h"
 #include "core/philox.h"
 #include "core/storage.h"
@@ -443,6 +444,71 @@ Test(ops_nn, attention_forward_is_the_kernel)
         cr_assert_eq(y->shape[0], 2);
         cr_assert_eq(y->shape[2], 7);
         cr_assert(ct_tensor_is_contiguous(y));
+    }
+}
+
+/* ---- attention on a fused qkv ------------------------------------------------------------------ */
+
+static ct_tensor *attention_qkv_fn(ct_tensor *const *in, void *ctx)
+{
+    const nn_case *c = ctx;
+    return ct_attention_qkv(in[0], c->dim, c->causal, c->scale);
+}
+
+/* The composition ct_attention_qkv replaces: narrow, split heads, attention, merge. */
+static ct_tensor *attention_split(ct_tensor *qkv, int64_t H, bool causal)
+{
+    const int64_t B = qkv->shape[0], T = qkv->shape[1], C = qkv->shape[2] / 3;
+    ct_tensor *h[3];
+    for (int i = 0; i < 3; i++) h[i] = ct_transpose(ct_view(ct_narrow(qkv, -1, i * C, C), CT_SHAPE(B, T, H, C / H)), 1, 2);
+    return ct_reshape(ct_transpose(ct_attention(h[0], h[1], h[2], causal, 0), 1, 2), CT_SHAPE(B, T, C));
+}
+
+Test(ops_nn, attention_qkv_gradcheck)
+{
+    ct_set_seed(63);
+    for (int causal = 0; causal <= 1; causal++)
+        CT_FRAME {
+            /* (B, T, 3C) = (2, 5, 3*6), 2 heads of 3; and a transposed (non-contiguous) qkv */
+            ct_tensor *x = leaf(CT_DTYPE_F64, CT_SHAPE(2, 5, 18));
+            gradcheck_ok(attention_qkv_fn, 1, &x, &(nn_case){.dim = 2, .causal = causal}, "attention_qkv H 2");
+            gradcheck_ok(attention_qkv_fn, 1, &x, &(nn_case){.dim = 3, .causal = causal, .scale = 0.6},
+                         "attention_qkv H 3");
+            ct_tensor *xt = leaf_t(CT_DTYPE_F64, CT_SHAPE(5, 2, 18), 0, 1);
+            gradcheck_ok(attention_qkv_fn, 1, &xt, &(nn_case){.dim = 1, .causal = causal}, "attention_qkv strided");
+        }
+}
+
+/* The fused op computes what the split composition computes, bit for bit, forward and
+ * backward (every gradient element comes from the same kernel arithmetic; the split's
+ * extra steps only add zeros). */
+Test(ops_nn, attention_qkv_equals_split_heads)
+{
+    ct_set_seed(64);
+    CT_FRAME {
+        ct_tensor *a = leaf(CT_DTYPE_F32, CT_SHAPE(2, 70, 48)), *b = ct_tensor_clone(a);
+        mark(b);
+        ct_tensor *g = ct_tensor_randn(CT_DTYPE_F32, CT_SHAPE(2, 70, 16), 0, 1);
+        ct_tensor *ya = ct_attention_qkv(a, 4, true, 0), *yb = attention_split(b, 4, true);
+        same_bits(ya, yb, "attention_qkv forward");
+        cr_assert(ya->grad_fn && !strcmp(ct_node_op(ya->grad_fn), "attention_qkv"));
+        cr_assert_eq(ct_backward_with(ya, g, NULL), CT_OK, "%s", ct_last_error());
+        cr_assert_eq(ct_backward_with(yb, g, NULL), CT_OK, "%s", ct_last_error());
+        same_bits(a->grad, b->grad, "attention_qkv dqkv");
+    }
+}
+
+Test(ops_nn, attention_qkv_errors)
+{
+    CT_FRAME {
+        ct_tensor *x = leaf(CT_DTYPE_F32, CT_SHAPE(2, 5, 16));
+        cr_assert_null(ct_attention_qkv(x, 2, true, 0));
+        cr_assert(strstr(ct_last_error(), "attention_qkv") && strstr(ct_last_error(), "[2, 5, 16]") &&
+                      strstr(ct_last_error(), "n_head = 2"),
+                  "%s", ct_last_error());
+        cr_assert_null(ct_attention_qkv(leaf(CT_DTYPE_F32, CT_SHAPE(5, 18)), 1, true, 0));
+        cr_assert_null(ct_attention_qkv(leaf(CT_DTYPE_F32, CT_SHAPE(2, 5, 18)), 0, true, 0));
+        cr_assert_null(ct_attention_qkv(NULL, 2, true, 0));
     }
 }
 
