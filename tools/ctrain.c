@@ -1,0 +1,57 @@
+/* The `ctrain` command: `ctrain SUBCOMMAND [ARGS...]`, as `accelerate` is.
+ *
+ * Subcommands live in a table; each is a function given its own argv (argv[0] is
+ * the subcommand's name) that returns the process exit code. Exit codes of the
+ * command itself: 0 for help and --version, 2 for a usage error.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "tools/launch.h"
+
+#define CT_CLI_VERSION "0.1.0"
+
+typedef struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} subcommand;
+
+static const subcommand COMMANDS[] = {
+    {"launch", ct_launch_main, "run a program as the local ranks of a distributed job"},
+};
+
+#define N_COMMANDS (sizeof COMMANDS / sizeof *COMMANDS)
+
+static void usage(FILE *f)
+{
+    fputs("usage: ctrain [--help] [--version] COMMAND [ARGS...]\n\ncommands:\n", f);
+    for (size_t i = 0; i < N_COMMANDS; i++) fprintf(f, "  %-10s %s\n", COMMANDS[i].name, COMMANDS[i].summary);
+    fputs("\n`ctrain COMMAND --help` describes a command.\n", f);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "-V")) {
+        printf("ctrain %s\n", CT_CLI_VERSION);
+        return 0;
+    }
+    for (size_t i = 0; i < N_COMMANDS; i++)
+        if (!strcmp(cmd, COMMANDS[i].name)) {
+            int code = COMMANDS[i].run(argc - 1, argv + 1);
+            /* Flushes the help text and anything else buffered before exit. */
+            if (fflush(stdout) != 0 && code == 0) code = 1;
+            return code;
+        }
+    fprintf(stderr, "ctrain: unknown command '%s' (ctrain --help lists the commands)\n", cmd);
+    return 2;
+}

@@ -1,0 +1,85 @@
+/* ctrain launch — start the local ranks of a distributed job and watch them.
+ *
+ *     ctrain launch --num_processes 4 ./train --steps 100
+ *
+ * User documentation (every flag, each rank's environment, failure and restart
+ * behaviour): docs/launch.md. The pieces:
+ *   tools/launch_args.c  flags -> ct_launch_opts, the help text, and each rank's
+ *                        environment (what the flags mean to a rank);
+ *   tools/launch.c       the supervisor: a libuv loop that spawns the ranks, relays
+ *                        their output line by line, forwards signals, stops the group
+ *                        when one rank fails and restarts it when allowed.
+ *
+ * These are the `ctrain` command's functions, not libctrain's: they may print to
+ * stdout/stderr and they return process exit codes, but they never exit() — main
+ * does, with what they return.
+ *
+ * Thread-safety: single-threaded. ct_launch_main installs signal handlers and reads
+ * the process environment; call it once, from main.
+ */
+#ifndef CT_TOOLS_LAUNCH_H
+#define CT_TOOLS_LAUNCH_H
+
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "core/error.h"
+
+/* Exit codes of the launcher itself (a rank's failure passes through its own
+ * status, or 128 + signal). */
+#define CT_LAUNCH_EXIT_SETUP 1       /* the launcher could not set up (log dir, free port, libuv) */
+#define CT_LAUNCH_EXIT_USAGE 2       /* a bad flag, value or a missing PROGRAM */
+#define CT_LAUNCH_EXIT_NOT_EXEC 126  /* PROGRAM exists but cannot be executed */
+#define CT_LAUNCH_EXIT_NOT_FOUND 127 /* PROGRAM not found */
+
+#define CT_LAUNCH_DEFAULT_PORT 29500
+/* Longest output line relayed whole; longer ones are split into pieces this long. */
+#define CT_LAUNCH_LINE_MAX 65536
+
+typedef struct ct_launch_opts {
+    int num_processes;    /* total across machines, >= 1 */
+    int num_machines;     /* >= 1, divides num_processes */
+    int machine_rank;     /* 0 .. num_machines-1 */
+    int local_processes;  /* num_processes / num_machines (derived) */
+    char main_process_ip[256];
+    int main_process_port; /* 0 .. 65535; 0 = pick a free one (one machine only) */
+    bool cpu;
+    int threads;           /* threads per process, >= 1 (default derived) */
+    bool threads_explicit; /* given by --num_cpu_threads_per_process */
+    int grad_accum;        /* 0 = not given */
+    const char *mixed_precision; /* NULL = not given; else "no", "fp16", "bf16", "fp8" (static) */
+    int tee;               /* 0 none, 1 stdout, 2 stderr, 3 both */
+    const char *log_dir;   /* NULL = none; borrowed from argv */
+    int max_restarts;      /* >= 0 */
+    double monitor_interval_s; /* > 0 */
+    bool help;             /* --help was given: print ct_launch_usage, run nothing */
+    char **program_argv;   /* PROGRAM and its ARGS, NULL-terminated; borrowed from argv */
+} ct_launch_opts;
+
+/* Parses `launch [flags] PROGRAM [ARGS...]`; argv[0] is "launch". Fills *o with
+ * the flags and their defaults. CT_ERR_INVALID with a one-line message naming the
+ * flag and value (ct_last_error) on a bad flag, value or combination, or when
+ * PROGRAM is missing (unless --help). Strings in *o borrow from argv. */
+ct_status ct_launch_args_parse(int argc, char **argv, ct_launch_opts *o);
+
+/* The help text of `ctrain launch`. */
+void ct_launch_usage(FILE *f);
+
+/* The environment of one local rank: a copy of this process's environment with
+ * RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
+ * MASTER_PORT, CTRAIN_RESTART_COUNT and the CTRAIN_* settings of *o replaced or
+ * added. port is the resolved MASTER_PORT (never 0). Returns a new NULL-terminated
+ * array owned by the caller (free with ct_launch_env_free), or NULL (CT_ERR_NOMEM). */
+char **ct_launch_env_new(const ct_launch_opts *o, int local_rank, int port, int restart_count);
+void ct_launch_env_free(char **env);
+
+/* Runs the job described by *o (already parsed) to completion and returns the
+ * launcher's exit code: 0 when every rank exited 0, the first failing rank's
+ * status (128 + signal if it was killed), 128 + signal when the launcher was
+ * interrupted, or one of CT_LAUNCH_EXIT_*. */
+int ct_launch_run(const ct_launch_opts *o);
+
+/* `ctrain launch ...`: parse, print help or a usage error, run. argv[0] is "launch". */
+int ct_launch_main(int argc, char **argv);
+
+#endif

@@ -1,0 +1,302 @@
+/* `ctrain launch` flags -> ct_launch_opts, the help text, and the environment
+ * each rank gets (tools/launch.h; user documentation in docs/launch.md).
+ *
+ * Flags are accelerate's names. Both `--flag value` and `--flag=value` work, and
+ * `--num-processes` is read as `--num_processes` (accelerate accepts both). The
+ * first argument that is not a flag is PROGRAM; it and everything after it belong
+ * to the program, so its own flags are never taken for the launcher's. `--` ends
+ * the flags explicitly.
+ */
+#include "tools/launch.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+extern char **environ;
+
+#define MAX_PROCESSES (1 << 20)
+#define MAX_MONITOR_S 3600.0
+
+typedef enum {
+    F_NUM_PROCESSES, F_NUM_MACHINES, F_MACHINE_RANK, F_MAIN_IP, F_MAIN_PORT, F_CPU,
+    F_THREADS, F_GRAD_ACCUM, F_MIXED_PRECISION, F_TEE, F_LOG_DIR, F_MAX_RESTARTS,
+    F_MONITOR, F_HELP,
+} flag_id;
+
+static const struct {
+    const char *name;
+    flag_id id;
+    bool takes_value;
+} FLAGS[] = {
+    {"num_processes", F_NUM_PROCESSES, true},
+    {"num_machines", F_NUM_MACHINES, true},
+    {"machine_rank", F_MACHINE_RANK, true},
+    {"main_process_ip", F_MAIN_IP, true},
+    {"main_process_port", F_MAIN_PORT, true},
+    {"cpu", F_CPU, false},
+    {"num_cpu_threads_per_process", F_THREADS, true},
+    {"gradient_accumulation_steps", F_GRAD_ACCUM, true},
+    {"mixed_precision", F_MIXED_PRECISION, true},
+    {"tee", F_TEE, true},
+    {"log_dir", F_LOG_DIR, true},
+    {"max_restarts", F_MAX_RESTARTS, true},
+    {"monitor_interval", F_MONITOR, true},
+    {"help", F_HELP, false},
+};
+
+static const char *const PRECISIONS[] = {"no", "fp16", "bf16", "fp8"};
+
+void ct_launch_usage(FILE *f)
+{
+    fputs("usage: ctrain launch [flags] PROGRAM [ARGS...]\n"
+          "\n"
+          "Starts this machine's ranks of a job of --num_processes processes, prefixes their\n"
+          "output [rankN], forwards SIGINT/SIGTERM, and stops every rank when one fails.\n"
+          "Flags take `--flag value` or `--flag=value`; `--` ends the flags.\n"
+          "\n"
+          "  --num_processes N            processes in total, across machines (default 1)\n"
+          "  --num_machines M             machines in the job (default 1); M must divide N\n"
+          "  --machine_rank R             this machine's index, 0..M-1 (default 0)\n"
+          "  --main_process_ip ADDR       address of rank 0's machine (default 127.0.0.1)\n"
+          "  --main_process_port P        rank 0's rendezvous port (default 29500);\n"
+          "                               0 picks a free port (one machine only)\n"
+          "  --cpu                        run on the CPU even where a GPU exists (CTRAIN_USE_CPU=1)\n"
+          "  --num_cpu_threads_per_process T\n"
+          "                               threads per rank (default: online cores / local ranks;\n"
+          "                               an exported OMP_NUM_THREADS is kept unless T is given)\n"
+          "  --gradient_accumulation_steps K\n"
+          "                               micro-steps per optimizer step\n"
+          "  --mixed_precision no|fp16|bf16|fp8\n"
+          "  --tee 0|1|2|3                also write each rank's stdout (1), stderr (2) or both (3)\n"
+          "                               to files in --log_dir (default 3 with --log_dir, else 0)\n"
+          "  --log_dir DIR                where rank{N}.stdout and rank{N}.stderr go (created)\n"
+          "  --max_restarts N             restart the local ranks up to N times after a failure\n"
+          "                               (default 0)\n"
+          "  --monitor_interval SECONDS   how often the ranks are checked on (default 0.1)\n"
+          "  -h, --help                   this text\n"
+          "\n"
+          "Each rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,\n"
+          "MASTER_ADDR, MASTER_PORT and CTRAIN_RESTART_COUNT. Exit status: 0 when every rank\n"
+          "exits 0, else the first failing rank's status (128+signal if it was killed); 2 for\n"
+          "a usage error, 127 when PROGRAM is not found. Details: docs/launch.md.\n",
+          f);
+}
+
+/* ---- values ------------------------------------------------------------------ */
+
+static ct_status parse_int(const char *flag, const char *v, long lo, long hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (!*v || isspace((unsigned char)*v) || *end || errno || x < lo || x > hi)
+        return ct_error_set(CT_ERR_INVALID, "--%s '%s': expected a whole number from %ld to %ld", flag, v, lo, hi);
+    *out = (int)x;
+    return CT_OK;
+}
+
+static ct_status parse_value(ct_launch_opts *o, flag_id id, const char *flag, const char *v)
+{
+    switch (id) {
+    case F_NUM_PROCESSES: return parse_int(flag, v, 1, MAX_PROCESSES, &o->num_processes);
+    case F_NUM_MACHINES: return parse_int(flag, v, 1, MAX_PROCESSES, &o->num_machines);
+    case F_MACHINE_RANK: return parse_int(flag, v, 0, MAX_PROCESSES - 1, &o->machine_rank);
+    case F_MAIN_PORT: return parse_int(flag, v, 0, 65535, &o->main_process_port);
+    case F_GRAD_ACCUM: return parse_int(flag, v, 1, 1 << 30, &o->grad_accum);
+    case F_TEE: return parse_int(flag, v, 0, 3, &o->tee);
+    case F_MAX_RESTARTS: return parse_int(flag, v, 0, 1 << 30, &o->max_restarts);
+    case F_THREADS:
+        o->threads_explicit = true;
+        return parse_int(flag, v, 1, 1 << 16, &o->threads);
+    case F_MAIN_IP: {
+        size_t n = strlen(v);
+        if (n == 0 || n >= sizeof o->main_process_ip)
+            return ct_error_set(CT_ERR_INVALID, "--main_process_ip '%s': expected a host name or address of 1 to %zu characters",
+                                v, sizeof o->main_process_ip - 1);
+        memcpy(o->main_process_ip, v, n + 1);
+        return CT_OK;
+    }
+    case F_MIXED_PRECISION:
+        for (size_t i = 0; i < sizeof PRECISIONS / sizeof *PRECISIONS; i++)
+            if (!strcmp(v, PRECISIONS[i])) {
+                o->mixed_precision = PRECISIONS[i];
+                return CT_OK;
+            }
+        return ct_error_set(CT_ERR_INVALID, "--mixed_precision '%s': expected no, fp16, bf16 or fp8", v);
+    case F_LOG_DIR:
+        if (!*v) return ct_error_set(CT_ERR_INVALID, "--log_dir: expected a directory, got an empty string");
+        o->log_dir = v;
+        return CT_OK;
+    case F_MONITOR: {
+        char *end;
+        errno = 0;
+        double x = strtod(v, &end);
+        if (!*v || isspace((unsigned char)*v) || *end || errno || !isfinite(x) || x <= 0 || x > MAX_MONITOR_S)
+            return ct_error_set(CT_ERR_INVALID, "--monitor_interval '%s': expected seconds, more than 0 and at most %g",
+                                v, MAX_MONITOR_S);
+        o->monitor_interval_s = x;
+        return CT_OK;
+    }
+    case F_CPU:
+    case F_HELP: break;
+    }
+    return ct_error_set(CT_ERR_INVALID, "--%s takes no value", flag);
+}
+
+/* The combinations, once every flag is read. */
+static ct_status check_opts(ct_launch_opts *o, bool tee_given)
+{
+    if (o->num_processes % o->num_machines)
+        return ct_error_set(CT_ERR_INVALID,
+                            "--num_processes %d is not a multiple of --num_machines %d (each machine runs "
+                            "num_processes / num_machines ranks)",
+                            o->num_processes, o->num_machines);
+    if (o->machine_rank >= o->num_machines)
+        return ct_error_set(CT_ERR_INVALID, "--machine_rank %d is out of range for --num_machines %d (0 to %d)",
+                            o->machine_rank, o->num_machines, o->num_machines - 1);
+    if (o->main_process_port == 0 && o->num_machines > 1)
+        return ct_error_set(CT_ERR_INVALID,
+                            "--main_process_port 0 (pick a free port) works only with --num_machines 1: "
+                            "the other machines could not learn the port; give a fixed port");
+    if (tee_given && o->tee && !o->log_dir)
+        return ct_error_set(CT_ERR_INVALID, "--tee %d needs --log_dir DIR (where the per-rank files go)", o->tee);
+    if (o->log_dir && !tee_given) o->tee = 3;
+    o->local_processes = o->num_processes / o->num_machines;
+    if (!o->threads_explicit) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        long t = cores > 0 ? cores / o->local_processes : 1;
+        o->threads = t > 1 ? (int)t : 1;
+    }
+    return CT_OK;
+}
+
+ct_status ct_launch_args_parse(int argc, char **argv, ct_launch_opts *o)
+{
+    *o = (ct_launch_opts){
+        .num_processes = 1, .num_machines = 1, .main_process_ip = "127.0.0.1",
+        .main_process_port = CT_LAUNCH_DEFAULT_PORT, .monitor_interval_s = 0.1,
+    };
+    bool tee_given = false;
+    int i = 1;
+    for (; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--")) {
+            i++;
+            break;
+        }
+        if (!strcmp(a, "-h")) {
+            o->help = true;
+            continue;
+        }
+        if (a[0] != '-') break; /* PROGRAM */
+        if (a[1] != '-')
+            return ct_error_set(CT_ERR_INVALID, "unknown flag '%s' (ctrain launch --help lists the flags)", a);
+
+        const char *eq = strchr(a + 2, '=');
+        size_t n = eq ? (size_t)(eq - (a + 2)) : strlen(a + 2);
+        char name[64];
+        if (n == 0 || n >= sizeof name)
+            return ct_error_set(CT_ERR_INVALID, "unknown flag '%s' (ctrain launch --help lists the flags)", a);
+        for (size_t k = 0; k < n; k++) name[k] = a[2 + k] == '-' ? '_' : a[2 + k];
+        name[n] = 0;
+
+        size_t f = 0, nf = sizeof FLAGS / sizeof *FLAGS;
+        while (f < nf && strcmp(FLAGS[f].name, name)) f++;
+        if (f == nf)
+            return ct_error_set(CT_ERR_INVALID, "unknown flag '--%s' (ctrain launch --help lists the flags)", name);
+
+        if (!FLAGS[f].takes_value) {
+            if (eq) return ct_error_set(CT_ERR_INVALID, "--%s takes no value (got '%s')", name, a);
+            if (FLAGS[f].id == F_CPU) o->cpu = true;
+            else o->help = true;
+            continue;
+        }
+        const char *v = eq ? eq + 1 : NULL;
+        if (!v) {
+            if (i + 1 >= argc) return ct_error_set(CT_ERR_INVALID, "--%s needs a value", name);
+            v = argv[++i];
+        }
+        if (FLAGS[f].id == F_TEE) tee_given = true;
+        if (parse_value(o, FLAGS[f].id, name, v)) return ct_last_status();
+    }
+    if (o->help) return CT_OK;
+    if (i >= argc)
+        return ct_error_set(CT_ERR_INVALID, "no PROGRAM given (usage: ctrain launch [flags] PROGRAM [ARGS...])");
+    if (!argv[i][0]) return ct_error_set(CT_ERR_INVALID, "PROGRAM is an empty string");
+    o->program_argv = argv + i;
+    return check_opts(o, tee_given);
+}
+
+/* ---- each rank's environment ----------------------------------------------------- */
+
+typedef struct {
+    const char *name;
+    char value[288];
+} env_var;
+
+static bool env_name_is(const char *entry, const char *name)
+{
+    size_t n = strlen(name);
+    return !strncmp(entry, name, n) && entry[n] == '=';
+}
+
+char **ct_launch_env_new(const ct_launch_opts *o, int local_rank, int port, int restart_count)
+{
+    env_var set[16];
+    int ns = 0;
+#define SETF(NAME, ...) (set[ns].name = (NAME), snprintf(set[ns].value, sizeof set[ns].value, __VA_ARGS__), ns++)
+    SETF("RANK", "%d", o->machine_rank * o->local_processes + local_rank);
+    SETF("LOCAL_RANK", "%d", local_rank);
+    SETF("WORLD_SIZE", "%d", o->num_processes);
+    SETF("LOCAL_WORLD_SIZE", "%d", o->local_processes);
+    SETF("GROUP_RANK", "%d", o->machine_rank);
+    SETF("MASTER_ADDR", "%s", o->main_process_ip);
+    SETF("MASTER_PORT", "%d", port);
+    SETF("CTRAIN_RESTART_COUNT", "%d", restart_count);
+    if (o->cpu) SETF("CTRAIN_USE_CPU", "1");
+    /* The default thread count defers to a user's OMP_NUM_THREADS; an explicit
+     * --num_cpu_threads_per_process is a request for this launch and wins. */
+    if (o->threads_explicit || !getenv("OMP_NUM_THREADS")) {
+        SETF("OMP_NUM_THREADS", "%d", o->threads);
+        SETF("CTRAIN_NUM_THREADS", "%d", o->threads);
+    }
+    if (o->grad_accum) SETF("CTRAIN_GRADIENT_ACCUMULATION_STEPS", "%d", o->grad_accum);
+    if (o->mixed_precision) SETF("CTRAIN_MIXED_PRECISION", "%s", o->mixed_precision);
+#undef SETF
+
+    size_t n = 0;
+    while (environ && environ[n]) n++;
+    char **env = calloc(n + (size_t)ns + 1, sizeof *env);
+    if (!env) {
+        ct_error_set(CT_ERR_NOMEM, "launch: environment of local rank %d: out of memory", local_rank);
+        return NULL;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        bool replaced = false;
+        for (int s = 0; s < ns && !replaced; s++) replaced = env_name_is(environ[i], set[s].name);
+        if (replaced) continue;
+        if (!(env[k++] = strdup(environ[i]))) goto nomem;
+    }
+    for (int s = 0; s < ns; s++) {
+        size_t len = strlen(set[s].name) + 1 + strlen(set[s].value) + 1;
+        if (!(env[k] = malloc(len))) goto nomem;
+        snprintf(env[k++], len, "%s=%s", set[s].name, set[s].value);
+    }
+    return env;
+nomem:
+    ct_launch_env_free(env);
+    ct_error_set(CT_ERR_NOMEM, "launch: environment of local rank %d: out of memory", local_rank);
+    return NULL;
+}
+
+void ct_launch_env_free(char **env)
+{
+    if (!env) return;
+    for (size_t i = 0; env[i]; i++) free(env[i]);
+    free(env);
+}
