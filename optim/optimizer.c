@@ -174,6 +174,16 @@ static ct_status check_grad(const ct_tensor *p, int i)
 ct_status ct_optimizer_step(ct_optimizer *o)
 {
     if (!o) return ct_error_set(CT_ERR_INVALID, "optimizer_step: optimizer is NULL");
+    o->last_skipped = false;
+    if (o->hooks.before_step) {
+        bool skip = false;
+        ct_status hs = o->hooks.before_step(o, o->hooks.data, &skip);
+        if (hs) return hs;
+        if (skip) {
+            o->last_skipped = true;
+            return CT_OK;
+        }
+    }
     for (int i = 0; i < o->nparams; i++)
         if (o->params[i]->grad && check_grad(o->params[i], i)) return CT_ERR_INVALID;
     for (int k = 0; k < o->ngroups; k++)
@@ -203,12 +213,21 @@ ct_status ct_optimizer_step(ct_optimizer *o)
     free(grads);
     if (st) return ct_error_prefix("optimizer_step: ");
     o->step++;
+    if (o->hooks.after_step) o->hooks.after_step(o, o->hooks.data);
     return CT_OK;
 }
+
+void ct_optimizer_set_hooks(ct_optimizer *o, const ct_optimizer_hooks *h)
+{
+    if (o) o->hooks = h ? *h : (ct_optimizer_hooks){0};
+}
+
+bool ct_optimizer_step_was_skipped(const ct_optimizer *o) { return o && o->last_skipped; }
 
 void ct_optimizer_zero_grad(ct_optimizer *o)
 {
     if (!o) return;
+    if (o->hooks.skip_zero_grad && o->hooks.skip_zero_grad(o, o->hooks.data)) return;
     for (int i = 0; i < o->nparams; i++) {
         ct_tensor_release(o->params[i]->grad);
         o->params[i]->grad = NULL;

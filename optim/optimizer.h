@@ -114,6 +114,28 @@ int64_t ct_optimizer_param_step(const ct_optimizer *o, int i);
 /* Releases the parameters, the state and the handle. NULL is fine. */
 void ct_optimizer_free(ct_optimizer *o);
 
+/* Hooks a wrapper installs around an optimizer so the user's plain loop (step,
+ * zero_grad) stays unchanged: the Accelerator skips the step and zero_grad on
+ * gradient-accumulation micro-steps, waits for gradient reductions before a step,
+ * and (fp16) skips a step whose gradients overflowed. Each field may be NULL.
+ *   before_step:  runs first in ct_optimizer_step. Returns CT_OK to step, a
+ *                 non-zero status to fail the step (nothing changed), or sets
+ *                 *skip to make the step a no-op that returns CT_OK.
+ *   after_step:   runs after a step that updated the parameters.
+ *   skip_zero_grad: true makes ct_optimizer_zero_grad do nothing. */
+typedef struct ct_optimizer_hooks {
+    ct_status (*before_step)(ct_optimizer *o, void *data, bool *skip);
+    void (*after_step)(ct_optimizer *o, void *data);
+    bool (*skip_zero_grad)(ct_optimizer *o, void *data);
+    void *data;
+} ct_optimizer_hooks;
+
+/* Installs h (copied) or, with NULL, removes the hooks. One set per optimizer. */
+void ct_optimizer_set_hooks(ct_optimizer *o, const ct_optimizer_hooks *h);
+/* True when the last ct_optimizer_step call was skipped by a hook (a scheduler does
+ * not advance after such a call: optim/schedule.h). */
+bool ct_optimizer_step_was_skipped(const ct_optimizer *o);
+
 /* Optimizer state as a safetensors file (core/safetensors.h), written atomically:
  *   tensors   "state.<i>.exp_avg", "state.<i>.exp_avg_sq"   (Adam, AdamW)
  *             "state.<i>.momentum_buffer"                  (SGD with momentum)

@@ -39,6 +39,8 @@ struct ct_optimizer {
     ct_param_state *state; /* nparams entries */
     int ngroups, cap_groups;
     ct_param_group *groups;
+    ct_optimizer_hooks hooks;
+    bool last_skipped; /* the last ct_optimizer_step was skipped by hooks.before_step */
 };
 
 /* A handle with no parameters and no groups; NULL + error (op named) on no memory. */

@@ -82,6 +82,9 @@ ct_status ct_scheduler_step(ct_scheduler *sch)
 {
     if (!sch) return ct_error_set(CT_ERR_INVALID, "scheduler_step: scheduler is NULL");
     if (sch->position == INT64_MAX) return ct_error_set(CT_ERR_INVALID, "scheduler_step: position overflow");
+    /* a step skipped by the optimizer's hooks (accumulation micro-step, fp16
+     * overflow) moved no parameter, so the schedule does not move either */
+    if (ct_optimizer_step_was_skipped(sch->opt)) return CT_OK;
     return apply(sch, sch->position + 1);
 }
 

@@ -48,7 +48,10 @@ typedef struct ct_scheduler ct_scheduler; /* handle */
 /* A scheduler driving o (borrowed: o must outlive it) with a copy of s; sets o's lr
  * to lr(0). The caller owns the handle (ct_scheduler_free). NULL + error. */
 ct_scheduler *ct_scheduler_new(ct_optimizer *o, const ct_lr_schedule *s);
-/* Position + 1; sets the optimizer's lr to lr(position). */
+/* Position + 1; sets the optimizer's lr to lr(position). Does nothing (CT_OK) when
+ * the optimizer's last step was skipped by its hooks (ct_optimizer_step_was_skipped:
+ * a gradient-accumulation micro-step or an fp16 overflow under the Accelerator), so a
+ * schedule counts optimizer updates, never micro-steps. */
 ct_status ct_scheduler_step(ct_scheduler *sch);
 /* The number of ct_scheduler_step calls so far (the step whose lr is set now). */
 int64_t ct_scheduler_position(const ct_scheduler *sch);

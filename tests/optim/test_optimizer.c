@@ -9,6 +9,7 @@
 #include "core/philox.h"
 #include "core/tensor.h"
 #include "optim/optimizer.h"
+#include "optim/schedule.h"
 #include "tests/optim/util.h"
 
 /* ---- the reference: torch.optim's per-parameter loops, in double ---- */
@@ -492,5 +493,94 @@ Test(optimizer, constructors_reject_bad_input)
         cr_assert_neq(ct_optimizer_add_group(NULL, 0, NULL, NULL), CT_OK);
         ct_optimizer_free(o);
         ct_optimizer_free(NULL);
+    }
+}
+
+/* ---- hooks: what the Accelerator installs around a prepared optimizer ------------- */
+
+typedef struct {
+    int before, after, zero_asked;
+    bool skip, skip_zero;
+    ct_status fail;
+} hook_log;
+
+static ct_status hook_before(ct_optimizer *o, void *data, bool *skip)
+{
+    (void)o;
+    hook_log *h = data;
+    h->before++;
+    *skip = h->skip;
+    return h->fail ? ct_error_set(h->fail, "hook: refused") : CT_OK;
+}
+
+static void hook_after(ct_optimizer *o, void *data)
+{
+    (void)o;
+    ((hook_log *)data)->after++;
+}
+
+static bool hook_skip_zero(ct_optimizer *o, void *data)
+{
+    (void)o;
+    hook_log *h = data;
+    h->zero_asked++;
+    return h->skip_zero;
+}
+
+Test(optimizer, hooks_skip_steps_and_zero_grad_and_hold_the_scheduler)
+{
+    CT_FRAME {
+        ct_tensor *p = ct_tensor_full(CT_DTYPE_F32, CT_SHAPE(3), 1.0);
+        ct_optimizer *o = ct_sgd_new(1, &p, &(ct_sgd_config){.lr = 0.5});
+        ct_scheduler *sch = ct_scheduler_new(o, &(ct_lr_schedule){.decay = CT_LR_LINEAR, .max_lr = 0.5,
+                                                                  .min_lr = 0.1, .total_steps = 4});
+        cr_assert(o && sch, "%s", ct_last_error());
+        hook_log h = {.skip = true, .skip_zero = true};
+        ct_optimizer_set_hooks(o, &(ct_optimizer_hooks){hook_before, hook_after, hook_skip_zero, &h});
+        set_grad(p, ct_tensor_full(CT_DTYPE_F32, CT_SHAPE(3), 2.0));
+
+        /* a skipped step changes nothing, counts nothing, holds the scheduler */
+        cr_assert_eq(ct_optimizer_step(o), CT_OK);
+        cr_assert(ct_optimizer_step_was_skipped(o));
+        cr_assert_eq(ct_tensor_get(p, (int64_t[]){0}), 1.0);
+        cr_assert_eq(ct_optimizer_step_count(o), 0);
+        cr_assert_eq(ct_scheduler_step(sch), CT_OK);
+        cr_assert_eq(ct_scheduler_position(sch), 0);
+        cr_assert_float_eq(ct_optimizer_lr(o), 0.5, 1e-15);
+        ct_optimizer_zero_grad(o);
+        cr_assert_not_null(p->grad, "zero_grad was to be skipped");
+
+        /* a real step: p = 1 - 0.5 * 2 = 0; after_step once; the scheduler moves */
+        h.skip = false;
+        cr_assert_eq(ct_optimizer_step(o), CT_OK);
+        cr_assert(!ct_optimizer_step_was_skipped(o));
+        cr_assert_eq(ct_tensor_get(p, (int64_t[]){2}), 0.0);
+        cr_assert_eq(ct_scheduler_step(sch), CT_OK);
+        cr_assert_eq(ct_scheduler_position(sch), 1);
+        cr_assert_float_eq(ct_optimizer_lr(o), 0.4, 1e-12); /* 0.5 - (1/4) * 0.4 */
+        cr_assert_eq(h.before, 2);
+        cr_assert_eq(h.after, 1);
+
+        /* a failing hook fails the step and changes nothing */
+        h.fail = CT_ERR_PEER;
+        cr_assert_eq(ct_optimizer_step(o), CT_ERR_PEER);
+        ERROR_HAS("hook: refused");
+        cr_assert_eq(ct_tensor_get(p, (int64_t[]){2}), 0.0);
+        cr_assert_eq(ct_optimizer_step_count(o), 1);
+
+        h.skip_zero = false;
+        ct_optimizer_zero_grad(o);
+        cr_assert_null(p->grad);
+        cr_assert_eq(h.zero_asked, 2);
+
+        /* removed hooks: plain behaviour again */
+        ct_optimizer_set_hooks(o, NULL);
+        h.fail = CT_OK;
+        set_grad(p, ct_tensor_full(CT_DTYPE_F32, CT_SHAPE(3), 1.0));
+        cr_assert_eq(ct_optimizer_step(o), CT_OK);
+        cr_assert_eq(h.before, 3);
+        cr_assert_float_eq(ct_tensor_get(p, (int64_t[]){0}), -0.4, 1e-7);
+        ct_scheduler_free(sch);
+        ct_optimizer_free(o);
     }
 }
