@@ -52,6 +52,17 @@ struct ct_loader {
 
 /* ---- the plan ------------------------------------------------------------ */
 
+/* This rank's share of an epoch: samples and batches. */
+static void plan_ranks(ct_loader *l, int rank, int w)
+{
+    const ct_loader_config *cfg = &l->cfg;
+    l->w = w, l->r = rank;
+    l->cfg.rank = rank, l->cfg.world_size = w;
+    if (cfg->uneven_batches) l->per_rank = l->n / w + (l->r < l->n % w);
+    else l->per_rank = cfg->drop_last ? l->n / w : (l->n + w - 1) / w;
+    l->nb = cfg->drop_last ? l->per_rank / cfg->batch_size : (l->per_rank + cfg->batch_size - 1) / cfg->batch_size;
+}
+
 /* An independent seed per (seed, epoch): one Philox block keyed by the user's seed,
  * counter = (epoch, "data"), so no two epochs (or the model's own streams, which
  * use counters with ctr[2] = 0) share words. */
@@ -231,11 +242,8 @@ ct_loader *ct_loader_new(ct_dataset *ds, const ct_loader_config *cfg)
         ct_error_set(CT_ERR_NOMEM, "loader_new: out of memory");
         return NULL;
     }
-    *l = (ct_loader){.ds = ds, .cfg = *cfg, .n = n, .w = w, .r = cfg->rank, .order_epoch = -1};
-    if (cfg->uneven_batches) l->per_rank = n / w + (l->r < n % w);
-    else l->per_rank = cfg->drop_last ? n / w : (n + w - 1) / w;
-    l->nb = cfg->drop_last ? l->per_rank / cfg->batch_size
-                           : (l->per_rank + cfg->batch_size - 1) / cfg->batch_size;
+    *l = (ct_loader){.ds = ds, .cfg = *cfg, .n = n, .order_epoch = -1};
+    plan_ranks(l, cfg->rank, w);
     if (cfg->shuffle && n > 0) {
         l->order = malloc((size_t)n * sizeof *l->order);
         if (!l->order) {
@@ -378,6 +386,24 @@ ct_status ct_loader_set_cursor(ct_loader *l, int64_t epoch, int64_t position)
     if (epoch == l->epoch && position == l->pos) return CT_OK;
     l->epoch = epoch;
     l->pos = position;
+    l->last_padding = 0;
+    if (l->prefetch) job_post_next(l);
+    return CT_OK;
+}
+
+ct_status ct_loader_set_shard(ct_loader *l, int rank, int world_size)
+{
+    if (!l) return ct_error_set(CT_ERR_INVALID, "loader_set_shard: loader is NULL");
+    if (world_size < 1 || rank < 0 || rank >= world_size)
+        return ct_error_set(CT_ERR_INVALID, "loader_set_shard: rank = %d, world_size = %d; need world_size >= 1 and "
+                            "0 <= rank < world_size", rank, world_size);
+    if (l->prefetch) { /* a batch prepared for the old share is stale */
+        uv_mutex_lock(&l->mu);
+        job_settle(l, -1, -1);
+        uv_mutex_unlock(&l->mu);
+    }
+    plan_ranks(l, rank, world_size);
+    l->pos = 0;
     l->last_padding = 0;
     if (l->prefetch) job_post_next(l);
     return CT_OK;

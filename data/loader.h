@@ -100,6 +100,11 @@ int64_t ct_loader_position(const ct_loader *l);
 ct_status ct_loader_set_cursor(ct_loader *l, int64_t epoch, int64_t position);
 /* ct_loader_set_cursor(l, epoch, 0). */
 ct_status ct_loader_set_epoch(ct_loader *l, int64_t epoch);
+/* Makes l rank `rank` of world_size ranks (the Accelerator's prepare does this) and
+ * moves the cursor to the start of the current epoch; the batches then follow the
+ * rules under "Ranks" above. Error (nothing changed) for a rank outside
+ * [0, world_size). */
+ct_status ct_loader_set_shard(ct_loader *l, int rank, int world_size);
 
 /* Batches per epoch on this rank (the same in every epoch). -1 for NULL. */
 int64_t ct_loader_num_batches(const ct_loader *l);

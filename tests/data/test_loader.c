@@ -396,6 +396,41 @@ Test(loader, ranks_partition_the_order)
                 check_ranks(ns[a], ws[b], 2 + (int64_t)(a % 2), flags & 1, flags & 2, flags & 4);
 }
 
+/* Resharding a loader (what the Accelerator's prepare does) gives exactly the batches
+ * of a loader made for that rank, prefetched batch or not; bad ranks change nothing. */
+Test(loader, set_shard_equals_a_loader_made_for_the_rank, .timeout = 20)
+{
+    ct_dataset *ds = idx_new(23);
+    static run want, got;
+    for (int prefetch = 0; prefetch <= 1; prefetch++)
+        for (int k = 0; k < 3; k++) {
+            ct_loader_config c = {.batch_size = 3, .shuffle = true, .seed = 9, .no_prefetch = !prefetch};
+            ct_loader *l = ct_loader_new(ds, &c);
+            cr_assert_not_null(l, "%s", ct_last_error());
+            cr_assert_eq(ct_loader_set_cursor(l, 2, 1), CT_OK); /* a queued batch of the old share */
+            cr_assert_eq(ct_loader_set_shard(l, k, 3), CT_OK, "%s", ct_last_error());
+            cr_assert_eq(ct_loader_epoch(l), 2);
+            cr_assert_eq(ct_loader_position(l), 0);
+            epoch(l, &got);
+            c.rank = k, c.world_size = 3;
+            ct_loader *ref = ct_loader_new(ds, &c);
+            cr_assert_eq(ct_loader_set_epoch(ref, 2), CT_OK);
+            epoch(ref, &want);
+            cr_assert_eq(got.n, want.n);
+            cr_assert_eq(got.nb, want.nb);
+            cr_assert(!memcmp(got.idx, want.idx, sizeof got.idx), "rank %d prefetch %d", k, prefetch);
+            cr_assert(!memcmp(got.pads, want.pads, sizeof got.pads));
+            cr_assert_eq(ct_loader_set_shard(l, 3, 3), CT_ERR_INVALID);
+            cr_assert(strstr(ct_last_error(), "rank = 3") && strstr(ct_last_error(), "world_size = 3"), "%s",
+                      ct_last_error());
+            cr_assert_eq(ct_loader_set_shard(l, 0, 0), CT_ERR_INVALID);
+            cr_assert_eq(ct_loader_num_batches(l), want.nb);
+            ct_loader_free(ref);
+            ct_loader_free(l);
+        }
+    ct_dataset_free(ds);
+}
+
 Test(loader, even_batches_pad_by_wrapping)
 {
     /* 10 samples, 3 ranks, batch 2: padded to 12 positions, 4 per rank: 2 batches each;
