@@ -91,6 +91,7 @@ asan: setup
 	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
 	CTRAIN_BIN=$(abspath build-asan/bin/ctrain) \
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
+	LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp) \
 	    tests/run_checked.sh build-asan/tests.log build-asan/tests/ctrain_tests --jobs $${CT_TEST_JOBS:-2}
 
 # valgrind over the lifetime tests: no definite or indirect leak, no invalid access.

@@ -51,4 +51,7 @@
 #include "data/token_dataset.h"
 #include "data/tokenizer.h"
 
+#include "dist/env.h"
+#include "dist/store.h"
+
 #endif
