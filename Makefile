@@ -25,7 +25,7 @@ endif
 VERSION  := 0.1.0
 # sub-makes build in parallel unless the caller already chose -j
 JOBS     := $(if $(findstring j,$(firstword -$(MAKEFLAGS))),,-j$(shell nproc 2>/dev/null || echo 2))
-LIB_DIRS := core kernels kernels/cpu autograd nn optim data dist
+LIB_DIRS := core kernels kernels/cpu autograd nn optim data dist accel
 LIB_SRC  := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
 LIB_HDR  := ctrain.h $(filter-out %_internal.h,$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.h)))
 TEST_SRC := $(wildcard tests/*/*.c tests/*/*/*.c)
@@ -53,7 +53,7 @@ BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 .DEFAULT_GOAL := all
 
 all: setup
-	@$(MAKE) --no-print-directory $(JOBS) $(SO) $(AR_LIB) $(GPT_BIN) $(CLI_BIN)
+	@$(MAKE) --no-print-directory $(JOBS) $(SO) $(AR_LIB) $(GPT_BIN) $(QUICK_BIN) $(CLI_BIN)
 
 setup:
 	@./tools/setup.sh
@@ -136,6 +136,12 @@ $(GPT_BIN): examples/gpt/train.c $(AR_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(ALL_LDFLAGS) -o $@ $< $(AR_LIB) $(LDLIBS)
 
+# examples/quickstart.c: the four-call Accelerator conversion (docs/guide.md)
+QUICK_BIN := $(BUILD)/examples/quickstart
+$(QUICK_BIN): examples/quickstart.c $(AR_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(ALL_LDFLAGS) -o $@ $< $(AR_LIB) $(LDLIBS)
+
 train: setup
 	@$(MAKE) --no-print-directory $(JOBS) $(GPT_BIN)
 	$(GPT_BIN) $(TRAIN_ARGS)
@@ -157,4 +163,4 @@ uninstall:
 clean:
 	rm -rf build build-asan
 
--include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(GPT_BIN).d
+-include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(GPT_BIN).d $(QUICK_BIN).d

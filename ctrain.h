@@ -51,7 +51,12 @@
 #include "data/token_dataset.h"
 #include "data/tokenizer.h"
 
+#include "dist/ddp.h"
 #include "dist/env.h"
+#include "dist/pg.h"
 #include "dist/store.h"
+#include "dist/work.h"
+
+#include "accel/accelerator.h"
 
 #endif

@@ -21,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "accel/accelerator.h"
 #include "autograd/ops.h"
 #include "core/frame.h"
 #include "core/threads.h"
@@ -38,7 +39,7 @@ typedef struct options {
     const char *data, *out_dir, *prompt;
     int64_t seq_warmup, block_size, n_layer, n_head, n_embd, batch_size, steps, warmup, eval_every, eval_batches;
     int64_t sample_tokens, top_k;
-    double lr, min_lr, beta1, beta2, weight_decay, grad_clip, dropout, val_fraction, temperature;
+    double lr, min_lr, beta1, beta2, weight_decay, grad_clip, dropout, val_fraction, temperature, bucket_mb;
     uint64_t seed;
     int threads;
 } options;
@@ -48,7 +49,7 @@ static const options defaults = {
     .block_size = 256, .n_layer = 4, .n_head = 4, .n_embd = 256, .batch_size = 8, .steps = 700, .warmup = 30, .seq_warmup = 200,
     .eval_every = 50, .eval_batches = 8, .sample_tokens = 300, .top_k = 40,
     .lr = 2e-3, .min_lr = 2e-4, .beta1 = 0.9, .beta2 = 0.99, .weight_decay = 0.1, .grad_clip = 1.0, .dropout = 0.0, .val_fraction = 0.1,
-    .temperature = 0.8, .seed = 1337, .threads = 0,
+    .temperature = 0.8, .seed = 1337, .threads = 0, .bucket_mb = 2,
 };
 
 static void usage(FILE *f)
@@ -83,6 +84,7 @@ static void usage(FILE *f)
             "  --eval_batches N     batches per validation (default %lld)\n"
             "  --seed S             seeds weights, shuffling and sampling (default %llu)\n"
             "  --threads N          threads (default: OMP_NUM_THREADS or all cores)\n"
+            "  --bucket_mb MB       DDP gradient bucket size under ctrain launch (default %g)\n"
             "sampling\n"
             "  --prompt TEXT        start of the sample (default \"%s\")\n"
             "  --sample_tokens N    bytes to generate at the end, 0 = none (default %lld)\n"
@@ -92,7 +94,7 @@ static void usage(FILE *f)
             d->out_dir, d->val_fraction, (long long)d->block_size, (long long)d->n_layer, (long long)d->n_head,
             (long long)d->n_embd, d->dropout, (long long)d->batch_size, (long long)d->steps, d->lr, d->min_lr,
             (long long)d->warmup, (long long)d->seq_warmup, d->beta1, d->beta2, d->weight_decay, d->grad_clip, (long long)d->eval_every,
-            (long long)d->eval_batches, (unsigned long long)d->seed, d->prompt, (long long)d->sample_tokens,
+            (long long)d->eval_batches, (unsigned long long)d->seed, d->bucket_mb, d->prompt, (long long)d->sample_tokens,
             d->temperature, (long long)d->top_k);
 }
 
@@ -140,7 +142,7 @@ static int parse_args(int argc, char **argv, options *o)
 {
     *o = defaults;
     enum { O_DATA = 256, O_OUT, O_VAL, O_BLOCK, O_LAYER, O_HEAD, O_EMBD, O_DROP, O_BATCH, O_STEPS, O_LR, O_MINLR,
-           O_WARM, O_SEQW, O_B1, O_B2, O_WD, O_CLIP, O_EVERY, O_EVALB, O_SEED, O_THREADS, O_PROMPT, O_SAMPLE, O_TEMP, O_TOPK, O_HELP };
+           O_WARM, O_SEQW, O_B1, O_B2, O_WD, O_CLIP, O_EVERY, O_EVALB, O_SEED, O_THREADS, O_BUCKET, O_PROMPT, O_SAMPLE, O_TEMP, O_TOPK, O_HELP };
     static const struct option opts[] = {
         {"data", 1, 0, O_DATA}, {"out_dir", 1, 0, O_OUT}, {"val_fraction", 1, 0, O_VAL},
         {"block_size", 1, 0, O_BLOCK}, {"n_layer", 1, 0, O_LAYER}, {"n_head", 1, 0, O_HEAD},
@@ -148,7 +150,7 @@ static int parse_args(int argc, char **argv, options *o)
         {"steps", 1, 0, O_STEPS}, {"lr", 1, 0, O_LR}, {"min_lr", 1, 0, O_MINLR}, {"warmup", 1, 0, O_WARM},
         {"seq_warmup", 1, 0, O_SEQW}, {"beta1", 1, 0, O_B1}, {"beta2", 1, 0, O_B2},
         {"weight_decay", 1, 0, O_WD}, {"grad_clip", 1, 0, O_CLIP}, {"eval_every", 1, 0, O_EVERY},
-        {"eval_batches", 1, 0, O_EVALB}, {"seed", 1, 0, O_SEED}, {"threads", 1, 0, O_THREADS},
+        {"eval_batches", 1, 0, O_EVALB}, {"seed", 1, 0, O_SEED}, {"threads", 1, 0, O_THREADS}, {"bucket_mb", 1, 0, O_BUCKET},
         {"prompt", 1, 0, O_PROMPT}, {"sample_tokens", 1, 0, O_SAMPLE}, {"temperature", 1, 0, O_TEMP},
         {"top_k", 1, 0, O_TOPK}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
     int c;
@@ -179,6 +181,7 @@ static int parse_args(int argc, char **argv, options *o)
         case O_EVALB: ok = parse_i64("--eval_batches", optarg, 1, &o->eval_batches); break;
         case O_SEED: ok = parse_i64("--seed", optarg, 0, &tmp); o->seed = (uint64_t)tmp; break;
         case O_THREADS: ok = parse_i64("--threads", optarg, 0, &tmp); o->threads = (int)tmp; break;
+        case O_BUCKET: ok = parse_f64("--bucket_mb", optarg, 1e-3, 1e4, &o->bucket_mb); break;
         case O_PROMPT: o->prompt = optarg; break;
         case O_SAMPLE: ok = parse_i64("--sample_tokens", optarg, 0, &o->sample_tokens); break;
         case O_TEMP: ok = parse_f64("--temperature", optarg, 0.01, 100, &o->temperature); break;
@@ -421,12 +424,33 @@ int main(int argc, char **argv)
     snprintf(token_path, sizeof token_path, "%s/tokens.bin", o.out_dir);
     snprintf(csv_path, sizeof csv_path, "%s/loss.csv", o.out_dir);
     snprintf(model_path, sizeof model_path, "%s/model.safetensors", o.out_dir);
-    int64_t ntok = prepare_tokens(&o, token_path);
-    if (ntok < 0) return 1;
+    /* one process or one rank of many (ctrain launch / mpirun / Slurm): the same program */
+    /* gradients of W1 total 13 MB: 2 MB buckets (not DDP's usual 25) let most of them
+     * reduce while backward still runs */
+    ct_accelerator *acc = ct_accelerator_new(&(ct_accelerator_config){.ddp = {.bucket_cap_mb = o.bucket_mb}});
+    if (!acc) {
+        fprintf(stderr, "gpt_train: %s\n", ct_last_error());
+        return 1;
+    }
+    bool main_rank = ct_accelerator_is_main_process(acc);
+    int world = ct_accelerator_num_processes(acc);
+    /* rank 0 writes the token file, the others then read it */
+    int64_t ntok = -1;
+    CT_MAIN_PROCESS_FIRST(acc) {
+        ct_token_file_info info;
+        if (main_rank) ntok = prepare_tokens(&o, token_path);
+        else if (!ct_token_file_probe(token_path, CT_TOKENS_LLMC, &info)) ntok = info.ntokens;
+        else fprintf(stderr, "gpt_train: %s\n", ct_last_error());
+    }
+    if (ntok < 0) {
+        ct_accelerator_free(acc);
+        return 1;
+    }
     int64_t nval = (int64_t)((double)ntok * o.val_fraction), split = ntok - nval;
     if (split < o.block_size + 1 || nval < o.block_size + 1) {
         fprintf(stderr, "gpt_train: %lld bytes of text are too few for --block_size %lld with --val_fraction %g\n",
                 (long long)ntok, (long long)o.block_size, o.val_fraction);
+        ct_accelerator_free(acc);
         return 1;
     }
     ct_set_seed(o.seed);
@@ -457,22 +481,25 @@ int main(int argc, char **argv)
                                                           .warmup_steps = o.warmup,
                                                           .total_steps = o.steps > o.warmup ? o.steps : o.warmup + 1})
                 : NULL;
-    csv = sched ? fopen(csv_path, "w") : NULL;
-    if (!csv) {
-        fprintf(stderr, "gpt_train: %s\n", sched ? strerror(errno) : ct_last_error());
+    if (!sched || ct_accelerator_prepare(acc, &model->base, opt, train, sched)) {
+        fprintf(stderr, "gpt_train: %s\n", ct_last_error());
         goto out;
     }
-    fprintf(csv, "step,train_loss,val_loss,lr,tokens_per_s\n");
-    ct_param_list params;
-    if (ct_module_named_tensors(&model->base, false, &params)) goto out;
-    printf("GPT: %lld parameters, %lld layers, %lld heads, width %lld, block %lld; %lld bytes of text (%lld train, "
-           "%lld validation); %d threads\n",
-           (long long)ct_module_num_params(&model->base), (long long)o.n_layer, (long long)o.n_head,
-           (long long)o.n_embd, (long long)o.block_size, (long long)ntok, (long long)split, (long long)nval,
-           ct_get_num_threads());
-    bool tty = isatty(STDERR_FILENO) && isatty(STDOUT_FILENO);
+    csv = main_rank ? fopen(csv_path, "w") : NULL;
+    if (main_rank && !csv) {
+        fprintf(stderr, "gpt_train: %s: %s\n", csv_path, strerror(errno));
+        goto out;
+    }
+    if (csv) fprintf(csv, "step,train_loss,val_loss,lr,tokens_per_s\n");
+    ct_accelerator_print(acc,
+                         "GPT: %lld parameters, %lld layers, %lld heads, width %lld, block %lld; %lld bytes of text "
+                         "(%lld train, %lld validation); %d process(es) x %d threads, batch %lld per process\n",
+                         (long long)ct_module_num_params(&model->base), (long long)o.n_layer, (long long)o.n_head,
+                         (long long)o.n_embd, (long long)o.block_size, (long long)ntok, (long long)split,
+                         (long long)nval, world, ct_get_num_threads(), (long long)o.batch_size);
+    bool tty = main_rank && isatty(STDERR_FILENO) && isatty(STDOUT_FILENO);
     double t0 = now(), last_val = NAN, smooth = NAN;
-    int64_t tokens_per_step = o.batch_size * o.block_size;
+    int64_t tokens_per_step = o.batch_size * o.block_size * world; /* over all ranks */
     bool failed = false;
     for (int64_t step = 1; step <= o.steps && !failed; step++) {
         double loss_v = NAN, ts = now();
@@ -488,12 +515,12 @@ int main(int argc, char **argv)
                 y = ct_reshape(y, 2, sh);
             }
             ct_tensor *loss = r == CT_LOADER_BATCH ? ct_gpt_loss(model, x, y) : NULL;
-            if (!loss || ct_backward(loss)) {
+            if (!loss || ct_accelerator_backward(acc, loss)) {
                 failed = true;
             } else {
-                loss_v = ct_tensor_item(loss);
-                if (o.grad_clip > 0) ct_clip_grad_norm(params.n, params.tensors, o.grad_clip, 2.0);
-                if (ct_optimizer_step(opt) || ct_scheduler_step(sched)) failed = true;
+                loss_v = ct_tensor_item(loss); /* this rank's batch */
+                if (o.grad_clip > 0 && isnan(ct_accelerator_clip_grad_norm(acc, o.grad_clip, 2.0))) failed = true;
+                if (failed || ct_optimizer_step(opt) || ct_scheduler_step(sched)) failed = true;
                 ct_optimizer_zero_grad(opt);
             }
         }
@@ -501,20 +528,33 @@ int main(int argc, char **argv)
         double tok_s = (double)tokens_per_step / (now() - ts);
         smooth = isnan(smooth) ? loss_v : 0.9 * smooth + 0.1 * loss_v;
         double val_loss = NAN;
-        if (step % o.eval_every == 0 || step == o.steps) {
+        /* every rank holds the same weights: rank 0 validates, logs and plots */
+        if (main_rank && (step % o.eval_every == 0 || step == o.steps)) {
             val_loss = last_val = evaluate(model, val, o.eval_batches);
             if (tty) fprintf(stderr, "\n");
             printf("step %lld: train loss %.4f, val loss %.4f nats/byte\n", (long long)step, smooth, val_loss);
         }
+        if (!main_rank) continue;
         char vbuf[32] = "";
         if (!isnan(val_loss)) snprintf(vbuf, sizeof vbuf, "%.6f", val_loss);
         fprintf(csv, "%lld,%.6f,%s,%.6g,%.1f\n", (long long)step, loss_v, vbuf, ct_optimizer_lr(opt), tok_s);
         progress(tty, step, o.steps, smooth, tok_s, now() - t0);
     }
-    ct_param_list_free(&params);
     if (tty) fprintf(stderr, "\n");
     if (failed) {
-        fprintf(stderr, "gpt_train: %s\n", ct_last_error());
+        fprintf(stderr, "gpt_train (rank %d): %s\n", ct_accelerator_process_index(acc), ct_last_error());
+        goto out;
+    }
+    if (ct_accelerator_ddp(acc)) {
+        ct_ddp_stats ds = ct_ddp_stats_get(ct_accelerator_ddp(acc));
+        ct_accelerator_print(acc, "DDP: %d buckets, %.1f MB reduced per step; communication %.1f ms per step, of "
+                                  "which %.1f ms (%.0f%%) not hidden under backward\n",
+                             ds.buckets, (double)ds.bytes / 1e6, 1e3 * ds.total_comm_s / (double)ds.steps,
+                             1e3 * ds.total_exposed_s / (double)ds.steps,
+                             ds.total_comm_s > 0 ? 100.0 * ds.total_exposed_s / ds.total_comm_s : 0.0);
+    }
+    if (!main_rank) { /* rank 0 alone writes the results */
+        status = 0;
         goto out;
     }
     fclose(csv);
@@ -553,6 +593,7 @@ int main(int argc, char **argv)
     status = 0;
 out:
     if (csv) fclose(csv);
+    ct_accelerator_free(acc); /* first: it unhooks the optimizer and the parameters */
     ct_scheduler_free(sched);
     ct_optimizer_free(opt);
     ct_loader_free(val);

@@ -1,0 +1,378 @@
+/* ctrain — the Accelerator (accel/accelerator.h). */
+#include "accel/accelerator.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd/autograd.h"
+#include "autograd/ops_math.h"
+#include "core/frame.h"
+#include "core/philox.h"
+#include "core/threads.h"
+#include "dist/env.h"
+#include "optim/clip.h"
+
+struct ct_accelerator {
+    ct_dist_env env;
+    ct_accelerator_config cfg;
+    int K;
+    ct_pg *pg;
+    ct_ddp *ddp;
+    ct_module *model;
+    ct_optimizer *opt;
+    ct_loader *loader;
+    ct_scheduler *sched;
+    ct_param_list params; /* the model's (or the optimizer's) parameters, for clipping */
+    int64_t micro;        /* micro-steps since the last synchronisation */
+    bool sync;
+    bool prepared;
+};
+
+/* ---- settings ------------------------------------------------------------------ */
+
+/* A positive int from the environment variable name, or def when unset or empty. */
+static ct_status env_positive(const char *name, int def, int *out)
+{
+    const char *v = getenv(name);
+    *out = def;
+    if (!v || !*v) return CT_OK;
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || *end || x < 1 || x > 1 << 30)
+        return ct_error_set(CT_ERR_INVALID, "accelerator: %s = '%s'; expected a positive integer", name, v);
+    *out = (int)x;
+    return CT_OK;
+}
+
+static ct_status settings(ct_accelerator *a, const ct_accelerator_config *cfg)
+{
+    a->cfg = cfg ? *cfg : (ct_accelerator_config){0};
+    ct_status st;
+    if (a->cfg.gradient_accumulation_steps < 0)
+        return ct_error_set(CT_ERR_INVALID, "accelerator: gradient_accumulation_steps = %d; expected >= 1 (0 = default)",
+                            a->cfg.gradient_accumulation_steps);
+    if (a->cfg.gradient_accumulation_steps > 0) a->K = a->cfg.gradient_accumulation_steps;
+    else if ((st = env_positive("CTRAIN_GRADIENT_ACCUMULATION_STEPS", 1, &a->K))) return st;
+    const char *mp = a->cfg.mixed_precision;
+    if (!mp || !*mp) mp = getenv("CTRAIN_MIXED_PRECISION");
+    if (mp && *mp && strcmp(mp, "no") != 0) {
+        if (!strcmp(mp, "fp16") || !strcmp(mp, "bf16") || !strcmp(mp, "fp8"))
+            return ct_error_set(CT_ERR_UNSUPPORTED,
+                                "accelerator: mixed_precision = '%s' is not available in this build yet; use 'no'", mp);
+        return ct_error_set(CT_ERR_INVALID, "accelerator: mixed_precision = '%s'; allowed: no, fp16, bf16, fp8", mp);
+    }
+    int threads = 0;
+    if ((st = env_positive("CTRAIN_NUM_THREADS", 0, &threads))) return st;
+    if (threads > 0) ct_set_num_threads(threads);
+    if (a->cfg.timeout_s < 0 || !isfinite(a->cfg.timeout_s))
+        return ct_error_set(CT_ERR_INVALID, "accelerator: timeout_s = %g; expected > 0 (0 = default)", a->cfg.timeout_s);
+    return CT_OK;
+}
+
+ct_accelerator *ct_accelerator_new(const ct_accelerator_config *cfg)
+{
+    ct_accelerator *a = calloc(1, sizeof *a);
+    if (!a) {
+        ct_error_set(CT_ERR_NOMEM, "accelerator_new: out of memory");
+        return NULL;
+    }
+    a->sync = true;
+    ct_status st = settings(a, cfg);
+    if (!st) st = ct_dist_env_detect(&a->env);
+    if (!st) {
+        double timeout = a->cfg.timeout_s > 0 ? a->cfg.timeout_s : a->env.timeout_s;
+        a->pg = ct_pg_new(&(ct_pg_config){.rank = a->env.rank,
+                                          .world_size = a->env.world_size,
+                                          .master_addr = a->env.master_addr,
+                                          .master_port = a->env.master_port,
+                                          .timeout_s = timeout});
+        if (!a->pg) st = ct_last_status();
+    }
+    if (st) {
+        ct_error_prefix("accelerator_new (rank %d of %d): ", a->env.rank, a->env.world_size ? a->env.world_size : 1);
+        ct_accelerator_free(a);
+        return NULL;
+    }
+    return a;
+}
+
+/* ---- prepare and the optimizer's hooks -------------------------------------------- */
+
+static ct_status hook_before_step(ct_optimizer *o, void *data, bool *skip)
+{
+    (void)o;
+    ct_accelerator *a = data;
+    if (!a->sync) {
+        *skip = true;
+        return CT_OK;
+    }
+    return a->ddp ? ct_ddp_finish(a->ddp) : CT_OK;
+}
+
+static bool hook_skip_zero_grad(ct_optimizer *o, void *data)
+{
+    (void)o;
+    return !((ct_accelerator *)data)->sync;
+}
+
+ct_status ct_accelerator_prepare(ct_accelerator *acc, ct_module *model, ct_optimizer *opt, ct_loader *loader,
+                                 ct_scheduler *sched)
+{
+    if (!acc) return ct_error_set(CT_ERR_INVALID, "accelerator_prepare: accelerator is NULL");
+    if (acc->prepared)
+        return ct_error_set(CT_ERR_INVALID, "accelerator_prepare: already prepared (rank %d); prepare once", acc->env.rank);
+    ct_status st = CT_OK;
+    int rank = ct_pg_rank(acc->pg), world = ct_pg_size(acc->pg);
+    if (model) {
+        acc->model = model;
+        st = ct_module_named_tensors(model, false, &acc->params);
+        if (!st && world > 1) {
+            acc->ddp = ct_ddp_new(acc->pg, model, &acc->cfg.ddp);
+            if (!acc->ddp) st = ct_last_status();
+        }
+    }
+    if (!st && opt) {
+        acc->opt = opt;
+        if (!model) { /* clip what the optimizer holds */
+            int n = ct_optimizer_param_count(opt);
+            acc->params.tensors = calloc((size_t)(n ? n : 1), sizeof(ct_tensor *));
+            acc->params.names = calloc((size_t)(n ? n : 1), sizeof(char *));
+            if (!acc->params.tensors || !acc->params.names) st = ct_error_set(CT_ERR_NOMEM, "out of memory");
+            for (int i = 0; i < n && !st; i++) {
+                acc->params.tensors[i] = ct_optimizer_param(opt, i);
+                acc->params.names[i] = strdup("param");
+                acc->params.n++;
+            }
+        }
+        ct_optimizer_set_hooks(opt, &(ct_optimizer_hooks){.before_step = hook_before_step,
+                                                          .skip_zero_grad = hook_skip_zero_grad,
+                                                          .data = acc});
+    }
+    if (!st && loader) {
+        acc->loader = loader;
+        st = ct_loader_set_shard(loader, rank, world);
+    }
+    acc->sched = sched;
+    if (st) return ct_error_prefix("accelerator_prepare (rank %d of %d): ", rank, world);
+    acc->prepared = true;
+    return CT_OK;
+}
+
+/* ---- the step ---------------------------------------------------------------- */
+
+ct_status ct_accelerator_backward(ct_accelerator *acc, ct_tensor *loss)
+{
+    if (!acc) return ct_error_set(CT_ERR_INVALID, "accelerator_backward: accelerator is NULL");
+    if (!loss) return ct_last_status() ? ct_last_status() : ct_error_set(CT_ERR_INVALID, "accelerator_backward: loss is NULL");
+    ct_status st = CT_OK;
+    CT_FRAME {
+        ct_tensor *l = acc->K > 1 ? ct_div_scalar(loss, (double)acc->K) : loss;
+        st = l ? ct_backward(l) : ct_last_status();
+    }
+    return st;
+}
+
+void ct_accelerator_accumulate_begin(ct_accelerator *acc)
+{
+    if (!acc) return;
+    bool end_of_loader = acc->loader && ct_loader_num_batches(acc->loader) > 0 &&
+                         ct_loader_position(acc->loader) >= ct_loader_num_batches(acc->loader);
+    acc->micro++;
+    acc->sync = acc->micro % acc->K == 0 || end_of_loader;
+    if (acc->sync) acc->micro = 0;
+    if (acc->ddp) ct_ddp_set_sync(acc->ddp, acc->sync);
+}
+
+bool ct_accelerator_sync_gradients(const ct_accelerator *acc) { return acc && acc->sync; }
+
+bool ct_accelerator_step_was_skipped(const ct_accelerator *acc)
+{
+    return acc && acc->opt && ct_optimizer_step_was_skipped(acc->opt);
+}
+
+double ct_accelerator_clip_grad_norm(ct_accelerator *acc, double max_norm, double norm_type)
+{
+    if (!acc || !acc->prepared) {
+        ct_error_set(CT_ERR_INVALID, "accelerator_clip_grad_norm: %s", !acc ? "accelerator is NULL" : "call prepare first");
+        return NAN;
+    }
+    if (!acc->sync) return 0.0;
+    if (acc->ddp && ct_ddp_finish(acc->ddp)) return NAN;
+    /* DDP leaves the same averaged gradients on every rank, so the local norm is the
+     * global one */
+    return ct_clip_grad_norm(acc->params.n, acc->params.tensors, max_norm, norm_type);
+}
+
+/* ---- collectives on tensors ---------------------------------------------------------- */
+
+static ct_status run(ct_work *w)
+{
+    ct_status st = w ? ct_work_wait(w) : ct_last_status();
+    ct_work_free(w);
+    return st;
+}
+
+ct_tensor *ct_accelerator_gather(ct_accelerator *acc, const ct_tensor *t)
+{
+    if (!acc || !t) {
+        if (!ct_last_status()) ct_error_set(CT_ERR_INVALID, "accelerator_gather: NULL argument");
+        return NULL;
+    }
+    ct_tensor *in = ct_tensor_contiguous((ct_tensor *)t);
+    if (!in) return NULL;
+    int64_t shape[CT_MAX_DIMS];
+    int nd = in->ndim ? in->ndim : 1;
+    for (int i = 0; i < nd; i++) shape[i] = in->ndim ? in->shape[i] : 1;
+    shape[0] *= ct_pg_size(acc->pg);
+    ct_tensor *out = ct_tensor_empty_on(in->device, in->dtype, nd, shape);
+    if (!out || run(ct_pg_allgather(acc->pg, out, in))) {
+        ct_error_prefix("accelerator_gather: ");
+        return NULL;
+    }
+    return out;
+}
+
+ct_tensor *ct_accelerator_gather_for_metrics(ct_accelerator *acc, const ct_tensor *t)
+{
+    ct_tensor *all = ct_accelerator_gather(acc, t);
+    if (!all || !acc->loader) return all;
+    const int world = ct_pg_size(acc->pg);
+    ct_tensor *pads = ct_tensor_empty(CT_DTYPE_I64, CT_SHAPE(world));
+    ct_tensor *mine = ct_tensor_from_data(CT_DTYPE_I64, CT_SHAPE(1), (int64_t[]){ct_loader_last_padding(acc->loader)});
+    if (!pads || !mine || run(ct_pg_allgather(acc->pg, pads, mine))) {
+        ct_error_prefix("accelerator_gather_for_metrics: ");
+        return NULL;
+    }
+    const int64_t *pad = ct_tensor_data(pads), rows = all->shape[0] / world;
+    int64_t keep = 0;
+    for (int r = 0; r < world; r++) {
+        if (pad[r] < 0 || pad[r] > rows) {
+            ct_error_set(CT_ERR_INVALID,
+                         "accelerator_gather_for_metrics: rank %d reports %lld padding rows in a batch of %lld; gather "
+                         "the prepared loader's current batch", r, (long long)pad[r], (long long)rows);
+            return NULL;
+        }
+        keep += rows - pad[r];
+    }
+    if (keep == all->shape[0]) return all;
+    int64_t shape[CT_MAX_DIMS];
+    memcpy(shape, all->shape, sizeof shape);
+    shape[0] = keep;
+    ct_tensor *out = ct_tensor_empty_on(all->device, all->dtype, all->ndim, shape);
+    if (!out) return NULL;
+    int64_t at = 0;
+    for (int r = 0; r < world; r++) {
+        int64_t n = rows - pad[r];
+        if (n && ct_tensor_copy_(ct_tensor_narrow(out, 0, at, n), ct_tensor_narrow(all, 0, r * rows, n))) return NULL;
+        at += n;
+    }
+    return out;
+}
+
+ct_tensor *ct_accelerator_reduce(ct_accelerator *acc, const ct_tensor *t, bool mean)
+{
+    if (!acc || !t) {
+        if (!ct_last_status()) ct_error_set(CT_ERR_INVALID, "accelerator_reduce: NULL argument");
+        return NULL;
+    }
+    ct_tensor *in = ct_tensor_contiguous((ct_tensor *)t);
+    ct_tensor *out = in ? ct_tensor_empty_like(in) : NULL;
+    if (!out || run(ct_pg_allreduce_out(acc->pg, out, in, mean ? CT_REDUCE_MEAN : CT_REDUCE_SUM))) {
+        ct_error_prefix("accelerator_reduce: ");
+        return NULL;
+    }
+    return out;
+}
+
+ct_tensor *ct_accelerator_pad_across_processes(ct_accelerator *acc, const ct_tensor *t, int dim, double pad_value,
+                                               bool pad_first)
+{
+    if (!acc || !t) {
+        if (!ct_last_status()) ct_error_set(CT_ERR_INVALID, "accelerator_pad_across_processes: NULL argument");
+        return NULL;
+    }
+    char d[200];
+    int nd = t->ndim;
+    if (dim < 0) dim += nd;
+    if (dim < 0 || dim >= nd) {
+        ct_error_set(CT_ERR_INVALID, "accelerator_pad_across_processes: dim %d is out of range for %s", dim,
+                     ct_tensor_describe(t, d, sizeof d));
+        return NULL;
+    }
+    ct_tensor *size = ct_tensor_from_data(CT_DTYPE_I64, CT_SHAPE(1), (int64_t[]){t->shape[dim]});
+    if (!size || run(ct_pg_allreduce(acc->pg, size, CT_REDUCE_MAX))) {
+        ct_error_prefix("accelerator_pad_across_processes: ");
+        return NULL;
+    }
+    int64_t target = *(const int64_t *)ct_tensor_data(size);
+    if (target == t->shape[dim]) return ct_tensor_contiguous((ct_tensor *)t);
+    int64_t shape[CT_MAX_DIMS];
+    memcpy(shape, t->shape, sizeof shape);
+    shape[dim] = target;
+    ct_tensor *out = ct_tensor_full(t->dtype, nd, shape, pad_value);
+    if (!out) return NULL;
+    int64_t at = pad_first ? target - t->shape[dim] : 0;
+    if (ct_tensor_copy_(ct_tensor_narrow(out, dim, at, t->shape[dim]), t)) return NULL;
+    return out;
+}
+
+ct_status ct_accelerator_wait_for_everyone(ct_accelerator *acc)
+{
+    if (!acc) return ct_error_set(CT_ERR_INVALID, "accelerator_wait_for_everyone: accelerator is NULL");
+    ct_status st = run(ct_pg_barrier(acc->pg));
+    return st ? ct_error_prefix("accelerator_wait_for_everyone: ") : CT_OK;
+}
+
+ct_status ct_accelerator_main_first_begin(ct_accelerator *acc)
+{
+    if (!acc) return ct_error_set(CT_ERR_INVALID, "accelerator main_process_first: accelerator is NULL");
+    return ct_accelerator_is_main_process(acc) ? CT_OK : ct_accelerator_wait_for_everyone(acc);
+}
+
+ct_status ct_accelerator_main_first_end(ct_accelerator *acc)
+{
+    if (!acc) return ct_error_set(CT_ERR_INVALID, "accelerator main_process_first: accelerator is NULL");
+    return ct_accelerator_is_main_process(acc) ? ct_accelerator_wait_for_everyone(acc) : CT_OK;
+}
+
+/* ---- who am I ------------------------------------------------------------------ */
+
+int ct_accelerator_print(const ct_accelerator *acc, const char *fmt, ...)
+{
+    if (!ct_accelerator_is_main_process(acc)) return 0;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vprintf(fmt, ap);
+    va_end(ap);
+    fflush(stdout);
+    return n;
+}
+
+int ct_accelerator_process_index(const ct_accelerator *acc) { return acc ? ct_pg_rank(acc->pg) : 0; }
+int ct_accelerator_num_processes(const ct_accelerator *acc) { return acc ? ct_pg_size(acc->pg) : 1; }
+int ct_accelerator_local_process_index(const ct_accelerator *acc) { return acc ? acc->env.local_rank : 0; }
+bool ct_accelerator_is_main_process(const ct_accelerator *acc) { return !acc || ct_pg_rank(acc->pg) == 0; }
+bool ct_accelerator_is_local_main_process(const ct_accelerator *acc) { return !acc || acc->env.local_rank == 0; }
+int ct_accelerator_gradient_accumulation_steps(const ct_accelerator *acc) { return acc ? acc->K : 1; }
+
+void ct_accelerator_set_seed(ct_accelerator *acc, uint64_t seed, bool device_specific)
+{
+    ct_set_seed(seed + (acc && device_specific ? (uint64_t)ct_pg_rank(acc->pg) : 0));
+}
+
+ct_pg *ct_accelerator_pg(const ct_accelerator *acc) { return acc ? acc->pg : NULL; }
+ct_ddp *ct_accelerator_ddp(const ct_accelerator *acc) { return acc ? acc->ddp : NULL; }
+
+void ct_accelerator_free(ct_accelerator *acc)
+{
+    if (!acc) return;
+    if (acc->opt) ct_optimizer_set_hooks(acc->opt, NULL);
+    ct_ddp_free(acc->ddp);
+    ct_param_list_free(&acc->params);
+    ct_pg_free(acc->pg);
+    free(acc);
+}

@@ -1,0 +1,153 @@
+/* ctrain — the Accelerator: one training loop, any number of processes.
+ *
+ * The four-call conversion of a plain loop (examples/quickstart.c):
+ *
+ *     ct_accelerator *acc = ct_accelerator_new(NULL);                  (1)
+ *     ct_accelerator_prepare(acc, &model->base, opt, loader, sched);   (2)
+ *     while (ct_loader_next(loader, &x, &y) == CT_LOADER_BATCH) CT_FRAME {
+ *         CT_ACCUMULATE(acc) {                                         (optional)
+ *             ct_tensor *loss = forward(model, x, y);
+ *             ct_accelerator_backward(acc, loss);                      (3) instead of ct_backward
+ *             ct_optimizer_step(opt);                                  (4) unchanged calls, now
+ *             ct_scheduler_step(sched);                                    steered by the
+ *             ct_optimizer_zero_grad(opt);                                 Accelerator
+ *         }
+ *     }
+ *     ct_accelerator_free(acc);
+ *
+ * Run as one process (`./train`) it changes nothing: one rank, no sockets. Under
+ * `ctrain launch --num_processes N` (or mpirun, or Slurm) every process runs the same
+ * program as one rank of N: prepare broadcasts rank 0's parameters, gives each rank
+ * its share of the loader's batches (loader.h: "Ranks"), and wraps the model in DDP
+ * (dist/ddp.h), so backward averages the gradients over the ranks while it runs.
+ *
+ * What prepare installs:
+ *   - the optimizer's hooks (optim/optimizer.h): before a step the gradient
+ *     reductions are waited for; on gradient-accumulation micro-steps step and
+ *     zero_grad do nothing (and the step counts as skipped, so a scheduler does not
+ *     advance: a prepared scheduler steps exactly once per optimizer step, never
+ *     x num_processes, never per micro-step);
+ *   - the loader's shard (rank r of N; even batches by default, padded by wrapping,
+ *     so all ranks run the same number of steps; gather_for_metrics drops the padding).
+ *
+ * Gradient accumulation (gradient_accumulation_steps = K): ct_accelerator_backward
+ * divides the loss by K; inside CT_ACCUMULATE the gradients are synchronised (and
+ * the optimizer really steps) only on every K-th micro-step and on the last batch of
+ * the loader's epoch; ct_accelerator_sync_gradients says which. K micro-steps of
+ * batch b then equal one step of batch K*b.
+ *
+ * Errors: functions return a ct_status (or NULL) and set ct_last_error, naming the
+ * rank; a collective that fails (a dead or desynchronised rank, a timeout) fails on
+ * every rank. Thread-safety: one training thread per handle.
+ */
+#ifndef CT_ACCEL_ACCELERATOR_H
+#define CT_ACCEL_ACCELERATOR_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "core/tensor.h"
+#include "data/loader.h"
+#include "dist/ddp.h"
+#include "dist/pg.h"
+#include "nn/module.h"
+#include "optim/optimizer.h"
+#include "optim/schedule.h"
+
+typedef struct ct_accelerator ct_accelerator;
+
+/* Zero means default for every field; unset fields also read the launcher's
+ * CTRAIN_* variables (ctrain launch flags). */
+typedef struct ct_accelerator_config {
+    int gradient_accumulation_steps; /* K >= 1; 0: CTRAIN_GRADIENT_ACCUMULATION_STEPS or 1 */
+    const char *mixed_precision;     /* "no" (default; CTRAIN_MIXED_PRECISION); fp16/bf16/fp8: later */
+    bool cpu;                        /* run on the CPU (the only device of this build) */
+    ct_ddp_config ddp;               /* bucket sizes, compression */
+    double timeout_s;                /* collectives and rendezvous; 0: CTRAIN_TIMEOUT or 300 */
+} ct_accelerator_config;
+
+/* Joins the job the environment describes (dist/env.h: ctrain launch, mpirun, Slurm,
+ * or one plain process) and sets ctrain's thread count from
+ * CTRAIN_NUM_THREADS when the launcher set it. cfg NULL = all defaults. New handle
+ * owned by the caller (ct_accelerator_free); NULL + error (a bad setting names the
+ * key and value; an unreachable rank 0 names the address). */
+ct_accelerator *ct_accelerator_new(const ct_accelerator_config *cfg);
+
+/* Prepares the training objects, each optional (NULL): model (broadcast from rank
+ * 0, wrapped in DDP when there are several ranks), optimizer (hooks), loader (this
+ * rank's shard), scheduler (steps once per real optimizer step). Call once, on every
+ * rank, before the loop; the objects stay the caller's and must outlive the handle. */
+ct_status ct_accelerator_prepare(ct_accelerator *acc, ct_module *model, ct_optimizer *opt, ct_loader *loader,
+                                 ct_scheduler *sched);
+
+/* backward(loss / K). With DDP and sync on, the reductions start during it. */
+ct_status ct_accelerator_backward(ct_accelerator *acc, ct_tensor *loss);
+
+/* The accumulation scope: CT_ACCUMULATE(acc) { ...one micro-step... } decides, on
+ * entry, whether this micro-step synchronises (K-th micro-step or the loader's last
+ * batch of the epoch). Equivalent to ct_accelerator_accumulate_begin(acc) before the
+ * block. */
+void ct_accelerator_accumulate_begin(ct_accelerator *acc);
+#define CT_ACCUMULATE(acc) \
+    for (int ct_acc_once_ = (ct_accelerator_accumulate_begin(acc), 1); ct_acc_once_; ct_acc_once_ = 0)
+/* True when the current micro-step synchronises gradients (always true with K = 1). */
+bool ct_accelerator_sync_gradients(const ct_accelerator *acc);
+/* True when the last optimizer step was skipped (accumulation micro-step). */
+bool ct_accelerator_step_was_skipped(const ct_accelerator *acc);
+
+/* The global L2 (norm_type 2) or other p-norm of the prepared model's gradients
+ * after synchronisation, and clips them to max_norm (like torch's clip_grad_norm_).
+ * On a micro-step that does not synchronise it does nothing and returns 0. NAN +
+ * error on failure. */
+double ct_accelerator_clip_grad_norm(ct_accelerator *acc, double max_norm, double norm_type);
+
+/* Collectives on tensors, every rank calling with the same shapes (new tensors owned
+ * by the current frame; NULL + error):
+ *   gather:             t (n, ...) from every rank -> (N*n, ...), rank order;
+ *   gather_for_metrics: the same, minus the padding rows even batches added to the
+ *                       prepared loader's last batch (so each sample counts once);
+ *   reduce:             the sum (or mean) over ranks, on every rank;
+ *   pad_across_processes: t padded along dim to the largest size on any rank with
+ *                       pad_value (at the end, or at the start with pad_first). */
+ct_tensor *ct_accelerator_gather(ct_accelerator *acc, const ct_tensor *t);
+ct_tensor *ct_accelerator_gather_for_metrics(ct_accelerator *acc, const ct_tensor *t);
+ct_tensor *ct_accelerator_reduce(ct_accelerator *acc, const ct_tensor *t, bool mean);
+ct_tensor *ct_accelerator_pad_across_processes(ct_accelerator *acc, const ct_tensor *t, int dim, double pad_value,
+                                               bool pad_first);
+
+/* Blocks until every rank has called it. */
+ct_status ct_accelerator_wait_for_everyone(ct_accelerator *acc);
+
+/* printf on the main process only (rank 0); returns what printf returned, 0 elsewhere. */
+int ct_accelerator_print(const ct_accelerator *acc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+int ct_accelerator_process_index(const ct_accelerator *acc);
+int ct_accelerator_num_processes(const ct_accelerator *acc);
+int ct_accelerator_local_process_index(const ct_accelerator *acc);
+bool ct_accelerator_is_main_process(const ct_accelerator *acc);
+bool ct_accelerator_is_local_main_process(const ct_accelerator *acc);
+int ct_accelerator_gradient_accumulation_steps(const ct_accelerator *acc);
+
+/* CT_MAIN_PROCESS_FIRST(acc) { ... }: rank 0 runs the block first, the others wait,
+ * then run it (e.g. rank 0 downloads or tokenises, the others then read its files). */
+ct_status ct_accelerator_main_first_begin(ct_accelerator *acc);
+ct_status ct_accelerator_main_first_end(ct_accelerator *acc);
+#define CT_MAIN_PROCESS_FIRST(acc)                                                         \
+    for (int ct_mpf_once_ = (ct_accelerator_main_first_begin(acc), 1); ct_mpf_once_;     \
+         ct_mpf_once_ = 0, ct_accelerator_main_first_end(acc))
+
+/* Seeds every ctrain generator (ct_set_seed) with seed, plus the rank when
+ * device_specific (different dropout masks per rank, same initial weights via the
+ * broadcast). */
+void ct_accelerator_set_seed(ct_accelerator *acc, uint64_t seed, bool device_specific);
+
+/* The group of all ranks (borrowed) and the DDP engine (borrowed; NULL with one rank
+ * or before prepare), for programs that need more. */
+ct_pg *ct_accelerator_pg(const ct_accelerator *acc);
+ct_ddp *ct_accelerator_ddp(const ct_accelerator *acc);
+
+/* Removes the hooks it installed, frees DDP and the group. NULL is fine. */
+void ct_accelerator_free(ct_accelerator *acc);
+
+#endif

@@ -1,0 +1,136 @@
+/* ctrain — process groups and collectives.
+ *
+ *     ct_pg *g = ct_pg_new(NULL);                    ranks from the launcher's environment
+ *     ct_work *w = ct_pg_allreduce(g, grad, CT_REDUCE_MEAN);
+ *     ... compute while the reduction runs ...
+ *     if (ct_work_wait(w)) fail(ct_last_error());
+ *     ct_work_free(w);
+ *     ct_pg_free(g);
+ *
+ * A group is a handle: a set of ranks that run collectives together. Every rank of
+ * a group must submit the same collectives in the same order with matching
+ * arguments (op, reduce op, dtype, element count, root); each collective carries a
+ * per-group sequence number and that signature, and a rank that disagrees makes the
+ * collective fail on every rank of the group with a message naming both sides
+ * ("allreduce #7: rank 0 called allreduce(sum, f32, 1000), rank 2 called
+ * allreduce(sum, f32, 1024)"), instead of hanging or producing garbage.
+ *
+ * Every submit function returns a request (dist/work.h) at once: the transfer runs on
+ * the process's communication thread while the caller computes. Tensors are retained
+ * by the work until it completes and must not be read (outputs) or written (inputs)
+ * until then. Tensors must be contiguous CPU tensors; zero elements are fine. Rank
+ * numbers (root, dst, src) are ranks in the group. Reductions (sum, avg, max, min)
+ * take f32, f64, bf16, f16, i32 and i64; bf16 and f16 are accumulated in f32 and
+ * rounded once at the end. AVG divides the sum by the group size (integers: C
+ * division, truncating toward zero); integer sums wrap around (two's complement).
+ * Data movement alone (broadcast, allgather, gather, scatter, all_to_all, send,
+ * recv) takes every dtype.
+ *
+ * Failures. A submit function returns NULL for a bad argument (NULL or
+ * non-contiguous tensor, a CUDA tensor, dtype or size mismatch, a root or peer out of
+ * range) with ct_last_error() naming the op, the shapes and the rank; nothing is sent
+ * then. Everything that goes wrong later is the work's status: CT_ERR_PEER (a rank
+ * died, closed its connection, or disagreed), CT_ERR_TIMEOUT (no completion within
+ * the group timeout; the message names the op, its sequence number and the ranks not
+ * heard from), CT_ERR_FORMAT (a peer sent bytes that are not this protocol). After
+ * any of them the group is broken: its pending and later works fail at once with
+ * that error, and the job should end (there is no recovery).
+ *
+ * Thread-safety: one thread at a time may submit to a group (different groups may be
+ * used from different threads). Works may be waited on, tested and freed from any
+ * thread. ct_pg_new and ct_pg_new_subgroup are collective over their ranks and block;
+ * create groups after fork(), never before (the communication thread does not survive
+ * a fork).
+ */
+#ifndef CT_DIST_PG_H
+#define CT_DIST_PG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "core/error.h"
+#include "core/tensor.h"
+#include "dist/store.h"
+#include "dist/work.h"
+#include "kernels/reduce.h"
+
+typedef struct ct_pg ct_pg;
+
+/* Reductions use the kernels' ct_reduce_op (kernels/reduce.h): CT_REDUCE_SUM,
+ * CT_REDUCE_MEAN (the average over the group's ranks, torch's AVG), CT_REDUCE_MAX,
+ * CT_REDUCE_MIN. */
+
+/* Zero means default for every field. */
+typedef struct ct_pg_config {
+    int rank, world_size;    /* this rank, the number of ranks; default 0 of 1 */
+    const char *master_addr; /* rank 0's store; default "127.0.0.1" */
+    int master_port;         /* default 29500 (CT_DIST_DEFAULT_PORT) */
+    double timeout_s;        /* bounds setup and every collective; default CTRAIN_TIMEOUT, else 300 */
+    ct_store *store;         /* optional: rendezvous through this store (borrowed; it must
+                              * outlive ct_pg_new only); master_addr/port are then unused */
+    const char *transport;   /* "tcp" (default) */
+    /* Tuning; every rank must use the same values (a difference is reported as a
+     * desync). Sub-groups inherit them. */
+    size_t ring_min_bytes; /* allreduce: recursive doubling below, ring from here; default 64 KiB */
+    size_t chunk_bytes;    /* pipelining unit of ring, tree and point-to-point transfers; default 512 KiB */
+} ct_pg_config;
+
+/* The group of all ranks. NULL cfg: rank, world size, master and timeout from the
+ * environment (ct_dist_env_detect: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
+ * CTRAIN_TIMEOUT). A world of 1 needs no store and no sockets. Otherwise rank 0
+ * serves the store (unless cfg->store is given), the ranks exchange addresses
+ * through it, connect to each other (one TCP connection per pair) and check that
+ * they agree before returning. New handle, owned by the caller (ct_pg_free); NULL
+ * with ct_last_error() set on failure (an unreachable master or peer within the
+ * timeout names the address). */
+ct_pg *ct_pg_new(const ct_pg_config *cfg);
+
+/* A group of the parent's ranks ranks[0..n-1] (distinct parent ranks; the new
+ * group's rank i is ranks[i]). Called by EVERY rank of the parent, in the same order
+ * with the same list (as torch.distributed.new_group); the list is checked across
+ * ranks. Returns the new handle (owned by the caller) on members; on the parent's
+ * other ranks NULL with no error (ct_last_status() == CT_OK); NULL with the error set
+ * on failure. It shares the parent's connections; a parent may be freed first. */
+ct_pg *ct_pg_new_subgroup(ct_pg *parent, const int *ranks, int n);
+
+int ct_pg_rank(const ct_pg *g); /* -1 for NULL */
+int ct_pg_size(const ct_pg *g); /* 0 for NULL */
+
+/* Each returns a new work, owned by the caller (ct_work_free), or NULL with the
+ * error set. In-place variants overwrite t; out-of-place ones read in and write out
+ * (they may be the same tensor where the sizes allow). */
+ct_work *ct_pg_allreduce(ct_pg *g, ct_tensor *t, ct_reduce_op op);
+ct_work *ct_pg_allreduce_out(ct_pg *g, ct_tensor *out, const ct_tensor *in, ct_reduce_op op);
+/* in: size * numel(out) elements; rank r gets the reduction of block r */
+ct_work *ct_pg_reduce_scatter(ct_pg *g, ct_tensor *out, const ct_tensor *in, ct_reduce_op op);
+/* out: size * numel(in) elements; block r is rank r's in */
+ct_work *ct_pg_allgather(ct_pg *g, ct_tensor *out, const ct_tensor *in);
+ct_work *ct_pg_broadcast(ct_pg *g, ct_tensor *t, int root);
+/* the reduction lands in root's t; the other ranks' t are left unchanged */
+ct_work *ct_pg_reduce(ct_pg *g, ct_tensor *t, int root, ct_reduce_op op);
+/* out (size * numel(in)) is used on root only (NULL elsewhere is fine) */
+ct_work *ct_pg_gather(ct_pg *g, ct_tensor *out, const ct_tensor *in, int root);
+/* in (size * numel(out)) is used on root only (NULL elsewhere is fine) */
+ct_work *ct_pg_scatter(ct_pg *g, ct_tensor *out, const ct_tensor *in, int root);
+/* in and out: size blocks of equal length; block j of in goes to rank j, block i of
+ * out comes from rank i */
+ct_work *ct_pg_all_to_all(ct_pg *g, ct_tensor *out, const ct_tensor *in);
+ct_work *ct_pg_barrier(ct_pg *g);
+/* Point to point: the n-th send from a to b with a tag meets the n-th recv on b from
+ * a with that tag; dtype and element count must match. They do not take part in the
+ * collectives' ordering, so they may be interleaved with collectives freely. */
+ct_work *ct_pg_send(ct_pg *g, const ct_tensor *t, int dst, int tag);
+ct_work *ct_pg_recv(ct_pg *g, ct_tensor *t, int src, int tag);
+
+/* Fails the group's pending works ("the group was freed"), tells the group's other
+ * ranks that this one leaves (their collectives that still wait for data from it
+ * fail; the others complete), releases its share of the connections (closed with the
+ * last group using them) and stops the communication thread with the last group of
+ * the process. Sub-groups may be freed before or after their parent. Works stay valid
+ * until ct_work_free. NULL is a no-op. */
+void ct_pg_free(ct_pg *g);
+
+/* "sum", "avg", "max", "min"; "invalid" otherwise. */
+const char *ct_reduce_op_name(ct_reduce_op op);
+
+#endif

@@ -1,0 +1,340 @@
+/* The TCP transport's setup, on the caller's thread with blocking sockets; every step
+ * is bounded by the deadline (the group timeout). The loop side is in dist/tcp.c.
+ *   1. pick the address of the interface that routes to the master (a UDP socket
+ *      "connected" to it reports the local end) and listen on an ephemeral port of
+ *      every interface;
+ *   2. rank 0 draws a 64-bit nonce and publishes <prefix>/nonce; each rank publishes
+ *      "ip port" under <prefix>/addr/<rank>;
+ *   3. each rank connects to every lower rank and sends a 24-byte hello
+ *        "CTHI" | version u8 | 3 zero | rank u32 | size u32 | nonce u64   (little-endian)
+ *      then accepts the higher ranks, keeping a connection only when its hello has
+ *      the nonce, the size and an expected, not yet connected rank (a stray client
+ *      is dropped and the wait goes on). Connecting before accepting cannot
+ *      deadlock: the kernel completes a connection (and buffers its hello) before
+ *      the listener accepts it.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dist/tcp_internal.h"
+
+#define HELLO_BYTES 24
+#define HELLO_MAGIC "CTHI"
+#define HELLO_VERSION 1
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* 1 ready, 0 deadline passed, -1 poll failed (errno) */
+static int wait_fd(int fd, short events, double deadline)
+{
+    for (;;) {
+        double left = deadline - now_s();
+        if (left <= 0) return 0;
+        struct pollfd p = {.fd = fd, .events = events};
+        int r = poll(&p, 1, left > 1e6 ? 1000000000 : (int)ceil(left * 1e3));
+        if (r > 0) return 1;
+        if (r < 0 && errno != EINTR) return -1;
+    }
+}
+
+/* Moves n bytes on a non-blocking socket. 0 done, else a message in why. */
+static int io_full(int fd, void *buf, size_t n, bool out, double deadline, char *why, size_t cap)
+{
+    uint8_t *p = buf;
+    while (n) {
+        ssize_t k = out ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
+        if (k > 0) {
+            p += k;
+            n -= (size_t)k;
+            continue;
+        }
+        if (k == 0) {
+            snprintf(why, cap, "the connection was closed");
+            return -1;
+        }
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) {
+            snprintf(why, cap, "%s", strerror(errno));
+            return -1;
+        }
+        int r = wait_fd(fd, out ? POLLOUT : POLLIN, deadline);
+        if (r <= 0) {
+            snprintf(why, cap, "%s", r == 0 ? "no answer in time" : strerror(errno));
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int set_nonblock(int fd)
+{
+    int fl = fcntl(fd, F_GETFL);
+    return fl < 0 ? -1 : fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+}
+
+/* The address of this host's interface that routes to the master. */
+static ct_status local_ip(const char *master, char *ip, size_t cap, int *family)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_DGRAM}, *res = NULL;
+    int rc = getaddrinfo(master, "9", &hints, &res);
+    if (rc)
+        return ct_error_set(CT_ERR_IO, "tcp: cannot resolve the master address '%s': %s; check MASTER_ADDR", master,
+                            gai_strerror(rc));
+    int fd = socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_storage sa;
+    socklen_t len = sizeof sa;
+    bool ok = fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
+              getsockname(fd, (struct sockaddr *)&sa, &len) == 0;
+    int err = errno;
+    if (fd >= 0) close(fd);
+    *family = res->ai_family;
+    freeaddrinfo(res);
+    if (!ok)
+        return ct_error_set(CT_ERR_IO, "tcp: no route from this host to the master '%s': %s", master, strerror(err));
+    const void *a = sa.ss_family == AF_INET6 ? (const void *)&((struct sockaddr_in6 *)&sa)->sin6_addr
+                                             : (const void *)&((struct sockaddr_in *)&sa)->sin_addr;
+    if (!inet_ntop(sa.ss_family, a, ip, (socklen_t)cap))
+        return ct_error_set(CT_ERR_INTERNAL, "tcp: inet_ntop: %s", strerror(errno));
+    return CT_OK;
+}
+
+static int listen_any(int family, int backlog, int *port)
+{
+    int fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    struct sockaddr_storage sa = {0};
+    socklen_t len;
+    if (family == AF_INET6) {
+        struct sockaddr_in6 *a = (struct sockaddr_in6 *)&sa;
+        a->sin6_family = AF_INET6;
+        a->sin6_addr = in6addr_any;
+        len = sizeof *a;
+    } else {
+        struct sockaddr_in *a = (struct sockaddr_in *)&sa;
+        a->sin_family = AF_INET;
+        a->sin_addr.s_addr = htonl(INADDR_ANY);
+        len = sizeof *a;
+    }
+    if (bind(fd, (struct sockaddr *)&sa, len) || listen(fd, backlog) || set_nonblock(fd) ||
+        getsockname(fd, (struct sockaddr *)&sa, &len)) {
+        int err = errno;
+        close(fd);
+        errno = err;
+        return -1;
+    }
+    *port = ntohs(family == AF_INET6 ? ((struct sockaddr_in6 *)&sa)->sin6_port : ((struct sockaddr_in *)&sa)->sin_port);
+    return fd;
+}
+
+static void hello_encode(uint8_t *h, int rank, int size, uint64_t nonce)
+{
+    memset(h, 0, HELLO_BYTES);
+    memcpy(h, HELLO_MAGIC, 4);
+    h[4] = HELLO_VERSION;
+    ct_msg_put(h + 8, (uint32_t)rank, 4);
+    ct_msg_put(h + 12, (uint32_t)size, 4);
+    ct_msg_put(h + 16, nonce, 8);
+}
+
+/* Connects to peer q at "ip port" and sends the hello; retries refusals until the deadline. */
+static int connect_peer(int q, const char *addr, const ct_transport_setup *s, uint64_t nonce, double deadline)
+{
+    char ip[128];
+    int port;
+    if (sscanf(addr, "%127s %d", ip, &port) != 2 || port <= 0 || port > 65535) {
+        ct_error_set(CT_ERR_FORMAT, "tcp: rank %d published the address '%s', not 'ip port'", q, addr);
+        return -1;
+    }
+    struct sockaddr_storage sa = {0};
+    socklen_t len;
+    if (inet_pton(AF_INET6, ip, &((struct sockaddr_in6 *)&sa)->sin6_addr) == 1) {
+        ((struct sockaddr_in6 *)&sa)->sin6_family = AF_INET6;
+        ((struct sockaddr_in6 *)&sa)->sin6_port = htons((uint16_t)port);
+        len = sizeof(struct sockaddr_in6);
+    } else if (inet_pton(AF_INET, ip, &((struct sockaddr_in *)&sa)->sin_addr) == 1) {
+        ((struct sockaddr_in *)&sa)->sin_family = AF_INET;
+        ((struct sockaddr_in *)&sa)->sin_port = htons((uint16_t)port);
+        len = sizeof(struct sockaddr_in);
+    } else {
+        ct_error_set(CT_ERR_FORMAT, "tcp: rank %d published the address '%s', not an IP address", q, addr);
+        return -1;
+    }
+    char why[256] = "no attempt";
+    double backoff = 0.01;
+    while (now_s() < deadline) {
+        int fd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0 || set_nonblock(fd)) {
+            snprintf(why, sizeof why, "socket: %s", strerror(errno));
+            if (fd >= 0) close(fd);
+            break;
+        }
+        int rc = connect(fd, (struct sockaddr *)&sa, len), err = rc ? errno : 0;
+        if (rc && err == EINPROGRESS) {
+            int r = wait_fd(fd, POLLOUT, deadline);
+            socklen_t el = sizeof err;
+            if (r <= 0) err = r == 0 ? ETIMEDOUT : errno;
+            else if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el)) err = errno;
+        }
+        if (!err) {
+            uint8_t h[HELLO_BYTES];
+            hello_encode(h, s->rank, s->size, nonce);
+            int one = 1;
+            if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) == 0 &&
+                io_full(fd, h, sizeof h, true, deadline, why, sizeof why) == 0)
+                return fd;
+        } else {
+            snprintf(why, sizeof why, "%s", strerror(err));
+        }
+        close(fd);
+        if (err != ECONNREFUSED && err != EAGAIN && err != ETIMEDOUT && err != ECONNRESET) break;
+        struct timespec ts = {0, (long)(backoff * 1e9)};
+        nanosleep(&ts, NULL);
+        backoff = backoff * 2 > 0.5 ? 0.5 : backoff * 2;
+    }
+    ct_error_set(now_s() >= deadline ? CT_ERR_TIMEOUT : CT_ERR_PEER,
+                 "tcp: cannot connect to rank %d at %s:%d (%s); is that host reachable from this one? set "
+                 "CTRAIN_TIMEOUT to wait longer",
+                 q, ip, port, why);
+    return -1;
+}
+
+/* Accepts the ranks above this one. */
+static ct_status accept_peers(int *fds, int lfd, const ct_transport_setup *s, uint64_t nonce, double deadline)
+{
+    int need = s->size - 1 - s->rank;
+    while (need > 0) {
+        int r = wait_fd(lfd, POLLIN, deadline);
+        if (r < 0) return ct_error_set(CT_ERR_IO, "tcp: poll on the listening socket: %s", strerror(errno));
+        if (r == 0) {
+            char list[256] = "";
+            size_t n = 0;
+            for (int q = s->rank + 1; q < s->size && n < sizeof list - 16; q++)
+                if (fds[q] < 0) n += (size_t)snprintf(list + n, sizeof list - n, "%s%d", n ? ", " : "", q);
+            return ct_error_set(CT_ERR_TIMEOUT,
+                                "tcp: rank(s) %s did not connect within %.3g s; did they start, and can they reach "
+                                "this host? set CTRAIN_TIMEOUT to wait longer",
+                                list, s->timeout_s);
+        }
+        int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) {
+            if (errno == EINTR || errno == EAGAIN || errno == ECONNABORTED || errno == EWOULDBLOCK) continue;
+            return ct_error_set(CT_ERR_IO, "tcp: accept: %s", strerror(errno));
+        }
+        uint8_t h[HELLO_BYTES];
+        char why[128];
+        int q = -1;
+        if (io_full(fd, h, sizeof h, false, deadline, why, sizeof why) == 0 && !memcmp(h, HELLO_MAGIC, 4) &&
+            h[4] == HELLO_VERSION && ct_msg_get(h + 12, 4) == (uint64_t)s->size && ct_msg_get(h + 16, 8) == nonce) {
+            q = (int)ct_msg_get(h + 8, 4);
+            if (q <= s->rank || q >= s->size || fds[q] >= 0) q = -1;
+        }
+        int one = 1;
+        if (q < 0 || setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one)) {
+            close(fd); /* a stranger, a stale job or a duplicate: not ours */
+            continue;
+        }
+        fds[q] = fd;
+        need--;
+    }
+    return CT_OK;
+}
+
+static ct_status store_get_text(const ct_transport_setup *s, const char *key, double deadline, char *out, size_t cap)
+{
+    void *v = NULL;
+    size_t n = 0;
+    double left = deadline - now_s();
+    if (left <= 0.001) left = 0.001;
+    ct_status st = ct_store_get(s->store, key, left, &v, &n);
+    if (st) return ct_error_prefix("tcp: ");
+    snprintf(out, cap, "%.*s", (int)(n < cap ? n : cap - 1), (const char *)v);
+    free(v);
+    return CT_OK;
+}
+
+ct_transport *ct_tcp_transport_new(const ct_transport_setup *s)
+{
+    double deadline = now_s() + s->timeout_s;
+    int *fds = malloc((size_t)s->size * sizeof *fds);
+    if (!fds) {
+        ct_error_set(CT_ERR_NOMEM, "tcp: out of memory setting up the transport for %d ranks", s->size);
+        return NULL;
+    }
+    for (int p = 0; p < s->size; p++) fds[p] = -1;
+
+    char ip[INET6_ADDRSTRLEN], key[CT_STORE_MAX_KEY], val[256];
+    int family = AF_INET, port, lfd = -1;
+    uint64_t nonce = 0;
+    if (local_ip(s->master_addr, ip, sizeof ip, &family)) goto fail;
+    lfd = listen_any(family, s->size, &port);
+    if (lfd < 0) {
+        ct_error_set(CT_ERR_IO, "tcp: cannot listen on a TCP port: %s", strerror(errno));
+        goto fail;
+    }
+    snprintf(key, sizeof key, "%s/nonce", s->prefix);
+    if (s->rank == 0) {
+        uint8_t b[8];
+        if (getrandom(&nonce, sizeof nonce, 0) != (ssize_t)sizeof nonce)
+            nonce = (uint64_t)getpid() * 0x9e3779b97f4a7c15u ^ (uint64_t)(now_s() * 1e9);
+        ct_msg_put(b, nonce, 8);
+        if (ct_store_set(s->store, key, b, sizeof b)) {
+            ct_error_prefix("tcp: ");
+            goto fail;
+        }
+    } else {
+        void *v = NULL;
+        size_t n = 0;
+        double left = deadline - now_s();
+        if (ct_store_get(s->store, key, left > 0.001 ? left : 0.001, &v, &n)) {
+            ct_error_prefix("tcp: ");
+            goto fail;
+        }
+        if (n != 8) {
+            free(v);
+            ct_error_set(CT_ERR_FORMAT, "tcp: the group's nonce under '%s' is not 8 bytes", key);
+            goto fail;
+        }
+        nonce = ct_msg_get(v, 8);
+        free(v);
+    }
+    snprintf(key, sizeof key, "%s/addr/%d", s->prefix, s->rank);
+    int n = snprintf(val, sizeof val, "%s %d", ip, port);
+    if (ct_store_set(s->store, key, val, (size_t)n)) {
+        ct_error_prefix("tcp: ");
+        goto fail;
+    }
+    for (int q = 0; q < s->rank; q++) {
+        snprintf(key, sizeof key, "%s/addr/%d", s->prefix, q);
+        if (store_get_text(s, key, deadline, val, sizeof val)) goto fail;
+        fds[q] = connect_peer(q, val, s, nonce, deadline);
+        if (fds[q] < 0) goto fail;
+    }
+    if (accept_peers(fds, lfd, s, nonce, deadline)) goto fail;
+    close(lfd);
+    return ct_tcp_transport_wrap(s->rank, s->size, fds);
+
+fail:
+    if (lfd >= 0) close(lfd);
+    for (int p = 0; p < s->size; p++)
+        if (fds[p] >= 0) close(fds[p]);
+    free(fds);
+    return NULL;
+}

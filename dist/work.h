@@ -1,0 +1,39 @@
+/* ctrain — requests: one asynchronous collective or point-to-point transfer.
+ *
+ * A ct_work is returned by every ct_pg_* submit function (dist/pg.h) and is owned by
+ * the caller, who frees it with ct_work_free. It completes exactly once, with a
+ * status; waiting again returns the same status (and sets the same message).
+ *
+ * Thread-safety: any thread may wait on, test or free a work, also while another
+ * thread waits on it, but ct_work_free must be the last call on it.
+ */
+#ifndef CT_DIST_WORK_H
+#define CT_DIST_WORK_H
+
+#include <stdbool.h>
+
+#include "core/error.h"
+
+typedef struct ct_work ct_work;
+
+/* Blocks until the work completes and returns its status; on failure the message is
+ * ct_last_error() of the calling thread. The wait is bounded: a collective that
+ * cannot complete fails within the group timeout. NULL: CT_ERR_INVALID. */
+ct_status ct_work_wait(ct_work *w);
+
+/* As ct_work_wait, but gives up after seconds (>= 0): CT_ERR_TIMEOUT if the work is
+ * still running, which it keeps doing (wait again, test or free it later). */
+ct_status ct_work_wait_timeout(ct_work *w, double seconds);
+
+/* *done = whether the work has completed; returns its status when done, else CT_OK. */
+ct_status ct_work_test(ct_work *w, bool *done);
+
+/* When the work completed, in seconds of the monotonic clock libuv uses (uv_hrtime
+ * / 1e9), or 0 while it runs: the DDP engine measures how much communication
+ * backward hid with it. */
+double ct_work_end_time(const ct_work *w);
+
+/* Waits for completion if still running, then frees. NULL is a no-op. */
+void ct_work_free(ct_work *w);
+
+#endif
