@@ -80,16 +80,17 @@ $(TEST_BIN): $(TEST_OBJ) $(AR_LIB)
 
 # The suite: one Criterion binary, every test in its own process with a timeout.
 # Criterion's closing "Synthesis" line is the summary CI reads. Tests that run the
-# `ctrain` command find it through CTRAIN_BIN.
+# `ctrain` command or the examples find them through CTRAIN_BIN and CTRAIN_EXAMPLES.
 test: setup
-	@$(MAKE) --no-print-directory $(JOBS) $(SO) $(TEST_BIN) $(CLI_BIN)
-	CTRAIN_BIN=$(abspath $(BUILD)/bin/ctrain) $(TEST_BIN) --jobs $${CT_TEST_JOBS:-2}
+	@$(MAKE) --no-print-directory $(JOBS) $(SO) $(TEST_BIN) $(CLI_BIN) $(GPT_BIN) $(QUICK_BIN)
+	CTRAIN_BIN=$(abspath $(BUILD)/bin/ctrain) CTRAIN_EXAMPLES=$(abspath $(BUILD)/examples) \
+	    $(TEST_BIN) --jobs $${CT_TEST_JOBS:-2}
 
 asan: setup
 	@$(MAKE) --no-print-directory $(JOBS) BUILD=build-asan OPT=-O1 build-asan/tests/ctrain_tests \
-	    $(if $(CLI_SRC),build-asan/bin/ctrain) \
+	    $(if $(CLI_SRC),build-asan/bin/ctrain) build-asan/examples/gpt_train build-asan/examples/quickstart \
 	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
-	CTRAIN_BIN=$(abspath build-asan/bin/ctrain) \
+	CTRAIN_BIN=$(abspath build-asan/bin/ctrain) CTRAIN_EXAMPLES=$(abspath build-asan/examples) \
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
 	LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp) \
 	    tests/run_checked.sh build-asan/tests.log build-asan/tests/ctrain_tests --jobs $${CT_TEST_JOBS:-2}

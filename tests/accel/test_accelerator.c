@@ -11,6 +11,9 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#ifdef __SANITIZE_ADDRESS__
+#include <sanitizer/lsan_interface.h>
+#endif
 
 #include "accel/accelerator.h"
 #include "autograd/autograd.h"
@@ -330,6 +333,11 @@ static void run_ranks(int world, rank_fn fn, const char *dir, void *ctx)
             setenv("CTRAIN_TIMEOUT", "30", 1);
             int rc = fn(r, world, dir, ctx);
             fflush(NULL);
+            ct_frame_reset_root();
+#ifdef __SANITIZE_ADDRESS__
+            /* _exit skips LeakSanitizer's check at exit: run it here */
+            __lsan_do_leak_check();
+#endif
             _exit(rc);
         }
     }
