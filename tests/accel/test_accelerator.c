@@ -139,6 +139,21 @@ static ct_status train(ct_accelerator *acc, run *r, int steps)
     return st;
 }
 
+/* steps steps of the plain loop, no Accelerator (the reference), crossing epochs. */
+static void plain_steps(run *r, int steps)
+{
+    for (int s = 0; s < steps; s++) CT_FRAME {
+        ct_tensor *x, *y;
+        ct_loader_result res = ct_loader_next(r->loader, &x, &y);
+        if (res == CT_LOADER_END) res = ct_loader_next(r->loader, &x, &y); /* the next epoch */
+        cr_assert_eq(res, CT_LOADER_BATCH);
+        cr_assert_eq(ct_backward(mlp_loss(r->m, x, y)), CT_OK);
+        cr_assert_eq(ct_optimizer_step(r->opt), CT_OK);
+        cr_assert_eq(ct_scheduler_step(r->sched), CT_OK);
+        ct_optimizer_zero_grad(r->opt);
+    }
+}
+
 static double max_rel_diff(const ct_param_list *a, const float *b)
 {
     double num = 0, den = 0;
@@ -193,15 +208,7 @@ Test(accelerator, one_process_is_a_plain_loop)
         cr_assert_eq(ct_accelerator_prepare(acc, &a.m->base, a.opt, a.loader, a.sched), CT_OK, "%s", ct_last_error());
         cr_assert_null(ct_accelerator_ddp(acc), "one process: no DDP");
         cr_assert_eq(train(acc, &a, 6), CT_OK, "%s", ct_last_error());
-        /* the same loop without the Accelerator */
-        for (int s = 0; s < 6; s++) CT_FRAME {
-            ct_tensor *x, *y;
-            cr_assert_eq(ct_loader_next(b.loader, &x, &y), CT_LOADER_BATCH);
-            cr_assert_eq(ct_backward(mlp_loss(b.m, x, y)), CT_OK);
-            ct_optimizer_step(b.opt);
-            ct_scheduler_step(b.sched);
-            ct_optimizer_zero_grad(b.opt);
-        }
+        plain_steps(&b, 6); /* the same loop without the Accelerator */
         float *want = params_copy(&b.params);
         cr_assert_eq(max_rel_diff(&a.params, want), 0.0, "bit-identical to the plain loop");
         free(want);
@@ -243,14 +250,7 @@ Test(accelerator, gradient_accumulation_equals_the_large_batch)
         cr_assert_eq(synced, 3);
         cr_assert_eq(ct_optimizer_step_count(a.opt), 3);
         cr_assert_eq(ct_scheduler_position(a.sched), 3, "once per optimizer step");
-        for (int s = 0; s < 3; s++) CT_FRAME {
-            ct_tensor *x, *y;
-            cr_assert_eq(ct_loader_next(b.loader, &x, &y), CT_LOADER_BATCH);
-            cr_assert_eq(ct_backward(mlp_loss(b.m, x, y)), CT_OK);
-            ct_optimizer_step(b.opt);
-            ct_scheduler_step(b.sched);
-            ct_optimizer_zero_grad(b.opt);
-        }
+        plain_steps(&b, 3);
         float *want = params_copy(&b.params);
         double e = max_rel_diff(&a.params, want);
         cr_assert_leq(e, 1e-5, "accumulated vs large batch: %g", e);
@@ -410,16 +410,7 @@ static void ddp_matches_one_process(int world, int K)
     CT_FRAME {
         run one;
         run_init(&one, c.batch * world * K, 100);
-        for (int s = 0; s < c.steps; s++) CT_FRAME {
-            ct_tensor *x, *y;
-            ct_loader_result res = ct_loader_next(one.loader, &x, &y);
-            if (res == CT_LOADER_END) res = ct_loader_next(one.loader, &x, &y); /* the next epoch */
-            cr_assert_eq(res, CT_LOADER_BATCH);
-            cr_assert_eq(ct_backward(mlp_loss(one.m, x, y)), CT_OK);
-            ct_optimizer_step(one.opt);
-            ct_scheduler_step(one.sched);
-            ct_optimizer_zero_grad(one.opt);
-        }
+        plain_steps(&one, c.steps);
         int64_t n = params_numel(&one.params);
         float *got = malloc((size_t)n * sizeof *got);
         FILE *f = fopen(path_of("params.bin"), "rb");
