@@ -20,13 +20,13 @@
  */
 #include <math.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "dist/comm_internal.h"
+#include "dist/loop_thread_internal.h"
 
 #define ABORT_MAX 4096 /* bytes of an abort message's text */
 
@@ -117,22 +117,7 @@ static engine *engine_acquire(void)
         what = "uv_async_init";
         if ((rc = uv_async_init(&e->loop, &e->wake, on_wake))) goto fail_mutex;
         e->wake.data = e;
-        /* The loop thread takes no asynchronous signals (they belong to the
-         * application's threads) and no SIGPIPE (libuv writes without MSG_NOSIGNAL: a
-         * peer that vanished must fail a write, not kill the process). The thread
-         * inherits the mask it is created with. */
-        sigset_t block, old;
-        sigfillset(&block);
-        sigdelset(&block, SIGSEGV);
-        sigdelset(&block, SIGBUS);
-        sigdelset(&block, SIGFPE);
-        sigdelset(&block, SIGILL);
-        what = "pthread_sigmask";
-        if ((rc = -pthread_sigmask(SIG_BLOCK, &block, &old))) goto fail_async;
-        what = "uv_thread_create";
-        rc = uv_thread_create(&e->thread, loop_main, e);
-        CT_ASSERT(pthread_sigmask(SIG_SETMASK, &old, NULL) == 0); /* restoring a valid mask */
-        if (rc) goto fail_async;
+        if ((rc = ct_loop_thread_create(&e->thread, loop_main, e, &what))) goto fail_async;
         eng = e;
         goto started;
     fail_async:

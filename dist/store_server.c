@@ -20,6 +20,7 @@
 #include <uv.h>
 
 #include "core/error.h"
+#include "dist/loop_thread_internal.h"
 #include "dist/store_internal.h"
 
 #define READ_CHUNK (64 * 1024)
@@ -509,24 +510,8 @@ ct_store_server *ct_store_server_start(const char *host, int port, int *bound_po
     what = "uv_async_init";
     if ((rc = uv_async_init(&srv->loop, &srv->stop, on_stop))) goto fail_listener;
     srv->stop.data = srv;
-    /* The loop thread takes no asynchronous signals (they belong to the application's
-     * threads) and no SIGPIPE: libuv writes without MSG_NOSIGNAL, so a client that
-     * vanishes mid-reply would otherwise kill the process instead of failing a write
-     * with EPIPE. The thread inherits the mask it is created with. */
-    sigset_t block, old;
-    sigfillset(&block);
-    sigdelset(&block, SIGSEGV);
-    sigdelset(&block, SIGBUS);
-    sigdelset(&block, SIGFPE);
-    sigdelset(&block, SIGILL);
-    what = "pthread_sigmask";
-    if ((rc = -pthread_sigmask(SIG_BLOCK, &block, &old))) goto fail_async;
-    what = "uv_thread_create";
-    rc = uv_thread_create(&srv->thread, server_main, srv);
-    int rc2 = pthread_sigmask(SIG_SETMASK, &old, NULL);
-    /* restoring a mask that was valid a moment ago cannot fail */
-    CT_ASSERT(rc2 == 0);
-    if (rc) goto fail_async;
+    /* a client that vanishes mid-reply must fail a write, not kill the process */
+    if ((rc = ct_loop_thread_create(&srv->thread, server_main, srv, &what))) goto fail_async;
     return srv;
 
 fail_async:
