@@ -3,7 +3,8 @@
  *
  * World group. Every rank takes a generation number from the store (a per-rank
  * counter, so the n-th ct_pg_new of every rank agrees on it without coordination)
- * and sets up the transport under the keys ct/pg/<generation>/...; then the ranks
+ * and sets up the transport under the keys ct/pg/<generation>/... (TCP, or shared
+ * memory when every rank runs on one host: dist/shm_setup.c); then the ranks
  * run a dissemination barrier, "init" (seq 0), whose signature carries the world
  * size: it proves every pair of ranks can talk and that they agree on the size.
  * After it, no rank uses the store again, so a store made here is freed.
@@ -23,6 +24,7 @@
 
 #include "dist/comm_internal.h"
 #include "dist/env.h"
+#include "dist/shm_internal.h"
 
 /* The root group's id; sub-groups mix it with their creation index. */
 #define ROOT_ID 1u
@@ -109,10 +111,14 @@ ct_pg *ct_pg_new(const ct_pg_config *cfg)
         ct_error_set(CT_ERR_INVALID, "ct_pg_new: master_port %d is outside 0..65535", c.master_port);
         return NULL;
     }
-    if (c.transport && strcmp(c.transport, "tcp")) {
-        bool later = !strcmp(c.transport, "shm") || !strcmp(c.transport, "nccl") || !strcmp(c.transport, "mpi");
-        ct_error_set(later ? CT_ERR_UNSUPPORTED : CT_ERR_INVALID, "ct_pg_new: transport '%s' %s; use \"tcp\"",
-                     c.transport, later ? "is not built yet" : "is unknown");
+    const char *want = c.transport && *c.transport ? c.transport : getenv("CTRAIN_TRANSPORT");
+    bool from_env = !(c.transport && *c.transport);
+    if (!want || !*want) want = "auto";
+    if (strcmp(want, "auto") && strcmp(want, "tcp") && strcmp(want, "shm")) {
+        bool later = !strcmp(want, "nccl") || !strcmp(want, "mpi");
+        ct_error_set(later ? CT_ERR_UNSUPPORTED : CT_ERR_INVALID,
+                     "ct_pg_new: transport '%s'%s %s; use \"auto\", \"tcp\" or \"shm\"", want,
+                     from_env ? " (from CTRAIN_TRANSPORT)" : "", later ? "is not built yet" : "is unknown");
         return NULL;
     }
     size_t ring_min = c.ring_min_bytes ? c.ring_min_bytes : CT_COMM_RING_MIN_BYTES;
@@ -140,9 +146,10 @@ ct_pg *ct_pg_new(const ct_pg_config *cfg)
     ct_transport *tp = NULL;
     if (!ct_store_add(s, key, 1, &gen)) {
         snprintf(prefix, sizeof prefix, "ct/pg/%lld", (long long)gen);
-        tp = ct_tcp_transport_new(&(ct_transport_setup){.store = s, .prefix = prefix, .rank = c.rank,
-                                                        .size = c.world_size, .timeout_s = c.timeout_s,
-                                                        .master_addr = c.master_addr});
+        tp = ct_transport_select(&(ct_transport_setup){.store = s, .prefix = prefix, .rank = c.rank,
+                                                       .size = c.world_size, .timeout_s = c.timeout_s,
+                                                       .master_addr = c.master_addr},
+                                 want);
     }
     if (tp) g->grp = ct_comm_group_new(NULL, tp, ROOT_ID, c.rank, c.world_size, NULL, c.timeout_s);
     ct_status st = g->grp ? check_across(g, CT_OP_INIT, c.world_size, 0) : ct_last_status();
@@ -214,6 +221,9 @@ ct_pg *ct_pg_new_subgroup(ct_pg *parent, const int *ranks, int n)
 int ct_pg_rank(const ct_pg *g) { return g ? g->rank : -1; }
 
 int ct_pg_size(const ct_pg *g) { return g ? g->size : 0; }
+
+/* The link's transport is set before the group is returned and never changes. */
+const char *ct_pg_transport(const ct_pg *g) { return !g ? NULL : g->grp ? g->grp->L->tp->ops->name : "none"; }
 
 void ct_pg_free(ct_pg *g)
 {

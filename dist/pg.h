@@ -68,7 +68,10 @@ typedef struct ct_pg_config {
     double timeout_s;        /* bounds setup and every collective; default CTRAIN_TIMEOUT, else 300 */
     ct_store *store;         /* optional: rendezvous through this store (borrowed; it must
                               * outlive ct_pg_new only); master_addr/port are then unused */
-    const char *transport;   /* "tcp" (default) */
+    const char *transport;   /* "auto" (default; CTRAIN_TRANSPORT when NULL): "shm" when every
+                              * rank runs on this host, else "tcp"; "tcp": TCP connections;
+                              * "shm": shared-memory rings (an error when ranks are on other
+                              * hosts). Every rank must ask for the same one. */
     /* Tuning; every rank must use the same values (a difference is reported as a
      * desync). Sub-groups inherit them. */
     size_t ring_min_bytes; /* allreduce: recursive doubling below, ring from here; default 64 KiB */
@@ -77,12 +80,13 @@ typedef struct ct_pg_config {
 
 /* The group of all ranks. NULL cfg: rank, world size, master and timeout from the
  * environment (ct_dist_env_detect: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
- * CTRAIN_TIMEOUT). A world of 1 needs no store and no sockets. Otherwise rank 0
- * serves the store (unless cfg->store is given), the ranks exchange addresses
- * through it, connect to each other (one TCP connection per pair) and check that
- * they agree before returning. New handle, owned by the caller (ct_pg_free); NULL
- * with ct_last_error() set on failure (an unreachable master or peer within the
- * timeout names the address). */
+ * CTRAIN_TIMEOUT, CTRAIN_TRANSPORT). A world of 1 needs no store and no sockets.
+ * Otherwise rank 0 serves the store (unless cfg->store is given), the ranks exchange
+ * addresses and host names through it, connect to each other (one TCP connection per
+ * pair; with "shm" also a shared-memory ring per direction, the connection only
+ * waking the reader) and check that they agree before returning. New handle, owned
+ * by the caller (ct_pg_free); NULL with ct_last_error() set on failure (an
+ * unreachable master or peer within the timeout names the address). */
 ct_pg *ct_pg_new(const ct_pg_config *cfg);
 
 /* A group of the parent's ranks ranks[0..n-1] (distinct parent ranks; the new
@@ -95,6 +99,9 @@ ct_pg *ct_pg_new_subgroup(ct_pg *parent, const int *ranks, int n);
 
 int ct_pg_rank(const ct_pg *g); /* -1 for NULL */
 int ct_pg_size(const ct_pg *g); /* 0 for NULL */
+/* The transport the group's messages use: "tcp", "shm", "none" for a group of one
+ * rank (static strings); NULL for NULL. Sub-groups use their parent's. */
+const char *ct_pg_transport(const ct_pg *g);
 
 /* Each returns a new work, owned by the caller (ct_work_free), or NULL with the
  * error set. In-place variants overwrite t; out-of-place ones read in and write out

@@ -270,7 +270,7 @@ static ct_status store_get_text(const ct_transport_setup *s, const char *key, do
     return CT_OK;
 }
 
-ct_transport *ct_tcp_transport_new(const ct_transport_setup *s)
+int *ct_tcp_connect(const ct_transport_setup *s)
 {
     double deadline = now_s() + s->timeout_s;
     int *fds = malloc((size_t)s->size * sizeof *fds);
@@ -329,7 +329,7 @@ ct_transport *ct_tcp_transport_new(const ct_transport_setup *s)
     }
     if (accept_peers(fds, lfd, s, nonce, deadline)) goto fail;
     close(lfd);
-    return ct_tcp_transport_wrap(s->rank, s->size, fds);
+    return fds;
 
 fail:
     if (lfd >= 0) close(lfd);
@@ -337,4 +337,10 @@ fail:
         if (fds[p] >= 0) close(fds[p]);
     free(fds);
     return NULL;
+}
+
+ct_transport *ct_tcp_transport_new(const ct_transport_setup *s)
+{
+    int *fds = ct_tcp_connect(s);
+    return fds ? ct_tcp_transport_wrap(s->rank, s->size, fds) : NULL;
 }

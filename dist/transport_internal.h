@@ -5,9 +5,10 @@
  * numbered 0 .. size-1 as the ranks of the group that created it) and then, on the
  * comm thread's libuv loop, sends and receives messages: a fixed header (ct_msg)
  * followed by `len` payload bytes. Messages from one peer arrive in the order that
- * peer sent them. TCP is the one built now (dist/tcp_setup.c, dist/tcp.c);
- * shared-memory rings and NCCL fit behind the same operations: the setup is theirs (store exchange of
- * addresses, segment names or the NCCL unique id) and the loop side only needs
+ * peer sent them. Two are built: TCP (dist/tcp_setup.c, dist/tcp.c) and shared-memory
+ * rings for ranks on one host (dist/shm_setup.c, dist/shm.c); NCCL will fit behind the
+ * same operations: the setup is each transport's own (store exchange of addresses,
+ * segment names or the NCCL unique id) and the loop side only needs
  * "send this", "here is a header, where does its payload go", "it arrived" and
  * "this peer is gone".
  *

@@ -88,7 +88,7 @@ static int rogue_main(rank_ctx *c)
         int rc = 0;
         char key[32];
         /* 1: bytes that are not a frame, during the check at the end of ct_pg_new */
-        ct_pg *g = rank_pg(c, 10, NULL);
+        ct_pg *g = rank_pg(c, 10, &(ct_pg_config){.transport = "tcp"});
         const char *e = ct_last_error();
         if (g || ct_last_status() != CT_ERR_FORMAT || !strstr(e, "rank 1 sent a malformed frame: bad magic 'GET '"))
             rc = 2, report(c, "garbage: %p %s", (void *)g, e);
@@ -98,7 +98,7 @@ static int rogue_main(rank_ctx *c)
         const char *want[] = {"rank 1 sent 12 bytes for step 1, chunk 0, where 16 were due",
                               "rank 1 sent a malformed frame: payload length 4294967295 exceeds the limit"};
         for (int k = 0; k < 2; k++) {
-            g = rank_pg(c, 10, NULL);
+            g = rank_pg(c, 10, &(ct_pg_config){.transport = "tcp"});
             if (!g) return 3;
             snprintf(key, sizeof key, "test/ready/%d", k);
             ct_store_set(c->store, key, "1", 1);

@@ -1,0 +1,367 @@
+/* Choosing the transport, and the shared-memory transport's setup, on the caller's
+ * thread; every step is bounded by the deadline (the group timeout). The loop side is
+ * in dist/shm.c, the ring protocol in dist/shm_internal.h.
+ *
+ * Choice. Every rank publishes "<want> <job id> <boot id> <host name>" under
+ * <prefix>/host/<rank> (the job id is rank 0's, 16 hex digits of random; the others
+ * write 0), then makes the TCP connections (dist/tcp_setup.c). A peer publishes its
+ * entry before its address, so once connected every rank finds every entry and
+ * decides the same: shm when no rank asked for "tcp" and every rank has rank 0's boot
+ * id and host name; a rank that asked for "shm" when that does not hold makes every
+ * rank fail, naming the ranks on other hosts or those that asked for "tcp". A peer
+ * without an entry (not this code) counts as asking for "tcp".
+ *
+ * Segments, two rounds of one byte on every connection:
+ *   1. each rank creates, sizes (reserving the pages: a full /dev/shm fails here, not
+ *      with SIGBUS later) and maps its segment to each peer, /ctrain-<job>-<from>-<to>,
+ *      then sends 'S' (or 'F') and reads every peer's byte;
+ *   2. if every rank said 'S', each opens its peers' segments, unlinks each at once
+ *      (its mapping and the producer's keep it alive) and maps it, then sends 'M' (or
+ *      'F') and reads every peer's byte.
+ * After round 2 no name is left in /dev/shm. On any failure every rank unlinks both
+ * directions' names for every peer (ENOENT is fine), so a rank killed during the setup
+ * leaves nothing behind either; with "auto" the ranks then agree on TCP over the same
+ * connections (they read exactly the handshake's bytes), with "shm" they fail.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dist/shm_internal.h"
+#include "dist/tcp_internal.h"
+
+/* How long to wait for a connected peer's entry: it was published before the
+ * connection, so only a peer that never publishes one waits this long. */
+#define ENTRY_WAIT_S 0.25
+
+typedef struct entry {
+    bool present;
+    char want[8], boot[64], host[256];
+    unsigned long long job;
+} entry;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void host_identity(char *boot, size_t bcap, char *host, size_t hcap)
+{
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (!f || !fgets(boot, (int)bcap, f)) boot[0] = '\0';
+    if (f) fclose(f);
+    boot[strcspn(boot, " \t\r\n")] = '\0';
+    if (!boot[0]) snprintf(boot, bcap, "-");
+    if (gethostname(host, hcap)) host[0] = '\0';
+    host[hcap - 1] = '\0';
+    for (char *c = host; *c; c++)
+        if (*c == ' ' || *c == '\t' || *c == '\n') *c = '_';
+    if (!host[0]) snprintf(host, hcap, "-");
+}
+
+/* CTRAIN_SHM_RING_BYTES (a test and tuning knob), else the default. */
+static ct_status ring_bytes(uint64_t *out)
+{
+    const char *v = getenv("CTRAIN_SHM_RING_BYTES");
+    *out = CT_SHM_RING_BYTES;
+    if (!v || !*v) return CT_OK;
+    char *end;
+    errno = 0;
+    unsigned long long n = strtoull(v, &end, 10);
+    if (errno || *end || n < CT_SHM_RING_MIN || n > CT_SHM_RING_MAX)
+        return ct_error_set(CT_ERR_INVALID, "shm: CTRAIN_SHM_RING_BYTES='%s' is not a number of bytes in %u .. %u", v,
+                            CT_SHM_RING_MIN, CT_SHM_RING_MAX);
+    *out = n;
+    return CT_OK;
+}
+
+static void seg_name(char *out, size_t cap, unsigned long long job, int from, int to)
+{
+    snprintf(out, cap, "/ctrain-%016llx-%d-%d", job, from, to);
+}
+
+/* Creates, reserves and maps the segment from -> to; NULL with the reason in why. */
+static ct_shm_ring *seg_create(unsigned long long job, int from, int to, uint64_t cap, char *why, size_t wcap)
+{
+    char name[96];
+    seg_name(name, sizeof name, job, from, to);
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        snprintf(why, wcap, "shm_open %s: %s", name, strerror(errno));
+        return NULL;
+    }
+    size_t bytes = CT_SHM_CTL_BYTES + cap;
+    int rc = posix_fallocate(fd, 0, (off_t)bytes);
+    void *m = rc ? MAP_FAILED : mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (!rc && m == MAP_FAILED) rc = errno;
+    close(fd);
+    if (rc) {
+        snprintf(why, wcap, "cannot reserve %zu bytes for %s: %s (is /dev/shm full or too small?)", bytes, name,
+                 strerror(rc));
+        shm_unlink(name);
+        return NULL;
+    }
+    ct_shm_ring *r = m;
+    r->magic = CT_SHM_MAGIC;
+    r->version = CT_SHM_VERSION;
+    r->capacity = cap;
+    atomic_store(&r->head, 0);
+    atomic_store(&r->tail, 0);
+    atomic_store(&r->rx_sleep, 1); /* the reader has not looked yet: the first bytes ring */
+    atomic_store(&r->tx_sleep, 0);
+    return r;
+}
+
+/* Opens, unlinks and maps the segment from -> to made by from; checks its header. */
+static ct_shm_ring *seg_open(unsigned long long job, int from, int to, char *why, size_t wcap)
+{
+    char name[96];
+    seg_name(name, sizeof name, job, from, to);
+    int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
+    if (fd < 0) {
+        snprintf(why, wcap, "shm_open %s (made by rank %d): %s (do the ranks share /dev/shm?)", name, from,
+                 strerror(errno));
+        return NULL;
+    }
+    shm_unlink(name);
+    struct stat st;
+    void *m = MAP_FAILED;
+    if (fstat(fd, &st) == 0 && (uint64_t)st.st_size >= CT_SHM_CTL_BYTES + CT_SHM_RING_MIN)
+        m = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    int err = errno;
+    close(fd);
+    if (m == MAP_FAILED) {
+        snprintf(why, wcap, "cannot map %s (made by rank %d): %s", name, from, strerror(err));
+        return NULL;
+    }
+    ct_shm_ring *r = m;
+    if (r->magic != CT_SHM_MAGIC || r->version != CT_SHM_VERSION ||
+        r->capacity + CT_SHM_CTL_BYTES != (uint64_t)st.st_size) {
+        snprintf(why, wcap, "%s (made by rank %d) is not a ring of this version (magic %08x, version %u)", name,
+                 from, r->magic, r->version);
+        munmap(m, (size_t)st.st_size);
+        return NULL;
+    }
+    return r;
+}
+
+/* 1 ready, 0 deadline passed, -1 poll failed (errno) */
+static int wait_in(int fd, double deadline)
+{
+    for (;;) {
+        double left = deadline - now_s();
+        if (left <= 0) return 0;
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        int r = poll(&p, 1, left > 1e6 ? 1000000000 : (int)ceil(left * 1e3));
+        if (r > 0) return 1;
+        if (r < 0 && errno != EINTR) return -1;
+    }
+}
+
+/* One round: sends mine to every peer, reads every peer's byte. Returns the error
+ * (connection lost, no answer, a byte that is not ok or fail); *failed = the lowest
+ * rank that said 'F', or -1. */
+static ct_status handshake(const ct_transport_setup *s, const int *fds, char mine, char ok, double deadline,
+                           int *failed)
+{
+    *failed = -1;
+    for (int q = 0; q < s->size; q++) {
+        if (q == s->rank) continue;
+        ssize_t k;
+        do k = send(fds[q], &mine, 1, MSG_NOSIGNAL); /* an empty socket buffer takes it */
+        while (k < 0 && errno == EINTR);
+        if (k != 1)
+            return ct_error_set(CT_ERR_PEER, "shm: cannot write to rank %d during the setup (%s): did it exit?", q,
+                                k < 0 ? strerror(errno) : "short write");
+    }
+    for (int q = 0; q < s->size; q++) {
+        if (q == s->rank) continue;
+        char b = 0;
+        for (;;) {
+            int r = wait_in(fds[q], deadline);
+            if (r == 0)
+                return ct_error_set(CT_ERR_TIMEOUT,
+                                    "shm: rank %d did not answer during the shared-memory setup within %.3g s; set "
+                                    "CTRAIN_TIMEOUT to wait longer",
+                                    q, s->timeout_s);
+            if (r < 0) return ct_error_set(CT_ERR_IO, "shm: poll: %s", strerror(errno));
+            ssize_t k = recv(fds[q], &b, 1, 0);
+            if (k == 1) break;
+            if (k < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+            return ct_error_set(CT_ERR_PEER,
+                                "shm: rank %d closed its connection during the shared-memory setup%s%s%s: did the "
+                                "process exit or crash?",
+                                q, k ? " (" : "", k ? strerror(errno) : "", k ? ")" : "");
+        }
+        if (b == 'F') {
+            if (*failed < 0) *failed = q;
+        } else if (b != ok) {
+            return ct_error_set(CT_ERR_FORMAT, "shm: rank %d sent 0x%02x during the setup, expected '%c' or 'F'", q,
+                                (unsigned char)b, ok);
+        }
+    }
+    return CT_OK;
+}
+
+/* The shm transport over the connected sockets fds (taken); with fallback, a failure
+ * to make the segments that every rank sees gives the TCP transport instead. */
+static ct_transport *shm_setup(const ct_transport_setup *s, int *fds, unsigned long long job, bool fallback,
+                               double deadline)
+{
+    ct_shm_ring **tx = calloc((size_t)s->size, sizeof *tx), **rx = calloc((size_t)s->size, sizeof *rx);
+    uint64_t cap;
+    char why[384] = "";
+    ct_status st = CT_OK;
+    bool mine = true;
+    int failed = -1;
+    if (!tx || !rx) {
+        st = ct_error_set(CT_ERR_NOMEM, "shm: out of memory setting up the transport for %d ranks", s->size);
+        goto fail;
+    }
+    if ((st = ring_bytes(&cap))) goto fail;
+    for (int q = 0; q < s->size && mine; q++)
+        if (q != s->rank && !(tx[q] = seg_create(job, s->rank, q, cap, why, sizeof why))) mine = false;
+    if ((st = handshake(s, fds, mine ? 'S' : 'F', 'S', deadline, &failed))) goto fail;
+    if (mine && failed < 0) {
+        for (int q = 0; q < s->size && mine; q++)
+            if (q != s->rank && !(rx[q] = seg_open(job, q, s->rank, why, sizeof why))) mine = false;
+        if ((st = handshake(s, fds, mine ? 'M' : 'F', 'M', deadline, &failed))) goto fail;
+    }
+    if (mine && failed < 0) return ct_shm_transport_wrap(s->rank, s->size, fds, tx, rx);
+
+fail:
+    for (int q = 0; q < s->size; q++) {
+        if (q == s->rank) continue;
+        char name[96];
+        seg_name(name, sizeof name, job, s->rank, q);
+        shm_unlink(name);
+        seg_name(name, sizeof name, job, q, s->rank);
+        shm_unlink(name);
+        if (tx && tx[q]) munmap(tx[q], CT_SHM_CTL_BYTES + tx[q]->capacity);
+        if (rx && rx[q]) munmap(rx[q], CT_SHM_CTL_BYTES + rx[q]->capacity);
+    }
+    free(tx);
+    free(rx);
+    if (!st && fallback) return ct_tcp_transport_wrap(s->rank, s->size, fds);
+    for (int q = 0; q < s->size; q++)
+        if (fds[q] >= 0) close(fds[q]);
+    free(fds);
+    if (st) return NULL;
+    if (!mine)
+        ct_error_set(CT_ERR_IO, "shm: %s; use transport \"tcp\" or \"auto\"", why);
+    else
+        ct_error_set(CT_ERR_PEER,
+                     "shm: rank %d could not set up its shared-memory rings (its own error says why); use transport "
+                     "\"tcp\" or \"auto\"",
+                     failed);
+    return NULL;
+}
+
+/* "1, 3, 4" from the ranks with bad[q]. */
+static void rank_list(const bool *bad, int n, char *out, size_t cap)
+{
+    size_t k = 0;
+    out[0] = '\0';
+    for (int q = 0; q < n && k < cap - 16; q++)
+        if (bad[q]) k += (size_t)snprintf(out + k, cap - k, "%s%d", k ? ", " : "", q);
+}
+
+ct_transport *ct_transport_select(const ct_transport_setup *s, const char *want)
+{
+    double deadline = now_s() + s->timeout_s;
+    entry *e = calloc((size_t)s->size, sizeof *e);
+    bool *bad = calloc((size_t)s->size, sizeof *bad);
+    int *fds = NULL;
+    char key[CT_STORE_MAX_KEY], val[512];
+    if (!e || !bad) {
+        ct_error_set(CT_ERR_NOMEM, "transport: out of memory choosing the transport for %d ranks", s->size);
+        goto fail;
+    }
+    unsigned long long job = 0;
+    if (s->rank == 0 && getrandom(&job, sizeof job, 0) != (ssize_t)sizeof job)
+        job = (unsigned long long)getpid() * 0x9e3779b97f4a7c15u ^ (unsigned long long)(now_s() * 1e9);
+    char boot[64], host[256];
+    host_identity(boot, sizeof boot, host, sizeof host);
+    snprintf(key, sizeof key, "%s/host/%d", s->prefix, s->rank);
+    int n = snprintf(val, sizeof val, "%s %016llx %s %s", want, job, boot, host);
+    if (ct_store_set(s->store, key, val, (size_t)n)) {
+        ct_error_prefix("transport: ");
+        goto fail;
+    }
+    fds = ct_tcp_connect(s);
+    if (!fds) goto fail;
+
+    for (int q = 0; q < s->size; q++) {
+        char *v = NULL;
+        size_t len = 0;
+        snprintf(key, sizeof key, "%s/host/%d", s->prefix, q);
+        ct_status st = ct_store_get(s->store, key, ENTRY_WAIT_S, (void **)&v, &len);
+        if (st == CT_ERR_TIMEOUT) continue;
+        if (st) {
+            ct_error_prefix("transport: ");
+            goto fail;
+        }
+        entry *x = &e[q];
+        x->present = sscanf(v, "%7s %llx %63s %255s", x->want, &x->job, x->boot, x->host) == 4;
+        free(v);
+    }
+    ct_error_clear();
+    bool any_shm = false, any_tcp = false, elsewhere = false;
+    for (int q = 0; q < s->size; q++) {
+        bool tcp = !e[q].present || !strcmp(e[q].want, "tcp");
+        any_tcp |= tcp;
+        any_shm |= e[q].present && !strcmp(e[q].want, "shm");
+        bad[q] = e[q].present && (strcmp(e[q].boot, e[0].boot) || strcmp(e[q].host, e[0].host));
+        elsewhere |= !e[q].present || bad[q];
+    }
+    char list[256];
+    if (any_shm && any_tcp) {
+        for (int q = 0; q < s->size; q++) bad[q] = !e[q].present || !strcmp(e[q].want, "tcp");
+        rank_list(bad, s->size, list, sizeof list);
+        ct_error_set(CT_ERR_INVALID,
+                     "transport: some ranks asked for \"shm\" but rank(s) %s asked for \"tcp\"; give every rank the "
+                     "same transport (ct_pg_config.transport or CTRAIN_TRANSPORT)",
+                     list);
+        goto fail;
+    }
+    if (any_shm && elsewhere) {
+        int first = -1;
+        for (int q = 0; q < s->size; q++)
+            if (bad[q] && first < 0) first = q;
+        rank_list(bad, s->size, list, sizeof list);
+        ct_error_set(CT_ERR_INVALID,
+                     "transport: \"shm\" needs every rank on one host, but rank(s) %s run on another host (rank %d "
+                     "on '%s', rank 0 on '%s'); use transport \"auto\" or \"tcp\"",
+                     list, first, e[first].host, e[0].host);
+        goto fail;
+    }
+    free(bad);
+    if (any_tcp || elsewhere) {
+        free(e);
+        return ct_tcp_transport_wrap(s->rank, s->size, fds);
+    }
+    job = e[0].job;
+    free(e);
+    return shm_setup(s, fds, job, !any_shm, deadline);
+
+fail:
+    if (fds)
+        for (int q = 0; q < s->size; q++)
+            if (fds[q] >= 0) close(fds[q]);
+    free(fds);
+    free(e);
+    free(bad);
+    return NULL;
+}
