@@ -3,7 +3,7 @@
 #   make            libctrain.so + libctrain.a       make test    the whole suite
 #   make asan       the suite under ASan + UBSan     make fuzz    each fuzz target, bounded
 #   make bench      kernel benchmarks                make install PREFIX=/usr/local DESTDIR=
-#   make bench-gpt  GPT training vs PyTorch CPU
+#   make bench-gpt  GPT training vs PyTorch CPU   make bench-collectives  allreduce vs OpenMPI, gloo
 #   make train      the README's main job            make clean
 #
 # PORTABLE=1 builds for any x86-64 instead of -march=native.
@@ -49,7 +49,7 @@ TEST_BIN := $(BUILD)/tests/ctrain_tests
 CLI_BIN  := $(if $(CLI_SRC),$(BUILD)/bin/ctrain)
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all setup test asan memcheck fuzz bench bench-gpt install uninstall clean train
+.PHONY: all setup test asan memcheck fuzz bench bench-gpt bench-collectives install uninstall clean train
 .DEFAULT_GOAL := all
 
 all: setup
@@ -129,6 +129,10 @@ bench: setup
 bench-gpt: setup
 	@$(MAKE) --no-print-directory $(JOBS) $(BENCH_BIN)
 	bench/gpt_cpu/run.sh --out $(BUILD)/bench/gpt_cpu.md
+
+# allreduce bus bandwidth: ctrain shm and tcp beside OpenMPI and gloo (bench/collectives/run.sh)
+bench-collectives: setup
+	bench/collectives/run.sh --out $(BUILD)/bench/collectives.md
 
 # The README's main job: train the bundled GPT on its default data.
 GPT_BIN := $(BUILD)/examples/gpt_train

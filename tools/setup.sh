@@ -9,6 +9,7 @@ packages=(
     clang libclang-rt-14-dev libomp-14-dev valgrind
     fortunes gnuplot-nox
     python3-torch
+    openmpi-bin libopenmpi-dev
 )
 
 missing=()

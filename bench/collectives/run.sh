@@ -1,0 +1,232 @@
+#!/usr/bin/env bash
+# Allreduce (sum, f32) bus bandwidth on 2 ranks of this machine: ctrain beside OpenMPI
+# and gloo, in one run.
+#
+#   bench/collectives/run.sh [--quick] [--out FILE] [--sizes "1024 4096 ..."] [--timeout S]
+#
+# For each message size (default 1 KiB, 4 KiB, ..., 64 MiB in steps of 4x) it measures
+#   - ctrain shm       allreduce.c, ct_pg transport "shm", 2 ranks via ctrain launch
+#   - ctrain tcp       allreduce.c, transport "tcp" (over 127.0.0.1)
+#   - OpenMPI shm      allreduce_mpi.c (built here with mpicc), MPI_Allreduce under
+#                      mpirun -np 2 --mca pml ob1 --mca btl self,vader
+#   - OpenMPI tcp      the same with --mca btl self,tcp
+#   - gloo             allreduce_gloo.py, torch.distributed "gloo" (env://) on 2 ranks
+#                      via ctrain launch, with Debian's torch (/usr/bin/python3)
+# ctrain launch runs its ranks with --num_cpu_threads_per_process 1; mpirun binds its
+# two ranks to a core each (its default). Every program follows the same method: per
+# size a correctness check, warm-up calls, then at least 0.2 s and 5 calls each
+# timed alone, the median per call (the slowest rank's); busbw = bytes / time * 2(n-1)/n
+# in GB/s (nccl-tests' definition; with n = 2 it equals algbw).
+# --quick: 1 KiB, 64 KiB and 1 MiB, 0.02 s per size (a smoke test, not a measurement).
+#
+# Needs: make and the library's build tools, mpicc and mpirun (Debian: openmpi-bin,
+# libopenmpi-dev; tools/setup.sh installs them), and $PYTHON or /usr/bin/python3 with
+# torch and gloo (python3-torch). A missing one stops the run before anything is
+# measured. Each run is bounded by --timeout seconds (default 600, 120 with --quick),
+# ctrain's collectives by CTRAIN_TIMEOUT (60 unless set); gloo talks over loopback
+# (GLOO_SOCKET_IFNAME=lo unless set). Interrupted or timed out, the run stops its
+# ranks (and every rank dies with its launcher).
+#
+# Prints a markdown table (also written to FILE with --out). When ctrain's "shm"
+# transport cannot be created, its column says n/a and a line gives the error; every
+# other failure ends the run with a message. Logs: build/bench/collectives/logs/.
+set -euo pipefail
+
+die() { echo "run.sh: $*" >&2; exit 1; }
+trap 'echo "run.sh: failed at line $LINENO: $BASH_COMMAND" >&2' ERR
+
+# A measurement runs in the background (see bounded) so that a signal to this script
+# reaches the trap at once; timeout(1) passes a TERM on to its child (mpirun or ctrain
+# launch, which stop their ranks) and sends KILL 10 s later.
+job=""
+stop_job() {
+    [ -n "$job" ] || return 0
+    kill -TERM "$job" 2>/dev/null || true
+    wait "$job" 2>/dev/null || true
+    job=""
+}
+trap 'stop_job; echo "run.sh: interrupted" >&2; exit 130' INT TERM
+trap 'stop_job' EXIT
+
+start_dir=$PWD
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/../.." && pwd)
+cd "$root"
+
+quick=0
+out=""
+sizes=""
+limit=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --quick) quick=1 ;;
+    --out) [ $# -ge 2 ] || die "--out needs a file name"; out=$2; shift ;;
+    --sizes) [ $# -ge 2 ] || die "--sizes needs a list of byte counts, e.g. \"1024 65536\""; sizes=$2; shift ;;
+    --timeout) [ $# -ge 2 ] || die "--timeout needs seconds"; limit=$2; shift ;;
+    -h | --help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown option '$1' (see --help)" ;;
+    esac
+    shift
+done
+if [ -z "$sizes" ]; then
+    if [ "$quick" = 1 ]; then sizes="1024 65536 1048576"; else
+        sizes="1024 4096 16384 65536 262144 1048576 4194304 16777216 67108864"
+    fi
+fi
+for s in $sizes; do
+    if ! [[ "$s" =~ ^[1-9][0-9]*$ ]] || [ $((s % 4)) -ne 0 ]; then
+        die "--sizes: '$s' is not a positive multiple of 4 bytes"
+    fi
+done
+read -r -a size_list <<<"$sizes"
+size_csv=$(IFS=,; echo "${size_list[*]}")
+[ -n "$limit" ] || limit=$([ "$quick" = 1 ] && echo 120 || echo 600)
+[[ "$limit" =~ ^[1-9][0-9]*$ ]] || die "--timeout: '$limit' is not a positive number of seconds"
+case "$out" in "" | /*) ;; *) out=$start_dir/$out ;; esac # relative to where it was called from
+[ -z "$out" ] || { mkdir -p "$(dirname "$out")" && : >"$out"; } || die "cannot write --out $out"
+
+if [ "$quick" = 1 ]; then
+    method=(--min-time 0.02 --min-iters 5 --warmup 2)
+else
+    method=(--min-time 0.2 --min-iters 5 --warmup 5)
+fi
+
+# ---- tools ----------------------------------------------------------------------------
+for t in make timeout mpicc mpirun; do
+    hint=""
+    [ "${t#mpi}" = "$t" ] || hint="; install openmpi-bin and libopenmpi-dev (tools/setup.sh does)"
+    command -v "$t" >/dev/null 2>&1 || die "'$t' not found$hint"
+done
+py=${PYTHON:-/usr/bin/python3}
+[ -x "$py" ] || command -v "$py" >/dev/null 2>&1 || die "no Python at $py (install python3-torch, or set \$PYTHON)"
+torch_version=$("$py" -c 'import sys, torch, torch.distributed as d
+sys.exit(3) if not (d.is_available() and d.is_gloo_available()) else sys.stdout.write(torch.__version__)' 2>/dev/null) ||
+    die "$py cannot import torch with gloo (install python3-torch, or set \$PYTHON to an interpreter that has it)"
+mpi_version=$(mpirun --version 2>/dev/null | head -n 1) || die "mpirun --version failed"
+case "$mpi_version" in *"Open MPI"*) ;; *) die "mpirun is not Open MPI ('$mpi_version'); this script passes Open MPI's --mca options" ;; esac
+
+# ---- build ----------------------------------------------------------------------------
+ctrain=build/bin/ctrain
+bin=build/bench/collectives/allreduce
+mpibin=build/bench/collectives/allreduce_mpi-openmpi # not the Makefile's stub (cc, no MPI)
+echo "run.sh: building $ctrain, $bin and $mpibin" >&2
+make -s "$ctrain" "$bin" >&2 || die "make $ctrain $bin failed"
+for b in "$ctrain" "$bin"; do [ -x "$b" ] || die "$b was not built"; done
+mkdir -p "$(dirname "$mpibin")"
+mpicc -std=c11 -D_GNU_SOURCE -O3 -march=native -Wall -Wextra -Werror -DCT_BENCH_WITH_MPI -I. \
+    -o "$mpibin" bench/collectives/allreduce_mpi.c -lm >&2 || die "mpicc bench/collectives/allreduce_mpi.c failed"
+
+logs=build/bench/collectives/logs
+rm -rf "$logs"
+mkdir -p "$logs"
+results=$logs/results.jsonl
+: >"$results"
+
+# ---- one bounded run -------------------------------------------------------------------
+# bounded NAME CMD... ; stdout/stderr in $logs/NAME.{out,err}; rank 0's JSON lines
+# (launcher prefix removed) appended to $results
+bounded() {
+    local name=$1 rc=0
+    shift
+    echo "run.sh: $name: $*" | tee "$logs/$name.err" >&2
+    timeout -k 10 "$limit" "$@" >"$logs/$name.out" 2>>"$logs/$name.err" &
+    job=$!
+    wait "$job" || rc=$?
+    job=""
+    if [ "$rc" -ne 0 ]; then
+        tail -n +2 "$logs/$name.err" | tail -n 20 >&2
+        [ "$rc" -eq 124 ] && die "$name: timed out after $limit s (--timeout; logs in $logs)"
+        die "$name failed (exit status $rc; logs in $logs)"
+    fi
+    local lines
+    lines=$(sed -n -e 's/^\[rank0\] //' -e '/^{.*}$/p' "$logs/$name.out")
+    [ -n "$lines" ] || die "$name: no JSON line from rank 0 (see $logs/$name.out)"
+    printf '%s\n' "$lines" >>"$results"
+    printf '%s\n' "$lines" | sed "s/^/run.sh: $name: /" >&2
+}
+
+launch=("$ctrain" launch --num_processes 2 --main_process_port 0 --num_cpu_threads_per_process 1)
+export CTRAIN_TIMEOUT=${CTRAIN_TIMEOUT:-60}
+export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo}
+mpirun_args=(-np 2 --oversubscribe --mca pml ob1)
+[ "$(id -u)" -ne 0 ] || mpirun_args+=(--allow-run-as-root)
+
+bounded ctrain-shm "${launch[@]}" "$bin" --transport shm --unavailable-ok --sizes "$size_csv" "${method[@]}"
+bounded ctrain-tcp "${launch[@]}" "$bin" --transport tcp --sizes "$size_csv" "${method[@]}"
+bounded openmpi-shm mpirun "${mpirun_args[@]}" --mca btl self,vader \
+    "$mpibin" --label openmpi-shm --sizes "$size_csv" "${method[@]}"
+bounded openmpi-tcp mpirun "${mpirun_args[@]}" --mca btl self,tcp \
+    "$mpibin" --label openmpi-tcp --sizes "$size_csv" "${method[@]}"
+bounded gloo "${launch[@]}" "$py" bench/collectives/allreduce_gloo.py --sizes "$size_csv" "${method[@]}" \
+    --timeout "$CTRAIN_TIMEOUT"
+
+# ---- report ----------------------------------------------------------------------------
+cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n 1)
+ctrain_version=$("$ctrain" --version 2>/dev/null | head -n 1) || ctrain_version="ctrain (version unknown)"
+report=$logs/table.md
+"$py" - "$results" "$size_csv" "$quick" "${cpu:-unknown CPU}" "$(nproc)" "$ctrain_version" "$mpi_version" \
+    "$torch_version" >"$report" <<'EOF' || die "the report failed (see above)"
+import json, sys
+
+path, size_csv, quick, cpu, ncpu, ctrain_v, mpi_v, torch_v = sys.argv[1:9]
+sizes = [int(s) for s in size_csv.split(",")]
+impls = ["ctrain-shm", "ctrain-tcp", "openmpi-shm", "openmpi-tcp", "gloo"]
+res, unavailable = {}, {}
+with open(path) as f:
+    for line in f:
+        d = json.loads(line)
+        if "unavailable" in d:
+            unavailable[d["impl"]] = d["unavailable"]
+        else:
+            res[(d["impl"], d["bytes"])] = d
+missing = [f"{i} at {b} bytes" for i in impls if i not in unavailable for b in sizes if (i, b) not in res]
+if missing:
+    print("run.sh: no result for " + ", ".join(missing), file=sys.stderr)
+    sys.exit(1)
+
+def size_name(b):
+    for unit, k in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= k and b % k == 0:
+            return f"{b // k} {unit}"
+    return f"{b} B"
+
+def bw(i, b):
+    return "n/a" if i in unavailable else f"{res[(i, b)]['busbw_gbs']:.3f}"
+
+def ratio(i, j, b):
+    if i in unavailable or j in unavailable:
+        return "n/a"
+    return f"{res[(i, b)]['busbw_gbs'] / res[(j, b)]['busbw_gbs']:.2f}"
+
+print(f"allreduce sum f32, 2 ranks on this machine ({ncpu} CPUs, {cpu}); {ctrain_v}, {mpi_v}, torch {torch_v} (gloo)")
+print("method: " + ("--quick (smoke test, not a measurement)" if quick == "1" else
+      "per size 5 warm-up calls, then >= 0.2 s and >= 5 calls each timed alone; median per call of the slowest rank")
+      + "; busbw = bytes / time * 2(n-1)/n, GB/s = 1e9 B/s")
+for i, e in unavailable.items():
+    print(f"{i.replace('-', ' ')} unavailable: {e}")
+print()
+print("| size | ctrain shm busbw | ctrain tcp busbw | OpenMPI shm busbw | OpenMPI tcp busbw | gloo busbw "
+      "| ctrain shm / OpenMPI shm | ctrain shm / gloo |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|")
+for b in sizes:
+    print(f"| {size_name(b)} | " + " | ".join(bw(i, b) for i in impls)
+          + f" | {ratio('ctrain-shm', 'openmpi-shm', b)} | {ratio('ctrain-shm', 'gloo', b)} |")
+print()
+print("median time per call, us (timed calls per size in parentheses):")
+print()
+print("| size | ctrain shm | ctrain tcp | OpenMPI shm | OpenMPI tcp | gloo |")
+print("|---|---:|---:|---:|---:|---:|")
+for b in sizes:
+    cells = ["n/a" if i in unavailable else f"{res[(i, b)]['median_us']:.1f} ({res[(i, b)]['iters']})" for i in impls]
+    print(f"| {size_name(b)} | " + " | ".join(cells) + " |")
+if "ctrain-shm" not in unavailable:
+    big = [b for b in sizes if b >= 64 << 10]
+    vs_mpi = [b for b in big if res[("ctrain-shm", b)]["busbw_gbs"] >= res[("openmpi-shm", b)]["busbw_gbs"]]
+    vs_gloo = [b for b in sizes if res[("ctrain-shm", b)]["busbw_gbs"] >= 3 * res[("gloo", b)]["busbw_gbs"]]
+    print()
+    print(f"targets: ctrain shm >= OpenMPI shm from 64 KiB up: {len(vs_mpi)} of {len(big)} sizes; "
+          f"ctrain shm >= 3x gloo: {len(vs_gloo)} of {len(sizes)} sizes")
+EOF
+cat "$report"
+[ -z "$out" ] || cp "$report" "$out"
+echo "run.sh: logs in $logs" >&2
