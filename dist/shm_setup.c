@@ -37,6 +37,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "dist/poll_internal.h"
 #include "dist/shm_internal.h"
 #include "dist/tcp_internal.h"
 
@@ -50,12 +51,6 @@ typedef struct entry {
     unsigned long long job;
 } entry;
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void host_identity(char *boot, size_t bcap, char *host, size_t hcap)
 {
@@ -157,18 +152,6 @@ static ct_shm_ring *seg_open(unsigned long long job, int from, int to, char *why
     return r;
 }
 
-/* 1 ready, 0 deadline passed, -1 poll failed (errno) */
-static int wait_in(int fd, double deadline)
-{
-    for (;;) {
-        double left = deadline - now_s();
-        if (left <= 0) return 0;
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        int r = poll(&p, 1, left > 1e6 ? 1000000000 : (int)ceil(left * 1e3));
-        if (r > 0) return 1;
-        if (r < 0 && errno != EINTR) return -1;
-    }
-}
 
 /* One round: sends mine to every peer, reads every peer's byte. Returns the error
  * (connection lost, no answer, a byte that is not ok or fail); *failed = the lowest
@@ -190,7 +173,7 @@ static ct_status handshake(const ct_transport_setup *s, const int *fds, char min
         if (q == s->rank) continue;
         char b = 0;
         for (;;) {
-            int r = wait_in(fds[q], deadline);
+            int r = ct_dist_wait_fd(fds[q], POLLIN, deadline);
             if (r == 0)
                 return ct_error_set(CT_ERR_TIMEOUT,
                                     "shm: rank %d did not answer during the shared-memory setup within %.3g s; set "
@@ -280,7 +263,7 @@ static void rank_list(const bool *bad, int n, char *out, size_t cap)
 
 ct_transport *ct_transport_select(const ct_transport_setup *s, const char *want)
 {
-    double deadline = now_s() + s->timeout_s;
+    double deadline = ct_dist_now() + s->timeout_s;
     entry *e = calloc((size_t)s->size, sizeof *e);
     bool *bad = calloc((size_t)s->size, sizeof *bad);
     int *fds = NULL;
@@ -291,7 +274,7 @@ ct_transport *ct_transport_select(const ct_transport_setup *s, const char *want)
     }
     unsigned long long job = 0;
     if (s->rank == 0 && getrandom(&job, sizeof job, 0) != (ssize_t)sizeof job)
-        job = (unsigned long long)getpid() * 0x9e3779b97f4a7c15u ^ (unsigned long long)(now_s() * 1e9);
+        job = (unsigned long long)getpid() * 0x9e3779b97f4a7c15u ^ (unsigned long long)(ct_dist_now() * 1e9);
     char boot[64], host[256];
     host_identity(boot, sizeof boot, host, sizeof host);
     snprintf(key, sizeof key, "%s/host/%d", s->prefix, s->rank);

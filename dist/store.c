@@ -24,6 +24,7 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "dist/poll_internal.h"
 #include "dist/store_internal.h"
 
 #define REPLY_GRACE_S 5.0
@@ -49,12 +50,6 @@ struct ct_store {
     int ngens;
 };
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void sleep_s(double s)
 {
@@ -64,18 +59,6 @@ static void sleep_s(double s)
 
 static double effective_timeout(const ct_store *s, double t) { return t > 0 ? t : s->timeout_s; }
 
-/* 1 ready, 0 deadline passed, -1 poll failed (errno) */
-static int wait_fd(int fd, short events, double deadline)
-{
-    for (;;) {
-        double left = deadline - now_s();
-        if (left <= 0) return 0;
-        struct pollfd p = {.fd = fd, .events = events};
-        int r = poll(&p, 1, left > 1e6 ? 1000000000 : (int)ceil(left * 1e3));
-        if (r > 0) return 1;
-        if (r < 0 && errno != EINTR) return -1;
-    }
-}
 
 /* ---- connecting ------------------------------------------------------------------ */
 
@@ -92,7 +75,7 @@ static int try_connect(const struct addrinfo *ai, double deadline, char *why, si
         if (errno != EINPROGRESS) {
             err = errno;
         } else {
-            int r = wait_fd(fd, POLLOUT, deadline);
+            int r = ct_dist_wait_fd(fd, POLLOUT, deadline);
             socklen_t len = sizeof err;
             if (r == 0) err = ETIMEDOUT;
             else if (r < 0) err = errno;
@@ -113,7 +96,7 @@ static int try_connect(const struct addrinfo *ai, double deadline, char *why, si
  * backoff, until the timeout. */
 static ct_status store_connect(ct_store *s)
 {
-    double start = now_s(), deadline = start + s->timeout_s, backoff = 0.01;
+    double start = ct_dist_now(), deadline = start + s->timeout_s, backoff = 0.01;
     char port[8], why[256] = "no attempt";
     snprintf(port, sizeof port, "%d", s->port);
     for (;;) {
@@ -129,7 +112,7 @@ static ct_status store_connect(ct_store *s)
             freeaddrinfo(res);
             if (s->fd >= 0) return CT_OK;
         }
-        double left = deadline - now_s();
+        double left = deadline - ct_dist_now();
         if (left <= 0)
             return ct_error_set(CT_ERR_TIMEOUT,
                                 "store: cannot reach the master at %s:%d within %g s (last attempt: %s); check "
@@ -179,7 +162,7 @@ static ct_status send_all(ct_store *s, struct iovec *iov, int n, double deadline
             if (errno == EINTR) continue;
             if (errno != EAGAIN && errno != EWOULDBLOCK)
                 return break_handle(s, CT_ERR_PEER, "sending: %s", strerror(errno));
-            int r = wait_fd(s->fd, POLLOUT, deadline);
+            int r = ct_dist_wait_fd(s->fd, POLLOUT, deadline);
             if (r == 0) return break_handle(s, CT_ERR_TIMEOUT, "%s", "a request could not be sent");
             if (r < 0) return break_handle(s, CT_ERR_PEER, "poll: %s", strerror(errno));
             continue;
@@ -204,7 +187,7 @@ static ct_status recv_all(ct_store *s, uint8_t *buf, size_t n, double deadline)
         } else if (r == 0) {
             return break_handle(s, CT_ERR_PEER, "%s", "the master closed the connection");
         } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            int w = wait_fd(s->fd, POLLIN, deadline);
+            int w = ct_dist_wait_fd(s->fd, POLLIN, deadline);
             if (w == 0) return break_handle(s, CT_ERR_TIMEOUT, "%s", "no reply");
             if (w < 0) return break_handle(s, CT_ERR_PEER, "poll: %s", strerror(errno));
         } else if (errno != EINTR) {
@@ -239,7 +222,7 @@ static ct_status roundtrip(ct_store *s, uint8_t op, const char *const *keys, int
         p += 4 + k;
     }
     struct iovec iov[2] = {{h, head}, {(void *)val, vlen}};
-    double deadline = now_s() + (wait_s >= 0 ? wait_s + REPLY_GRACE_S : s->timeout_s);
+    double deadline = ct_dist_now() + (wait_s >= 0 ? wait_s + REPLY_GRACE_S : s->timeout_s);
     ct_status st = send_all(s, iov, vlen ? 2 : 1, deadline);
     free(h);
     if (st) return st;
@@ -543,7 +526,7 @@ ct_status ct_store_barrier(ct_store *s, const char *name, double timeout_s)
     if (!*name || strlen(name) > CT_STORE_MAX_KEY - 64)
         return ct_error_set(CT_ERR_INVALID, "store barrier: a name of %zu bytes; names are 1..%d bytes", strlen(name),
                             CT_STORE_MAX_KEY - 64);
-    double t = effective_timeout(s, timeout_s), deadline = now_s() + t;
+    double t = effective_timeout(s, timeout_s), deadline = ct_dist_now() + t;
     uint64_t gen = 0;
     if (barrier_enter(s, name, &gen)) return CT_ERR_NOMEM;
     char prefix[CT_STORE_MAX_KEY - 16], key[CT_STORE_MAX_KEY + 32];
@@ -556,7 +539,7 @@ ct_status ct_store_barrier(ct_store *s, const char *name, double timeout_s)
     snprintf(key, sizeof key, "%s/done", prefix);
     if (arrived == s->world_size && ct_store_set(s, key, "", 0)) return ct_error_prefix("barrier '%s': ", name);
 
-    double left = deadline - now_s();
+    double left = deadline - ct_dist_now();
     const char *done = key;
     uint32_t *missing, n;
     ct_status st = wait_keys(s, &done, 1, left > 0 ? left : 0, &missing, &n);

@@ -29,31 +29,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "dist/poll_internal.h"
 #include "dist/tcp_internal.h"
 
 #define HELLO_BYTES 24
 #define HELLO_MAGIC "CTHI"
 #define HELLO_VERSION 1
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
-/* 1 ready, 0 deadline passed, -1 poll failed (errno) */
-static int wait_fd(int fd, short events, double deadline)
-{
-    for (;;) {
-        double left = deadline - now_s();
-        if (left <= 0) return 0;
-        struct pollfd p = {.fd = fd, .events = events};
-        int r = poll(&p, 1, left > 1e6 ? 1000000000 : (int)ceil(left * 1e3));
-        if (r > 0) return 1;
-        if (r < 0 && errno != EINTR) return -1;
-    }
-}
 
 /* Moves n bytes on a non-blocking socket. 0 done, else a message in why. */
 static int io_full(int fd, void *buf, size_t n, bool out, double deadline, char *why, size_t cap)
@@ -75,7 +58,7 @@ static int io_full(int fd, void *buf, size_t n, bool out, double deadline, char 
             snprintf(why, cap, "%s", strerror(errno));
             return -1;
         }
-        int r = wait_fd(fd, out ? POLLOUT : POLLIN, deadline);
+        int r = ct_dist_wait_fd(fd, out ? POLLOUT : POLLIN, deadline);
         if (r <= 0) {
             snprintf(why, cap, "%s", r == 0 ? "no answer in time" : strerror(errno));
             return -1;
@@ -179,7 +162,7 @@ static int connect_peer(int q, const char *addr, const ct_transport_setup *s, ui
     }
     char why[256] = "no attempt";
     double backoff = 0.01;
-    while (now_s() < deadline) {
+    while (ct_dist_now() < deadline) {
         int fd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (fd < 0 || set_nonblock(fd)) {
             snprintf(why, sizeof why, "socket: %s", strerror(errno));
@@ -188,7 +171,7 @@ static int connect_peer(int q, const char *addr, const ct_transport_setup *s, ui
         }
         int rc = connect(fd, (struct sockaddr *)&sa, len), err = rc ? errno : 0;
         if (rc && err == EINPROGRESS) {
-            int r = wait_fd(fd, POLLOUT, deadline);
+            int r = ct_dist_wait_fd(fd, POLLOUT, deadline);
             socklen_t el = sizeof err;
             if (r <= 0) err = r == 0 ? ETIMEDOUT : errno;
             else if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el)) err = errno;
@@ -209,7 +192,7 @@ static int connect_peer(int q, const char *addr, const ct_transport_setup *s, ui
         nanosleep(&ts, NULL);
         backoff = backoff * 2 > 0.5 ? 0.5 : backoff * 2;
     }
-    ct_error_set(now_s() >= deadline ? CT_ERR_TIMEOUT : CT_ERR_PEER,
+    ct_error_set(ct_dist_now() >= deadline ? CT_ERR_TIMEOUT : CT_ERR_PEER,
                  "tcp: cannot connect to rank %d at %s:%d (%s); is that host reachable from this one? set "
                  "CTRAIN_TIMEOUT to wait longer",
                  q, ip, port, why);
@@ -221,7 +204,7 @@ static ct_status accept_peers(int *fds, int lfd, const ct_transport_setup *s, ui
 {
     int need = s->size - 1 - s->rank;
     while (need > 0) {
-        int r = wait_fd(lfd, POLLIN, deadline);
+        int r = ct_dist_wait_fd(lfd, POLLIN, deadline);
         if (r < 0) return ct_error_set(CT_ERR_IO, "tcp: poll on the listening socket: %s", strerror(errno));
         if (r == 0) {
             char list[256] = "";
@@ -261,7 +244,7 @@ static ct_status store_get_text(const ct_transport_setup *s, const char *key, do
 {
     void *v = NULL;
     size_t n = 0;
-    double left = deadline - now_s();
+    double left = deadline - ct_dist_now();
     if (left <= 0.001) left = 0.001;
     ct_status st = ct_store_get(s->store, key, left, &v, &n);
     if (st) return ct_error_prefix("tcp: ");
@@ -272,7 +255,7 @@ static ct_status store_get_text(const ct_transport_setup *s, const char *key, do
 
 int *ct_tcp_connect(const ct_transport_setup *s)
 {
-    double deadline = now_s() + s->timeout_s;
+    double deadline = ct_dist_now() + s->timeout_s;
     int *fds = malloc((size_t)s->size * sizeof *fds);
     if (!fds) {
         ct_error_set(CT_ERR_NOMEM, "tcp: out of memory setting up the transport for %d ranks", s->size);
@@ -293,7 +276,7 @@ int *ct_tcp_connect(const ct_transport_setup *s)
     if (s->rank == 0) {
         uint8_t b[8];
         if (getrandom(&nonce, sizeof nonce, 0) != (ssize_t)sizeof nonce)
-            nonce = (uint64_t)getpid() * 0x9e3779b97f4a7c15u ^ (uint64_t)(now_s() * 1e9);
+            nonce = (uint64_t)getpid() * 0x9e3779b97f4a7c15u ^ (uint64_t)(ct_dist_now() * 1e9);
         ct_msg_put(b, nonce, 8);
         if (ct_store_set(s->store, key, b, sizeof b)) {
             ct_error_prefix("tcp: ");
@@ -302,7 +285,7 @@ int *ct_tcp_connect(const ct_transport_setup *s)
     } else {
         void *v = NULL;
         size_t n = 0;
-        double left = deadline - now_s();
+        double left = deadline - ct_dist_now();
         if (ct_store_get(s->store, key, left > 0.001 ? left : 0.001, &v, &n)) {
             ct_error_prefix("tcp: ");
             goto fail;
