@@ -53,6 +53,7 @@
 #include "ctrain.h"
 
 #define PROG "allreduce"
+#include "bench/args.h" /* after PROG: its messages name the program */
 #define MAX_SIZES 64
 #define MAX_ITERS 200000
 
@@ -83,45 +84,6 @@ static void usage(FILE *f)
             "Rank 0 prints one JSON line per size.\n");
 }
 
-static bool parse_int(const char *flag, const char *s, long long lo, long long hi, long long *out)
-{
-    char *end;
-    errno = 0;
-    long long v = s ? strtoll(s, &end, 10) : 0;
-    if (!s || errno || *end || end == s || v < lo || v > hi) {
-        fprintf(stderr, PROG ": %s %s: expected an integer in [%lld, %lld]\n", flag, s ? s : "(missing)", lo, hi);
-        return false;
-    }
-    *out = v;
-    return true;
-}
-
-static bool parse_sizes(const char *s, options *o)
-{
-    o->nsizes = 0;
-    if (!s || !*s) {
-        fprintf(stderr, PROG ": --sizes needs a comma-separated list of byte counts\n");
-        return false;
-    }
-    const char *p = s;
-    for (;;) {
-        char *end;
-        errno = 0;
-        long long v = strtoll(p, &end, 10);
-        if (errno || end == p || (*end && *end != ',') || v < 4 || v % 4 || v > (1LL << 34)) {
-            fprintf(stderr, PROG ": --sizes %s: each size must be a multiple of 4 bytes in [4, 2^34]\n", s);
-            return false;
-        }
-        if (o->nsizes == MAX_SIZES) {
-            fprintf(stderr, PROG ": --sizes %s: at most %d sizes\n", s, MAX_SIZES);
-            return false;
-        }
-        o->sizes[o->nsizes++] = v;
-        if (!*end) return true;
-        p = end + 1;
-    }
-}
-
 /* 0 ok, 1 --help, -1 error (message printed) */
 static int parse_args(int argc, char **argv, options *o)
 {
@@ -144,7 +106,7 @@ static int parse_args(int argc, char **argv, options *o)
             o->transport = v;
             i++;
         } else if (!strcmp(a, "--sizes")) {
-            if (!parse_sizes(v, o)) return -1;
+            if (!parse_sizes(v, 1LL << 34, o->sizes, MAX_SIZES, &o->nsizes)) return -1;
             i++;
         } else if (!strcmp(a, "--min-time")) {
             char *end;

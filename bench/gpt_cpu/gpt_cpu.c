@@ -64,6 +64,7 @@
 #include "ctrain.h"
 
 #define PROG "gpt_cpu"
+#include "bench/args.h" /* after PROG: its messages name the program */
 
 typedef struct bench_config {
     const char *name;
@@ -101,19 +102,6 @@ static void usage(FILE *f)
             "  --seed X      seeds the weights and the random tokens (default 1337)\n"
             "  --sgemm       measure the cblas_sgemm ceiling on the config's GEMM shapes instead\n"
             "Prints one JSON line.\n");
-}
-
-static bool parse_int(const char *flag, const char *s, long long lo, long long hi, long long *out)
-{
-    char *end;
-    errno = 0;
-    long long v = s ? strtoll(s, &end, 10) : 0;
-    if (!s || errno || *end || end == s || v < lo || v > hi) {
-        fprintf(stderr, PROG ": %s %s: expected an integer in [%lld, %lld]\n", flag, s ? s : "(missing)", lo, hi);
-        return false;
-    }
-    *out = v;
-    return true;
 }
 
 /* 0 ok, 1 --help, -1 error (message printed) */
