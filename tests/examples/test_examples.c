@@ -39,7 +39,7 @@ Test(examples, quickstart_alone_and_under_launch, .timeout = 60)
     snprintf(cmd, sizeof cmd, "timeout 50 %s/quickstart", ex);
     cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "1 process(es), 64 batches per epoch") && strstr(out, "epoch 9: train mse"), "%s", out);
-    snprintf(cmd, sizeof cmd, "timeout 50 %s launch --num_processes 2 %s/quickstart", ctrain, ex);
+    snprintf(cmd, sizeof cmd, "timeout 50 %s launch --num_processes 2 --main_process_port 0 %s/quickstart", ctrain, ex);
     cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
     cr_assert(strstr(out, "[rank0] quickstart: 2 process(es), 32 batches per epoch") &&
                   strstr(out, "[rank0] epoch 9: train mse") && !strstr(out, "[rank1] epoch"),
@@ -59,12 +59,52 @@ Test(examples, gpt_under_launch_with_ddp, .timeout = 120)
              "--data %s --out_dir %s/run --n_layer 1 --n_head 2 --n_embd 32 --block_size 32 --batch_size 4 "
              "--steps 6 --warmup 2 --seq_warmup 0 --eval_every 3 --eval_batches 2 --sample_tokens 8 --bucket_mb 0.01",
              path_of("text.txt"), tmpdir);
-    snprintf(cmd, sizeof cmd, "timeout 100 %s launch --num_processes 2 %s/gpt_train %s", ctrain, ex, args);
+    snprintf(cmd, sizeof cmd, "timeout 100 %s launch --num_processes 2 --main_process_port 0 %s/gpt_train %s", ctrain, ex, args);
     int rc = run(cmd, out, sizeof out);
     cr_assert_eq(rc, 0, "%s", out);
     cr_assert(strstr(out, "[rank0] GPT:") && strstr(out, "2 process(es)"), "%s", out);
     cr_assert(strstr(out, "[rank0] DDP: ") && strstr(out, "not hidden under backward"), "%s", out);
     cr_assert(strstr(out, "[rank0] trained 6 steps"), "%s", out);
     cr_assert(!strstr(out, "[rank1] trained"), "only rank 0 reports: %s", out);
+    remove_tmpdir();
+}
+
+/* The same binary under mpirun (OMPI_COMM_WORLD_* variables, no launcher of ours) and
+ * with Slurm's variables (SLURM_PROCID, SLURM_NTASKS, ...: two processes started by
+ * hand as srun would): the same losses as under ctrain launch. */
+Test(examples, quickstart_under_mpirun_and_slurm_variables, .timeout = 90)
+{
+    const char *ctrain = bin_or_skip("CTRAIN_BIN"), *ex = bin_or_skip("CTRAIN_EXAMPLES");
+    char cmd[4096];
+    static char want[sizeof out];
+    /* reference: the last line of a 2-rank run under ctrain launch */
+    snprintf(cmd, sizeof cmd, "timeout 60 %s launch --num_processes 2 --main_process_port 0 %s/quickstart | tail -1 | sed 's/^\\[rank0\\] //'",
+             ctrain, ex);
+    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    memcpy(want, out, sizeof want);
+    cr_assert(strstr(want, "epoch 9: train mse"), "%s", want);
+
+    if (system("command -v mpirun > /dev/null 2>&1") == 0) {
+        /* MPI ranks learn rank and size from mpirun; the store's port comes from MASTER_PORT (a free one) */
+        snprintf(cmd, sizeof cmd,
+                 "MASTER_PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind((\"127.0.0.1\", 0)); "
+                 "print(s.getsockname()[1])') timeout 60 mpirun --allow-run-as-root --oversubscribe -x MASTER_PORT "
+                 "-np 2 %s/quickstart | tail -1",
+                 ex);
+        cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+        cr_assert_str_eq(out, want, "mpirun: %s", out);
+    } else {
+        cr_log_warn("mpirun is not installed: the mpirun half of this test was skipped");
+    }
+
+    make_tmpdir_with("/tmp/ct_slurm_");
+    snprintf(cmd, sizeof cmd,
+             "port=$(python3 -c 'import socket; s=socket.socket(); s.bind((\"127.0.0.1\", 0)); print(s.getsockname()[1])'); "
+             "for r in 0 1; do SLURM_PROCID=$r SLURM_NTASKS=2 SLURM_LOCALID=$r SLURM_TASKS_PER_NODE=2 "
+             "SLURM_JOB_NODELIST=localhost MASTER_PORT=$port timeout 60 %s/quickstart > %s/slurm$r.log & done; wait; "
+             "tail -1 %s/slurm0.log; cat %s/slurm1.log",
+             ex, tmpdir, tmpdir, tmpdir);
+    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    cr_assert_str_eq(out, want, "Slurm variables (rank 1 prints nothing): %s", out);
     remove_tmpdir();
 }
