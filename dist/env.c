@@ -329,3 +329,20 @@ ct_status ct_dist_env_detect(ct_dist_env *out)
     *out = e;
     return CT_OK;
 }
+
+const char *ct_dist_job_id(void)
+{
+    static _Thread_local char id[256];
+    const char *v = getenv("CTRAIN_JOB_ID");
+    if (v && *v) {
+        snprintf(id, sizeof id, "%s", v);
+    } else if ((v = getenv("SLURM_JOB_ID")) && *v) {
+        const char *step = getenv("SLURM_STEP_ID");
+        snprintf(id, sizeof id, "slurm-%s.%s", v, step && *step ? step : "0");
+    } else if ((v = getenv("PMIX_NAMESPACE")) && *v) {
+        snprintf(id, sizeof id, "pmix-%s", v);
+    } else {
+        id[0] = '\0';
+    }
+    return id;
+}

@@ -51,4 +51,10 @@ ct_status ct_dist_env_detect(ct_dist_env *out);
  * CT_ERR_INVALID when the list is malformed or the host does not fit. */
 ct_status ct_dist_nodelist_first(const char *nodelist, char *host, size_t cap);
 
+/* This job's id, to tell it from another job that happens to use the same
+ * MASTER_ADDR:MASTER_PORT: CTRAIN_JOB_ID (ctrain launch sets a random one), else
+ * SLURM_JOB_ID.SLURM_STEP_ID, else PMIX_NAMESPACE (mpirun); "" when none is known.
+ * Static storage, valid until the next call. */
+const char *ct_dist_job_id(void);
+
 #endif

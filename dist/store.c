@@ -24,6 +24,7 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "dist/env.h"
 #include "dist/poll_internal.h"
 #include "dist/store_internal.h"
 
@@ -280,6 +281,8 @@ static uint64_t wire_ms(double t)
     return ms > 1e15 ? (uint64_t)1e15 : (uint64_t)ms;
 }
 
+static ct_status check_job(ct_store *s, const char *job);
+
 ct_store *ct_store_new(const ct_store_config *cfg)
 {
     if (!cfg) {
@@ -323,10 +326,35 @@ ct_store *ct_store_new(const ct_store_config *cfg)
         free(s);
         return NULL;
     }
+    if (check_job(s, cfg->job ? cfg->job : ct_dist_job_id())) {
+        ct_store_free(s);
+        return NULL;
+    }
     return s;
 }
 
 int ct_store_port(const ct_store *s) { return s ? s->port : -1; }
+
+/* The serving handle records the job's id; every handle checks it (see store.h). */
+static ct_status check_job(ct_store *s, const char *job)
+{
+    if (strlen(job) > 200) return ct_error_set(CT_ERR_INVALID, "ct_store_new: job id '%.40s...' is longer than 200 bytes", job);
+    if (s->srv && ct_store_set(s, "ct/job", job, strlen(job))) return ct_last_status();
+    void *val = NULL;
+    size_t n = 0;
+    ct_status st = ct_store_get(s, "ct/job", s->timeout_s, &val, &n);
+    if (st) {
+        ct_error_prefix("ct_store_new: reading the job id from the store at %s:%d: ", s->host, s->port);
+    } else if ((*job || n) && (n != strlen(job) || memcmp(val, job, n))) {
+        st = ct_error_set(CT_ERR_PEER,
+                          "ct_store_new: the store at %s:%d belongs to another job (job '%s'; this rank's job is "
+                          "'%s'): two jobs share MASTER_ADDR:MASTER_PORT; give each its own port (0 picks a free "
+                          "one with ctrain launch)",
+                          s->host, s->port, n ? (const char *)val : "", job);
+    }
+    free(val);
+    return st;
+}
 
 ct_status ct_store_set(ct_store *s, const char *key, const void *val, size_t n)
 {

@@ -21,6 +21,12 @@
  * A timeout_s <= 0 means the handle's default (ct_store_config.timeout_s, itself
  * 300 s when <= 0).
  *
+ * Jobs. The serving handle records its job's id under "ct/job"; every handle reads it
+ * when it connects and refuses a store of another job (CT_ERR_PEER: "the store at
+ * 127.0.0.1:29500 belongs to another job ..."), so two jobs that share a port fail
+ * clearly, and the job that owns the store is not disturbed. Jobs without an id on
+ * either side are not told apart.
+ *
  * Failures, all bounded in time:
  *   - the master cannot be reached within the timeout: CT_ERR_TIMEOUT naming
  *     host:port (clients retry connecting until then, so ranks may start in any order);
@@ -60,6 +66,7 @@ typedef struct ct_store_config {
     int world_size;   /* ranks taking part in barriers; default 1 */
     int rank;         /* this handle's rank in barriers, 0 .. world_size - 1 */
     double timeout_s; /* connect and default wait timeout; <= 0: 300 s */
+    const char *job;  /* this job's id; NULL: ct_dist_job_id() (dist/env.h) */
 } ct_store_config;
 
 /* Starts the server when cfg->serve (binding cfg->host: an IP address is bound as

@@ -53,6 +53,8 @@ typedef struct ct_launch_opts {
     int max_restarts;      /* >= 0 */
     double monitor_interval_s; /* > 0 */
     bool help;             /* --help was given: print ct_launch_usage, run nothing */
+    char job_id[40];       /* CTRAIN_JOB_ID for the ranks: random on one machine unless
+                            * exported; "" (inherit) on several machines */
     char **program_argv;   /* PROGRAM and its ARGS, NULL-terminated; borrowed from argv */
 } ct_launch_opts;
 

@@ -14,7 +14,10 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <unistd.h>
+#include <uv.h>
 
 extern char **environ;
 
@@ -80,7 +83,7 @@ void ct_launch_usage(FILE *f)
           "  -h, --help                   this text\n"
           "\n"
           "Each rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,\n"
-          "MASTER_ADDR, MASTER_PORT and CTRAIN_RESTART_COUNT. Exit status: 0 when every rank\n"
+          "MASTER_ADDR, MASTER_PORT, CTRAIN_RESTART_COUNT and CTRAIN_JOB_ID. Exit status: 0 when every rank\n"
           "exits 0, else the first failing rank's status (128+signal if it was killed); 2 for\n"
           "a usage error, 127 when PROGRAM is not found. Details: docs/launch.md.\n",
           f);
@@ -228,7 +231,18 @@ ct_status ct_launch_args_parse(int argc, char **argv, ct_launch_opts *o)
         return ct_error_set(CT_ERR_INVALID, "no PROGRAM given (usage: ctrain launch [flags] PROGRAM [ARGS...])");
     if (!argv[i][0]) return ct_error_set(CT_ERR_INVALID, "PROGRAM is an empty string");
     o->program_argv = argv + i;
-    return check_opts(o, tee_given);
+    ct_status st = check_opts(o, tee_given);
+    /* The ranks' store refuses a store of another job on the same port (dist/store.h):
+     * a job id per launch, unless the user exported one. Launchers on several
+     * machines cannot agree on a random one, so there CTRAIN_JOB_ID is the user's. */
+    const char *user = getenv("CTRAIN_JOB_ID");
+    if (!st && o->num_machines == 1 && !(user && *user)) {
+        uint64_t r[2];
+        if (uv_random(NULL, NULL, r, sizeof r, 0, NULL))
+            r[0] = (uint64_t)getpid() << 32 ^ (uint64_t)uv_hrtime(), r[1] = (uint64_t)uv_hrtime();
+        snprintf(o->job_id, sizeof o->job_id, "%016llx%016llx", (unsigned long long)r[0], (unsigned long long)r[1]);
+    }
+    return st;
 }
 
 /* ---- each rank's environment ----------------------------------------------------- */
@@ -257,6 +271,7 @@ char **ct_launch_env_new(const ct_launch_opts *o, int local_rank, int port, int 
     SETF("MASTER_ADDR", "%s", o->main_process_ip);
     SETF("MASTER_PORT", "%d", port);
     SETF("CTRAIN_RESTART_COUNT", "%d", restart_count);
+    if (o->job_id[0]) SETF("CTRAIN_JOB_ID", "%s", o->job_id);
     if (o->cpu) SETF("CTRAIN_USE_CPU", "1");
     /* The default thread count defers to a user's OMP_NUM_THREADS; an explicit
      * --num_cpu_threads_per_process is a request for this launch and wins. */
