@@ -49,7 +49,7 @@ TEST_BIN := $(BUILD)/tests/ctrain_tests
 CLI_BIN  := $(if $(CLI_SRC),$(BUILD)/bin/ctrain)
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all setup test asan memcheck fuzz bench bench-gpt bench-collectives install uninstall clean train
+.PHONY: all setup test asan memcheck fuzz bench bench-gpt bench-collectives bench-ddp install uninstall clean train
 .DEFAULT_GOAL := all
 
 all: setup
@@ -133,6 +133,10 @@ bench-gpt: setup
 # allreduce bus bandwidth: ctrain shm and tcp beside OpenMPI and gloo (bench/collectives/run.sh)
 bench-collectives: setup
 	bench/collectives/run.sh --out $(BUILD)/bench/collectives.md
+
+# GPT W1 data-parallel training: ctrain DDP beside PyTorch DDP and HF Accelerate (bench/ddp/run.sh)
+bench-ddp: setup
+	bench/ddp/run.sh --out $(BUILD)/bench/ddp.md
 
 # The README's main job: train the bundled GPT on its default data.
 GPT_BIN := $(BUILD)/examples/gpt_train

@@ -1,0 +1,297 @@
+/* GPT W1 data-parallel training throughput: gpt_cpu.c's training step written for the
+ * Accelerator, one rank per process.
+ *
+ *   ctrain launch --num_processes 2 --num_cpu_threads_per_process 1 \
+ *       gpt_ddp [--threads N] [--steps S] [--warmup W] [--seed X]
+ *
+ * Model, optimizer and step are gpt_cpu.c's W1 (vocab 256, block 256, 4 layers, 4 heads,
+ * width 256, batch 8 x 256 per process, dropout 0; AdamW lr 1e-4, betas 0.9/0.95, weight
+ * decay 0.1 on the 2-D tensors), converted the Accelerator's way:
+ *     ct_accelerator_new(NULL), ct_accelerator_prepare(model, opt),
+ *     forward + loss, ct_accelerator_backward, ct_accelerator_clip_grad_norm(1.0),
+ *     ct_optimizer_step, ct_optimizer_zero_grad.
+ * With several ranks prepare broadcasts rank 0's weights and wraps the model in DDP with
+ * its default buckets; backward then averages the gradients over the ranks while it
+ * runs. Every rank draws its own random batches (Philox, seeded with the seed and the
+ * rank; rank 0's stream is gpt_cpu.c's, so its first loss equals gpt_cpu's), before the
+ * clock starts. W warm-up steps (default 3), then S timed steps (default 20), each timed
+ * from the forward to the end of zero_grad; a rank's step time is its median, and the
+ * step time reported is the largest over the ranks (they wait for each other in every
+ * step's reduction, so the medians differ by noise only).
+ *
+ *     tokens_per_s = num_processes * batch * seq / step time   (global)
+ *     comm_ms      = DDP reductions in flight per timed step (ct_ddp_stats_get: the union
+ *                    of the buckets' submit-to-done intervals), mean over the timed steps
+ *     exposed_ms   = the part of comm_ms after backward ended (the training thread waited)
+ *     exposed_share = exposed_ms / comm_ms;  exposed_step_share = exposed_ms / step_ms
+ * comm and exposed are rank 0's (both ranks see the same reductions). With one process
+ * there is no DDP and they are null.
+ *
+ * Output: rank 0 prints one JSON line on stdout
+ *   {"impl":"ctrain-ddp","config":"w1","processes":..,"threads":..,"transport":..,
+ *    "tokens_per_s":..,"step_ms":..,"comm_ms":..,"exposed_ms":..,"exposed_share":..,
+ *    "exposed_step_share":..,"buckets":..,"reduced_mb":..,"peak_rss_mb":..,"loss0":..,
+ *    "steps":..,"warmup":..,"params":..}
+ * peak_rss_mb is rank 0's ru_maxrss. Errors print a message naming the rank on stderr
+ * and exit with status 2 (a failed collective fails on every rank).
+ */
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "accel/accelerator.h"
+#include "bench/timing.h"
+#include "ctrain.h"
+
+#define PROG "gpt_ddp"
+#include "bench/args.h" /* after PROG: its messages name the program */
+
+/* W1, as in gpt_cpu.c */
+enum { VOCAB = 256, BLOCK = 256, N_LAYER = 4, N_HEAD = 4, N_EMBD = 256, BATCH = 8, SEQ = 256 };
+
+typedef struct options {
+    int threads, steps, warmup; /* threads 0: as the launcher set (CTRAIN_NUM_THREADS) */
+    uint64_t seed;
+    long long bucket_kb;        /* DDP bucket size */
+} options;
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: " PROG " [--threads N] [--steps S] [--warmup W] [--seed X] [--bucket_kb K]\n"
+               "  run under `ctrain launch --num_processes P` (or alone, as one process)\n"
+               "  --threads N   threads per process (default: the launcher's --num_cpu_threads_per_process)\n"
+               "  --steps S     timed steps (default 20)\n"
+               "  --warmup W    untimed steps first (default 3)\n"
+               "  --seed X      seeds the weights and the random tokens (default 1337)\n"
+               "  --bucket_kb K DDP gradient bucket size in KiB (default 25600: DDP's usual 25 MiB)\n"
+               "Rank 0 prints one JSON line.\n");
+}
+
+/* 0 ok, 1 --help, -1 error (message printed) */
+static int parse_args(int argc, char **argv, options *o)
+{
+    *o = (options){.threads = 0, .steps = 20, .warmup = 3, .seed = 1337, .bucket_kb = 25600};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        long long x;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 1;
+        } else if (!strcmp(a, "--threads")) {
+            if (!parse_int(a, v, 1, 1024, &x)) return -1;
+            o->threads = (int)x;
+        } else if (!strcmp(a, "--steps")) {
+            if (!parse_int(a, v, 1, 1000000, &x)) return -1;
+            o->steps = (int)x;
+        } else if (!strcmp(a, "--warmup")) {
+            if (!parse_int(a, v, 0, 1000000, &x)) return -1;
+            o->warmup = (int)x;
+        } else if (!strcmp(a, "--bucket_kb")) {
+            if (!parse_int(a, v, 1, 1 << 24, &x)) return -1;
+            o->bucket_kb = x;
+        } else if (!strcmp(a, "--seed")) {
+            if (!parse_int(a, v, 0, (long long)(~0ULL >> 1), &x)) return -1;
+            o->seed = (uint64_t)x;
+        } else {
+            fprintf(stderr, PROG ": unknown argument '%s' (see --help)\n", a);
+            return -1;
+        }
+        i++;
+    }
+    return 0;
+}
+
+static double peak_rss_mib(void)
+{
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru)) return NAN;
+    return (double)ru.ru_maxrss / 1024.0; /* Linux: KiB */
+}
+
+/* AdamW as gpt_cpu.c builds it: decay on the 2-D tensors only. */
+static ct_optimizer *make_optimizer(const ct_param_list *l)
+{
+    ct_tensor **decay = malloc((size_t)l->n * sizeof *decay), **nodecay = malloc((size_t)l->n * sizeof *nodecay);
+    if (!decay || !nodecay) {
+        free(decay), free(nodecay);
+        ct_error_set(CT_ERR_NOMEM, "make_optimizer: out of memory for %d parameters", l->n);
+        return NULL;
+    }
+    int nd = 0, nn = 0;
+    for (int i = 0; i < l->n; i++) {
+        if (l->tensors[i]->ndim >= 2) decay[nd++] = l->tensors[i];
+        else nodecay[nn++] = l->tensors[i];
+    }
+    ct_adamw_config cfg = {.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    ct_optimizer *opt = ct_adamw_new(nd, decay, &cfg);
+    if (opt && ct_optimizer_add_group(opt, nn, nodecay, &(ct_param_group_config){.no_weight_decay = true})) {
+        ct_optimizer_free(opt);
+        opt = NULL;
+    }
+    free(decay);
+    free(nodecay);
+    return opt;
+}
+
+/* One (B, T+1) window of random tokens -> x = [:, :T], y = [:, 1:] (gpt_cpu.c's draw). */
+static void draw_batch(ct_rng *rng, uint32_t *raw, int64_t *x, int64_t *y)
+{
+    ct_rng_u32(rng, raw, BATCH * (SEQ + 1));
+    for (int64_t b = 0; b < BATCH; b++)
+        for (int64_t t = 0; t < SEQ; t++) {
+            x[b * SEQ + t] = raw[b * (SEQ + 1) + t] % (uint32_t)VOCAB;
+            y[b * SEQ + t] = raw[b * (SEQ + 1) + t + 1] % (uint32_t)VOCAB;
+        }
+}
+
+/* The largest of v over all ranks (every rank calls it); NAN + error on failure. */
+static double max_over_ranks(ct_accelerator *acc, double v)
+{
+    double out = NAN;
+    CT_FRAME {
+        ct_tensor *t = ct_tensor_from_data(CT_DTYPE_F64, CT_SHAPE(1), &v);
+        ct_tensor *all = t ? ct_accelerator_gather(acc, t) : NULL;
+        if (all) {
+            const double *d = ct_tensor_data(all);
+            out = d[0];
+            for (int64_t i = 1; i < ct_tensor_numel(all); i++) out = d[i] > out ? d[i] : out;
+        }
+    }
+    return out;
+}
+
+static void print_json(const options *o, ct_accelerator *acc, double step_s, const ct_ddp_stats *ds,
+                       double comm_s, double exposed_s, double loss0, double params)
+{
+    int world = ct_accelerator_num_processes(acc);
+    ct_pg *pg = ct_accelerator_pg(acc);
+    double tokens = (double)world * BATCH * SEQ;
+    printf("{\"impl\":\"ctrain-ddp\",\"config\":\"w1\",\"processes\":%d,\"threads\":%d,\"transport\":\"%s\","
+           "\"tokens_per_s\":%.2f,\"step_ms\":%.3f,",
+           world, ct_get_num_threads(), pg ? ct_pg_transport(pg) : "none", tokens / step_s, 1e3 * step_s);
+    if (ds) {
+        printf("\"comm_ms\":%.3f,\"exposed_ms\":%.3f,\"exposed_share\":%.4f,\"exposed_step_share\":%.4f,"
+               "\"buckets\":%d,\"reduced_mb\":%.3f,",
+               1e3 * comm_s, 1e3 * exposed_s, comm_s > 0 ? exposed_s / comm_s : 0.0, exposed_s / step_s,
+               ds->buckets, (double)ds->bytes / 1e6);
+    } else {
+        printf("\"comm_ms\":null,\"exposed_ms\":null,\"exposed_share\":null,\"exposed_step_share\":null,"
+               "\"buckets\":0,\"reduced_mb\":0,");
+    }
+    printf("\"peak_rss_mb\":%.1f,\"loss0\":%.6f,\"steps\":%d,\"warmup\":%d,\"params\":%.0f}\n", peak_rss_mib(), loss0,
+           o->steps, o->warmup, params);
+    fflush(stdout);
+}
+
+static int run(const options *o)
+{
+    int64_t shape[2] = {BATCH, SEQ};
+    int total = o->warmup + o->steps, status = 2;
+    const double mb = (double)o->bucket_kb / 1024.0;
+    ct_accelerator *acc = ct_accelerator_new(&(ct_accelerator_config){.ddp = {.bucket_cap_mb = mb}});
+    if (!acc) {
+        fprintf(stderr, PROG ": ct_accelerator_new: %s\n", ct_last_error());
+        return 2;
+    }
+    int rank = ct_accelerator_process_index(acc);
+    if (o->threads) ct_set_num_threads(o->threads);
+    ct_set_seed(o->seed); /* same initial weights everywhere; prepare broadcasts rank 0's anyway */
+    ct_rng rng;
+    /* rank 0 draws gpt_cpu.c's stream; the others their own */
+    ct_rng_init(&rng, (o->seed ^ 0x70c3e5ULL) + 0x9e3779b97f4a7c15ULL * (uint64_t)rank);
+
+    ct_gpt *model = NULL;
+    ct_optimizer *opt = NULL;
+    ct_param_list params = {0};
+    bool have_params = false;
+    uint32_t *raw = malloc((size_t)(BATCH * (SEQ + 1)) * sizeof *raw);
+    int64_t *xb = malloc((size_t)(BATCH * SEQ) * sizeof *xb), *yb = malloc((size_t)(BATCH * SEQ) * sizeof *yb);
+    double *times = malloc((size_t)o->steps * sizeof *times);
+    if (!raw || !xb || !yb || !times) {
+        fprintf(stderr, PROG " (rank %d): out of memory for the token buffers\n", rank);
+        goto out;
+    }
+    model = ct_gpt_new(&(ct_gpt_config){.vocab_size = VOCAB, .block_size = BLOCK, .n_layer = N_LAYER,
+                                        .n_head = N_HEAD, .n_embd = N_EMBD, .dropout = 0.0, .ln_eps = 1e-5});
+    if (!model) {
+        fprintf(stderr, PROG " (rank %d): ct_gpt_new: %s\n", rank, ct_last_error());
+        goto out;
+    }
+    if (ct_module_named_tensors(&model->base, false, &params)) {
+        fprintf(stderr, PROG " (rank %d): ct_module_named_tensors: %s\n", rank, ct_last_error());
+        goto out;
+    }
+    have_params = true;
+    opt = make_optimizer(&params);
+    if (!opt || ct_accelerator_prepare(acc, &model->base, opt, NULL, NULL)) {
+        fprintf(stderr, PROG " (rank %d): %s: %s\n", rank, opt ? "ct_accelerator_prepare" : "AdamW", ct_last_error());
+        goto out;
+    }
+    ct_ddp *ddp = ct_accelerator_ddp(acc);
+    ct_ddp_stats at_warmup = {0};
+    double loss0 = NAN;
+    for (int step = 0; step < total; step++) {
+        if (step == o->warmup && ddp) at_warmup = ct_ddp_stats_get(ddp);
+        draw_batch(&rng, raw, xb, yb);
+        const char *failed = NULL;
+        double loss_v = NAN, t0 = now();
+        CT_FRAME {
+            ct_tensor *x = ct_tensor_from_data(CT_DTYPE_I64, 2, shape, xb);
+            ct_tensor *y = ct_tensor_from_data(CT_DTYPE_I64, 2, shape, yb);
+            ct_tensor *loss = x && y ? ct_gpt_loss(model, x, y) : NULL;
+            if (!loss) {
+                failed = x && y ? "forward/loss" : "token tensors";
+            } else if (ct_accelerator_backward(acc, loss)) {
+                failed = "ct_accelerator_backward";
+            } else {
+                loss_v = ct_tensor_item(loss); /* this rank's batch */
+                if (isnan(ct_accelerator_clip_grad_norm(acc, 1.0, 2.0)) && ct_last_status() != CT_OK)
+                    failed = "ct_accelerator_clip_grad_norm";
+                else if (ct_optimizer_step(opt)) failed = "ct_optimizer_step";
+                ct_optimizer_zero_grad(opt);
+            }
+        }
+        double dt = now() - t0;
+        if (failed) {
+            fprintf(stderr, PROG " (rank %d): step %d: %s failed: %s\n", rank, step, failed, ct_last_error());
+            goto out;
+        }
+        if (!isfinite(loss_v)) {
+            fprintf(stderr, PROG " (rank %d): step %d: loss is %g (not finite)\n", rank, step, loss_v);
+            goto out;
+        }
+        if (step == 0) loss0 = loss_v;
+        if (step >= o->warmup) times[step - o->warmup] = dt;
+    }
+    double step_s = max_over_ranks(acc, median(times, o->steps));
+    if (isnan(step_s)) {
+        fprintf(stderr, PROG " (rank %d): gathering the step times: %s\n", rank, ct_last_error());
+        goto out;
+    }
+    ct_ddp_stats ds = ddp ? ct_ddp_stats_get(ddp) : (ct_ddp_stats){0};
+    double comm_s = (ds.total_comm_s - at_warmup.total_comm_s) / o->steps;
+    double exposed_s = (ds.total_exposed_s - at_warmup.total_exposed_s) / o->steps;
+    if (ct_accelerator_is_main_process(acc))
+        print_json(o, acc, step_s, ddp ? &ds : NULL, comm_s, exposed_s, loss0,
+                   (double)ct_module_num_params(&model->base));
+    status = 0;
+out:
+    ct_accelerator_free(acc); /* first: it unhooks the optimizer and the parameters */
+    if (have_params) ct_param_list_free(&params);
+    ct_optimizer_free(opt);
+    ct_module_free(model ? &model->base : NULL);
+    ct_frame_reset_root();
+    free(raw), free(xb), free(yb), free(times);
+    return status;
+}
+
+int main(int argc, char **argv)
+{
+    options o;
+    int pr = parse_args(argc, argv, &o);
+    if (pr) return pr > 0 ? 0 : 2;
+    return run(&o);
+}
