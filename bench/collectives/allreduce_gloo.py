@@ -25,12 +25,10 @@ Bad arguments or any failure: a message on stderr, exit status 2. The process di
 its parent (PR_SET_PDEATHSIG), so a launcher killed by a timeout leaves no rank behind.
 """
 import argparse
-import ctypes
 import datetime
 import json
 import math
 import os
-import signal
 import statistics
 import sys
 import time
@@ -39,19 +37,15 @@ DEFAULT_SIZES = [1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 
 MAX_ITERS = 200000
 
 
-def fail(msg):
-    print(f"allreduce_gloo: {msg}", file=sys.stderr)
-    sys.exit(2)
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # bench/
+import procs  # noqa: E402
+
+fail = procs.failer("allreduce_gloo")
 
 
 def die_with_parent():
-    parent = os.getppid()
-    libc = ctypes.CDLL(None, use_errno=True)
-    PR_SET_PDEATHSIG = 1
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        fail(f"prctl(PR_SET_PDEATHSIG): {os.strerror(ctypes.get_errno())}")
-    if os.getppid() != parent:
-        fail("the launcher is gone")
+    procs.die_with_parent(fail)
 
 
 def parse_args():

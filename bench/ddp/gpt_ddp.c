@@ -43,6 +43,7 @@
 #include <sys/resource.h>
 
 #include "accel/accelerator.h"
+#include "bench/gpt_cpu/gpt_step.h"
 #include "bench/timing.h"
 #include "ctrain.h"
 
@@ -102,49 +103,6 @@ static int parse_args(int argc, char **argv, options *o)
         i++;
     }
     return 0;
-}
-
-static double peak_rss_mib(void)
-{
-    struct rusage ru;
-    if (getrusage(RUSAGE_SELF, &ru)) return NAN;
-    return (double)ru.ru_maxrss / 1024.0; /* Linux: KiB */
-}
-
-/* AdamW as gpt_cpu.c builds it: decay on the 2-D tensors only. */
-static ct_optimizer *make_optimizer(const ct_param_list *l)
-{
-    ct_tensor **decay = malloc((size_t)l->n * sizeof *decay), **nodecay = malloc((size_t)l->n * sizeof *nodecay);
-    if (!decay || !nodecay) {
-        free(decay), free(nodecay);
-        ct_error_set(CT_ERR_NOMEM, "make_optimizer: out of memory for %d parameters", l->n);
-        return NULL;
-    }
-    int nd = 0, nn = 0;
-    for (int i = 0; i < l->n; i++) {
-        if (l->tensors[i]->ndim >= 2) decay[nd++] = l->tensors[i];
-        else nodecay[nn++] = l->tensors[i];
-    }
-    ct_adamw_config cfg = {.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
-    ct_optimizer *opt = ct_adamw_new(nd, decay, &cfg);
-    if (opt && ct_optimizer_add_group(opt, nn, nodecay, &(ct_param_group_config){.no_weight_decay = true})) {
-        ct_optimizer_free(opt);
-        opt = NULL;
-    }
-    free(decay);
-    free(nodecay);
-    return opt;
-}
-
-/* One (B, T+1) window of random tokens -> x = [:, :T], y = [:, 1:] (gpt_cpu.c's draw). */
-static void draw_batch(ct_rng *rng, uint32_t *raw, int64_t *x, int64_t *y)
-{
-    ct_rng_u32(rng, raw, BATCH * (SEQ + 1));
-    for (int64_t b = 0; b < BATCH; b++)
-        for (int64_t t = 0; t < SEQ; t++) {
-            x[b * SEQ + t] = raw[b * (SEQ + 1) + t] % (uint32_t)VOCAB;
-            y[b * SEQ + t] = raw[b * (SEQ + 1) + t + 1] % (uint32_t)VOCAB;
-        }
 }
 
 /* The largest of v over all ranks (every rank calls it); NAN + error on failure. */
@@ -235,7 +193,7 @@ static int run(const options *o)
     double loss0 = NAN;
     for (int step = 0; step < total; step++) {
         if (step == o->warmup && ddp) at_warmup = ct_ddp_stats_get(ddp);
-        draw_batch(&rng, raw, xb, yb);
+        draw_batch(&rng, BATCH, SEQ, VOCAB, raw, xb, yb);
         const char *failed = NULL;
         double loss_v = NAN, t0 = now();
         CT_FRAME {

@@ -28,13 +28,11 @@ Bad arguments or any failure: a message on stderr, exit status 2. The process di
 its parent (PR_SET_PDEATHSIG), so a launcher killed by a timeout leaves no rank behind.
 """
 import argparse
-import ctypes
 import datetime
 import json
 import math
 import os
 import resource
-import signal
 import statistics
 import sys
 import time
@@ -47,19 +45,15 @@ import torch_gpt  # noqa: E402  the model, AdamW groups and variants of the sing
 CFG = torch_gpt.CONFIGS["w1"]
 
 
-def fail(msg):
-    print(f"torch_ddp: {msg}", file=sys.stderr)
-    sys.exit(2)
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # bench/
+import procs  # noqa: E402
+
+fail = procs.failer("torch_ddp")
 
 
 def die_with_parent():
-    parent = os.getppid()
-    libc = ctypes.CDLL(None, use_errno=True)
-    PR_SET_PDEATHSIG = 1
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        fail(f"prctl(PR_SET_PDEATHSIG): {os.strerror(ctypes.get_errno())}")
-    if os.getppid() != parent:
-        fail("the launcher is gone")
+    procs.die_with_parent(fail)
 
 
 def parse_args():

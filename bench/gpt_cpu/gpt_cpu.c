@@ -60,6 +60,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "bench/gpt_cpu/gpt_step.h"
 #include "bench/timing.h"
 #include "ctrain.h"
 
@@ -83,13 +84,6 @@ typedef struct options {
     uint64_t seed;
     bool sgemm;
 } options;
-
-static double peak_rss_mib(void)
-{
-    struct rusage ru;
-    if (getrusage(RUSAGE_SELF, &ru)) return NAN;
-    return (double)ru.ru_maxrss / 1024.0; /* Linux: KiB */
-}
 
 static void usage(FILE *f)
 {
@@ -282,45 +276,6 @@ static int run_sgemm(const options *o)
 
 /* ---- ctrain training step ---------------------------------------------------------- */
 
-/* AdamW as in GPT-2 training (and examples/gpt/train.c): weight decay on the 2-D
- * tensors, none on biases and LayerNorm weights. */
-static ct_optimizer *make_optimizer(const ct_param_list *l)
-{
-    ct_tensor **decay = malloc((size_t)l->n * sizeof *decay), **nodecay = malloc((size_t)l->n * sizeof *nodecay);
-    if (!decay || !nodecay) {
-        free(decay), free(nodecay);
-        ct_error_set(CT_ERR_NOMEM, "make_optimizer: out of memory for %d parameters", l->n);
-        return NULL;
-    }
-    int nd = 0, nn = 0;
-    for (int i = 0; i < l->n; i++) {
-        if (l->tensors[i]->ndim >= 2) decay[nd++] = l->tensors[i];
-        else nodecay[nn++] = l->tensors[i];
-    }
-    ct_adamw_config cfg = {.lr = 1e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
-    ct_optimizer *opt = ct_adamw_new(nd, decay, &cfg);
-    if (opt && ct_optimizer_add_group(opt, nn, nodecay, &(ct_param_group_config){.no_weight_decay = true})) {
-        ct_optimizer_free(opt);
-        opt = NULL;
-    }
-    free(decay);
-    free(nodecay);
-    return opt;
-}
-
-/* One (B, T+1) window of random tokens -> x = [:, :T], y = [:, 1:]. */
-static void draw_batch(ct_rng *rng, const bench_config *c, uint32_t *raw, int64_t *x, int64_t *y)
-{
-    int64_t B = c->batch, T = c->seq;
-    ct_rng_u32(rng, raw, B * (T + 1));
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t t = 0; t < T; t++) {
-            /* modulo bias < V / 2^32: irrelevant for timing */
-            x[b * T + t] = raw[b * (T + 1) + t] % (uint32_t)c->vocab;
-            y[b * T + t] = raw[b * (T + 1) + t + 1] % (uint32_t)c->vocab;
-        }
-}
-
 static int run_ctrain(const options *o)
 {
     const bench_config *c = o->cfg;
@@ -360,7 +315,7 @@ static int run_ctrain(const options *o)
     }
     double loss0 = NAN;
     for (int step = 0; step < total; step++) {
-        draw_batch(&rng, c, raw, xb, yb);
+        draw_batch(&rng, c->batch, c->seq, c->vocab, raw, xb, yb);
         const char *failed = NULL;
         double loss_v = NAN, t0 = now();
         CT_FRAME {
