@@ -3,7 +3,8 @@
 #   make            libctrain.so + libctrain.a       make test    the whole suite
 #   make asan       the suite under ASan + UBSan     make fuzz    each fuzz target, bounded
 #   make bench      kernel benchmarks                make install PREFIX=/usr/local DESTDIR=
-#   make bench-gpt  GPT training vs PyTorch CPU   make bench-collectives  allreduce vs OpenMPI, gloo
+#   make bench-gpt  GPT training vs PyTorch CPU     make bench-collectives  allreduce vs OpenMPI, gloo
+#   make bench-ddp  2-process GPT vs PyTorch DDP, Accelerate
 #   make train      the README's main job            make clean
 #
 # PORTABLE=1 builds for any x86-64 instead of -march=native.
