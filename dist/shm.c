@@ -58,12 +58,7 @@ typedef struct shm_peer {
     uint8_t *txd, *rxd;
     uint64_t txcap, rxcap; /* read once at setup: the peer cannot change them later */
     shm_send *q, *q_tail;
-    uint8_t hdr[CT_MSG_HEADER];
-    size_t hdr_got;
-    ct_msg m;
-    bool in_payload, drop;
-    uint8_t *dest;
-    size_t got;
+    ct_msg_reader rd; /* the incoming stream */
 } shm_peer;
 
 struct shm_tp {
@@ -282,32 +277,14 @@ static ct_status shm_send_msg(ct_transport *t, int peer, const ct_msg *m, const 
 
 /* ---- receiving ---------------------------------------------------------------------------- */
 
-static void message_done(shm_peer *p)
-{
-    p->in_payload = false;
-    p->hdr_got = 0;
-    if (!p->drop) p->tp->h.on_message(p->tp->h.ctx, p->peer, &p->m, p->dest);
-}
+static void message_done(shm_peer *p) { ct_msg_reader_done(&p->rd, &p->tp->h, p->peer); }
 
 static void header_done(shm_peer *p)
 {
     char why[160];
-    if (!ct_msg_decode(p->hdr, &p->m, why, sizeof why)) {
-        conn_fail(p, CT_ERR_FORMAT, true, "sent a malformed frame: %s", why);
-        return;
-    }
-    void *dest = NULL;
-    int rc = p->tp->h.on_header(p->tp->h.ctx, p->peer, &p->m, &dest);
-    if (rc < 0) {
-        conn_fail(p, CT_ERR_FORMAT, false, "closed by the handler");
-        return;
-    }
-    p->drop = rc > 0;
-    p->dest = dest;
-    p->got = 0;
-    p->in_payload = true;
-    CT_ASSERT(p->drop || dest || p->m.len == 0);
-    if (p->m.len == 0) message_done(p);
+    int rc = ct_msg_reader_header(&p->rd, &p->tp->h, p->peer, why, sizeof why);
+    if (rc == -1) conn_fail(p, CT_ERR_FORMAT, true, "sent a malformed frame: %s", why);
+    if (rc == -2) conn_fail(p, CT_ERR_FORMAT, false, "closed by the handler");
 }
 
 /* Parses n bytes of the stream starting at ring position at; returns how many were
@@ -316,18 +293,18 @@ static uint64_t consume(shm_peer *p, uint64_t at, uint64_t n)
 {
     uint64_t used = 0;
     while (used < n && !p->closing) {
-        if (!p->in_payload) {
-            size_t k = min_sz(CT_MSG_HEADER - p->hdr_got, n - used);
-            ring_get(p->rxd, p->rxcap, at + used, p->hdr + p->hdr_got, k);
-            p->hdr_got += k;
+        if (!p->rd.in_payload) {
+            size_t k = min_sz(CT_MSG_HEADER - p->rd.hdr_got, n - used);
+            ring_get(p->rxd, p->rxcap, at + used, p->rd.hdr + p->rd.hdr_got, k);
+            p->rd.hdr_got += k;
             used += k;
-            if (p->hdr_got == CT_MSG_HEADER) header_done(p);
+            if (p->rd.hdr_got == CT_MSG_HEADER) header_done(p);
         } else {
-            size_t k = min_sz(p->m.len - p->got, n - used);
-            if (!p->drop) ring_get(p->rxd, p->rxcap, at + used, p->dest + p->got, k);
-            p->got += k;
+            size_t k = min_sz(p->rd.m.len - p->rd.got, n - used);
+            if (!p->rd.drop) ring_get(p->rxd, p->rxcap, at + used, p->rd.dest + p->rd.got, k);
+            p->rd.got += k;
             used += k;
-            if (p->got == p->m.len) message_done(p);
+            if (p->rd.got == p->rd.m.len) message_done(p);
         }
     }
     return used;
@@ -396,7 +373,7 @@ static void on_poll(uv_poll_t *h, int status, int events)
     /* a peer that is gone writes no more: deliver everything it wrote before going */
     rx_drain(p, eof || err ? UINT64_MAX : RX_BUDGET);
     if (p->closing || !(eof || err)) return;
-    const char *where = p->in_payload || p->hdr_got ? " in the middle of a message" : "";
+    const char *where = p->rd.in_payload || p->rd.hdr_got ? " in the middle of a message" : "";
     if (eof) conn_fail(p, CT_ERR_PEER, true, "closed its connection%s: did the process exit or crash?", where);
     else
         conn_fail(p, CT_ERR_PEER, true, "lost its connection%s (%s): did the process exit or crash?", where,

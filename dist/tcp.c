@@ -30,12 +30,7 @@ typedef struct tcp_conn {
     int peer;
     bool open;    /* the handle was initialised (and must be closed) */
     bool closing; /* uv_close called: nothing more is read or written */
-    uint8_t hdr[CT_MSG_HEADER];
-    size_t hdr_got;
-    ct_msg m;
-    bool in_payload, drop;
-    uint8_t *dest;
-    size_t got;
+    ct_msg_reader rd; /* the incoming stream */
 } tcp_conn;
 
 struct tcp_tp {
@@ -125,62 +120,44 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
     (void)suggested;
     tcp_conn *c = h->data;
-    size_t left = c->in_payload ? c->m.len - c->got : 0;
-    if (c->in_payload && !c->drop && left >= DIRECT_MIN)
-        *buf = uv_buf_init((char *)c->dest + c->got, (unsigned)left);
+    size_t left = c->rd.in_payload ? c->rd.m.len - c->rd.got : 0;
+    if (c->rd.in_payload && !c->rd.drop && left >= DIRECT_MIN)
+        *buf = uv_buf_init((char *)c->rd.dest + c->rd.got, (unsigned)left);
     else
         *buf = uv_buf_init((char *)c->tp->stage, STAGE_BYTES);
 }
 
 /* The payload (or a header without one) is complete. */
-static void message_done(tcp_conn *c)
-{
-    c->in_payload = false;
-    c->hdr_got = 0;
-    if (!c->drop) c->tp->h.on_message(c->tp->h.ctx, c->peer, &c->m, c->dest);
-}
+static void message_done(tcp_conn *c) { ct_msg_reader_done(&c->rd, &c->tp->h, c->peer); }
 
-/* A whole header is in c->hdr: ask where its payload goes. false: stop reading. */
+/* A whole header is in c->rd.hdr: ask where its payload goes. false: stop reading. */
 static bool header_done(tcp_conn *c)
 {
     char why[160];
-    if (!ct_msg_decode(c->hdr, &c->m, why, sizeof why)) {
-        conn_fail(c, CT_ERR_FORMAT, true, "sent a malformed frame: %s", why);
-        return false;
-    }
-    void *dest = NULL;
-    int rc = c->tp->h.on_header(c->tp->h.ctx, c->peer, &c->m, &dest);
-    if (rc < 0) {
-        conn_fail(c, CT_ERR_FORMAT, false, "closed by the handler");
-        return false;
-    }
-    c->drop = rc > 0;
-    c->dest = dest;
-    c->got = 0;
-    c->in_payload = true;
-    CT_ASSERT(c->drop || dest || c->m.len == 0);
-    if (c->m.len == 0) message_done(c);
-    return !c->closing;
+    int rc = ct_msg_reader_header(&c->rd, &c->tp->h, c->peer, why, sizeof why);
+    if (rc == -1) conn_fail(c, CT_ERR_FORMAT, true, "sent a malformed frame: %s", why);
+    if (rc == -2) conn_fail(c, CT_ERR_FORMAT, false, "closed by the handler");
+    return !rc && !c->closing;
 }
 
 /* Consumes n staged bytes: headers, small payloads, the start of large ones. */
 static void consume(tcp_conn *c, const uint8_t *p, size_t n)
 {
     while (n && !c->closing) {
-        if (!c->in_payload) {
-            size_t k = CT_MSG_HEADER - c->hdr_got < n ? CT_MSG_HEADER - c->hdr_got : n;
-            memcpy(c->hdr + c->hdr_got, p, k);
-            c->hdr_got += k;
+        if (!c->rd.in_payload) {
+            size_t k = CT_MSG_HEADER - c->rd.hdr_got < n ? CT_MSG_HEADER - c->rd.hdr_got : n;
+            memcpy(c->rd.hdr + c->rd.hdr_got, p, k);
+            c->rd.hdr_got += k;
             p += k;
             n -= k;
-            if (c->hdr_got == CT_MSG_HEADER && !header_done(c)) return;
+            if (c->rd.hdr_got == CT_MSG_HEADER && !header_done(c)) return;
         } else {
-            size_t k = c->m.len - c->got < n ? c->m.len - c->got : n;
-            if (!c->drop) memcpy(c->dest + c->got, p, k);
-            c->got += k;
+            size_t k = c->rd.m.len - c->rd.got < n ? c->rd.m.len - c->rd.got : n;
+            if (!c->rd.drop) memcpy(c->rd.dest + c->rd.got, p, k);
+            c->rd.got += k;
             p += k;
             n -= k;
-            if (c->got == c->m.len) message_done(c);
+            if (c->rd.got == c->rd.m.len) message_done(c);
         }
     }
 }
@@ -190,7 +167,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     tcp_conn *c = s->data;
     if (c->closing) return;
     if (nread < 0) {
-        const char *where = c->in_payload ? " in the middle of a message" : "";
+        const char *where = c->rd.in_payload ? " in the middle of a message" : "";
         if (nread == UV_EOF)
             conn_fail(c, CT_ERR_PEER, true, "closed its connection%s: did the process exit or crash?", where);
         else
@@ -201,8 +178,8 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     if ((uint8_t *)buf->base == c->tp->stage) {
         consume(c, c->tp->stage, (size_t)nread);
     } else {
-        c->got += (size_t)nread;
-        if (c->got == c->m.len) message_done(c);
+        c->rd.got += (size_t)nread;
+        if (c->rd.got == c->rd.m.len) message_done(c);
     }
 }
 

@@ -154,6 +154,46 @@ typedef struct ct_transport_handler {
     void (*on_peer_error)(void *ctx, int peer, ct_status st, const char *msg);
 } ct_transport_handler;
 
+/* The receiving side of one peer's byte stream, shared by the transports: a header is
+ * assembled in hdr, decoded, and the handler says where its payload goes (or to drop
+ * it); the payload is then copied to dest until m.len bytes have come. */
+typedef struct ct_msg_reader {
+    uint8_t hdr[CT_MSG_HEADER];
+    size_t hdr_got;
+    ct_msg m;
+    bool in_payload, drop;
+    uint8_t *dest;
+    size_t got;
+} ct_msg_reader;
+
+/* The message in r is complete: hand it to the handler (unless dropped) and wait for
+ * the next header. */
+static inline void ct_msg_reader_done(ct_msg_reader *r, const ct_transport_handler *h, int peer)
+{
+    r->in_payload = false;
+    r->hdr_got = 0;
+    if (!r->drop) h->on_message(h->ctx, peer, &r->m, r->dest);
+}
+
+/* A whole header is in r->hdr: decodes it and asks h where its payload goes; a message
+ * without payload is delivered at once. 0, or -1 with the reason in why (not a frame of
+ * this protocol), or -2 (the handler refused the connection). */
+static inline int ct_msg_reader_header(ct_msg_reader *r, const ct_transport_handler *h, int peer, char *why,
+                                       size_t cap)
+{
+    if (!ct_msg_decode(r->hdr, &r->m, why, cap)) return -1;
+    void *dest = NULL;
+    int rc = h->on_header(h->ctx, peer, &r->m, &dest);
+    if (rc < 0) return -2;
+    r->drop = rc > 0;
+    r->dest = dest;
+    r->got = 0;
+    r->in_payload = true;
+    CT_ASSERT(r->drop || dest || r->m.len == 0);
+    if (r->m.len == 0) ct_msg_reader_done(r, h, peer);
+    return 0;
+}
+
 /* A send completed: status 0, or a libuv error (UV_ECANCELED when the transport
  * closed first). Runs on the loop thread, never inside the send call. */
 typedef void (*ct_transport_send_cb)(void *arg, int status);
