@@ -54,18 +54,11 @@
 
 #define PROG "allreduce"
 #include "bench/args.h" /* after PROG: its messages name the program */
-#define MAX_SIZES 64
-#define MAX_ITERS 200000
-
-static const int64_t default_sizes[] = {1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10,
-                                        1 << 20, 4 << 20, 16 << 20, 64 << 20};
+#include "bench/collectives/allreduce_opts.h"
 
 typedef struct options {
     const char *transport;
-    int64_t sizes[MAX_SIZES];
-    int nsizes;
-    double min_time;
-    int min_iters, warmup;
+    timing_opts t; /* sizes, min_time, min_iters, warmup */
     bool unavailable_ok;
 } options;
 
@@ -87,12 +80,10 @@ static void usage(FILE *f)
 /* 0 ok, 1 --help, -1 error (message printed) */
 static int parse_args(int argc, char **argv, options *o)
 {
-    *o = (options){.min_time = 0.2, .min_iters = 5, .warmup = 5};
-    o->nsizes = (int)(sizeof default_sizes / sizeof *default_sizes);
-    memcpy(o->sizes, default_sizes, sizeof default_sizes);
+    *o = (options){0};
+    timing_opts_init(&o->t);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        long long x;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 1;
@@ -105,30 +96,14 @@ static int parse_args(int argc, char **argv, options *o)
             }
             o->transport = v;
             i++;
-        } else if (!strcmp(a, "--sizes")) {
-            if (!parse_sizes(v, 1LL << 34, o->sizes, MAX_SIZES, &o->nsizes)) return -1;
-            i++;
-        } else if (!strcmp(a, "--min-time")) {
-            char *end;
-            errno = 0;
-            double t = v ? strtod(v, &end) : -1;
-            if (!v || errno || *end || end == v || !(t >= 0 && t <= 3600)) {
-                fprintf(stderr, PROG ": --min-time %s: expected seconds in [0, 3600]\n", v ? v : "(missing)");
+        } else {
+            int taken = timing_opts_parse(&o->t, a, v, 1LL << 34);
+            if (taken < 0) return -1;
+            if (!taken) {
+                fprintf(stderr, PROG ": unknown argument '%s' (see --help)\n", a);
                 return -1;
             }
-            o->min_time = t;
             i++;
-        } else if (!strcmp(a, "--min-iters")) {
-            if (!parse_int(a, v, 1, MAX_ITERS, &x)) return -1;
-            o->min_iters = (int)x;
-            i++;
-        } else if (!strcmp(a, "--warmup")) {
-            if (!parse_int(a, v, 1, 1000000, &x)) return -1;
-            o->warmup = (int)x;
-            i++;
-        } else {
-            fprintf(stderr, PROG ": unknown argument '%s' (see --help)\n", a);
-            return -1;
         }
     }
     if (!o->transport) {
@@ -215,17 +190,17 @@ static int bench_size(ct_pg *g, const options *o, int64_t bytes, double *times)
         }
         if (!rc) {
             memset(x, 0, (size_t)bytes);
-            for (int i = 0; i < o->warmup && !rc; i++) {
+            for (int i = 0; i < o->t.warmup && !rc; i++) {
                 double t0 = now();
                 rc = allreduce(g, t, CT_REDUCE_SUM) ? 2 : 0;
                 times[i] = now() - t0;
             }
-            if (!rc) rc = max_over_ranks(g, fastest(times, o->warmup), &est) ? 2 : 0;
+            if (!rc) rc = max_over_ranks(g, fastest(times, o->t.warmup), &est) ? 2 : 0;
             if (rc) fprintf(stderr, PROG ": rank %d: warm-up, %lld bytes: %s\n", rank, (long long)bytes, ct_last_error());
         }
         if (!rc) {
-            double want_iters = est > 0 ? ceil(o->min_time / est) : MAX_ITERS;
-            iters = want_iters < o->min_iters ? o->min_iters : want_iters > MAX_ITERS ? MAX_ITERS : (int)want_iters;
+            double want_iters = est > 0 ? ceil(o->t.min_time / est) : MAX_ITERS;
+            iters = want_iters < o->t.min_iters ? o->t.min_iters : want_iters > MAX_ITERS ? MAX_ITERS : (int)want_iters;
             for (int i = 0; i < iters && !rc; i++) {
                 double t0 = now();
                 rc = allreduce(g, t, CT_REDUCE_SUM) ? 2 : 0;
@@ -236,14 +211,14 @@ static int bench_size(ct_pg *g, const options *o, int64_t bytes, double *times)
         }
         if (!rc && (bad = first_mismatch(x, count, 0.0f)) >= 0) {
             fprintf(stderr, PROG ": rank %d: after %d allreduces of zeros (%lld bytes) element %lld is %g\n", rank,
-                    iters + o->warmup, (long long)bytes, (long long)bad, (double)x[bad]);
+                    iters + o->t.warmup, (long long)bytes, (long long)bad, (double)x[bad]);
             rc = 2;
         }
         if (!rc && rank == 0) {
             double algbw = (double)bytes / med;
             printf("{\"impl\":\"ctrain-%s\",\"transport\":\"%s\",\"ranks\":%d,\"bytes\":%lld,\"iters\":%d,"
                    "\"warmup\":%d,\"median_us\":%.3f,\"algbw_gbs\":%.4f,\"busbw_gbs\":%.4f}\n",
-                   o->transport, ct_pg_transport(g), n, (long long)bytes, iters, o->warmup, 1e6 * med, 1e-9 * algbw,
+                   o->transport, ct_pg_transport(g), n, (long long)bytes, iters, o->t.warmup, 1e6 * med, 1e-9 * algbw,
                    1e-9 * algbw * 2.0 * (n - 1) / n);
             fflush(stdout);
         }
@@ -288,13 +263,13 @@ int main(int argc, char **argv)
                 env.rank, ct_pg_size(g), ct_pg_transport(g), o.transport);
         rc = 2;
     }
-    int64_t max_iters = MAX_ITERS > o.warmup ? MAX_ITERS : o.warmup;
+    int64_t max_iters = MAX_ITERS > o.t.warmup ? MAX_ITERS : o.t.warmup;
     double *times = rc ? NULL : malloc((size_t)max_iters * sizeof *times);
     if (!rc && !times) {
         fprintf(stderr, PROG ": out of memory for %lld timings\n", (long long)max_iters);
         rc = 2;
     }
-    for (int i = 0; i < o.nsizes && !rc; i++) rc = bench_size(g, &o, o.sizes[i], times);
+    for (int i = 0; i < o.t.nsizes && !rc; i++) rc = bench_size(g, &o, o.t.sizes[i], times);
     free(times);
     ct_pg_free(g);
     return rc;

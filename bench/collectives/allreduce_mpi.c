@@ -1,7 +1,7 @@
 /* Allreduce bus bandwidth of the MPI library (plain MPI_Allreduce), the twin of
  * allreduce.c.
  *
- *   mpicc -O3 -std=c11 -D_GNU_SOURCE -DCT_BENCH_WITH_MPI -I. -o allreduce_mpi \
+ *   mpicc -O3 -std=c11 -D_GNU_SOURCE -I. -o allreduce_mpi \
  *       bench/collectives/allreduce_mpi.c -lm
  *   mpirun -np 2 --mca pml ob1 --mca btl self,vader allreduce_mpi --label openmpi-shm
  *       [--sizes B,B,...] [--min-time S] [--min-iters N] [--warmup W]
@@ -21,21 +21,9 @@
  * up, so that mpirun stops the other ranks). A rank dies with its parent
  * (PR_SET_PDEATHSIG), so an mpirun killed by a timeout leaves no rank behind.
  *
- * Built without -DCT_BENCH_WITH_MPI (the Makefile builds every bench program with cc, which
- * does not know where mpi.h is), it is a stub that says how to build it and exits 2.
+ * The Makefile's bench build leaves it out (cc does not know where mpi.h is);
+ * bench/collectives/run.sh builds it with mpicc.
  */
-#include <stdio.h>
-
-#ifndef CT_BENCH_WITH_MPI
-
-int main(void)
-{
-    fprintf(stderr, "allreduce_mpi: built without MPI; build it with mpicc -DCT_BENCH_WITH_MPI "
-                    "(bench/collectives/run.sh does)\n");
-    return 2;
-}
-
-#else
 
 #include <errno.h>
 #include <math.h>
@@ -43,6 +31,7 @@ int main(void)
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -52,18 +41,11 @@ int main(void)
 
 #define PROG "allreduce_mpi"
 #include "bench/args.h" /* after PROG: its messages name the program */
-#define MAX_SIZES 64
-#define MAX_ITERS 200000
-
-static const int64_t default_sizes[] = {1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10,
-                                        1 << 20, 4 << 20, 16 << 20, 64 << 20};
+#include "bench/collectives/allreduce_opts.h"
 
 typedef struct options {
     const char *label;
-    int64_t sizes[MAX_SIZES];
-    int nsizes;
-    double min_time;
-    int min_iters, warmup;
+    timing_opts t; /* sizes, min_time, min_iters, warmup */
 } options;
 
 static void usage(FILE *f)
@@ -82,12 +64,10 @@ static void usage(FILE *f)
 /* 0 ok, 1 --help, -1 error (message printed) */
 static int parse_args(int argc, char **argv, options *o)
 {
-    *o = (options){.label = "openmpi", .min_time = 0.2, .min_iters = 5, .warmup = 5};
-    o->nsizes = (int)(sizeof default_sizes / sizeof *default_sizes);
-    memcpy(o->sizes, default_sizes, sizeof default_sizes);
+    *o = (options){.label = "openmpi"};
+    timing_opts_init(&o->t);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        long long x;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 1;
@@ -98,30 +78,14 @@ static int parse_args(int argc, char **argv, options *o)
             }
             o->label = v;
             i++;
-        } else if (!strcmp(a, "--sizes")) {
-            if (!parse_sizes(v, 4LL * 2147483647LL, o->sizes, MAX_SIZES, &o->nsizes)) return -1;
-            i++;
-        } else if (!strcmp(a, "--min-time")) {
-            char *end;
-            errno = 0;
-            double t = v ? strtod(v, &end) : -1;
-            if (!v || errno || *end || end == v || !(t >= 0 && t <= 3600)) {
-                fprintf(stderr, PROG ": --min-time %s: expected seconds in [0, 3600]\n", v ? v : "(missing)");
+        } else {
+            int taken = timing_opts_parse(&o->t, a, v, 4LL * 2147483647LL);
+            if (taken < 0) return -1;
+            if (!taken) {
+                fprintf(stderr, PROG ": unknown argument '%s' (see --help)\n", a);
                 return -1;
             }
-            o->min_time = t;
             i++;
-        } else if (!strcmp(a, "--min-iters")) {
-            if (!parse_int(a, v, 1, MAX_ITERS, &x)) return -1;
-            o->min_iters = (int)x;
-            i++;
-        } else if (!strcmp(a, "--warmup")) {
-            if (!parse_int(a, v, 1, 1000000, &x)) return -1;
-            o->warmup = (int)x;
-            i++;
-        } else {
-            fprintf(stderr, PROG ": unknown argument '%s' (see --help)\n", a);
-            return -1;
         }
     }
     return 0;
@@ -192,14 +156,14 @@ static void bench_size(const options *o, int rank, int n, int64_t bytes, double 
         fail(rank, what, MPI_SUCCESS);
     }
     memset(x, 0, (size_t)bytes);
-    for (int i = 0; i < o->warmup; i++) {
+    for (int i = 0; i < o->t.warmup; i++) {
         double t0 = now();
         sum_in_place(rank, x, count);
         times[i] = now() - t0;
     }
-    double est = max_over_ranks(rank, fastest(times, o->warmup));
-    double want_iters = est > 0 ? ceil(o->min_time / est) : MAX_ITERS;
-    int iters = want_iters < o->min_iters ? o->min_iters : want_iters > MAX_ITERS ? MAX_ITERS : (int)want_iters;
+    double est = max_over_ranks(rank, fastest(times, o->t.warmup));
+    double want_iters = est > 0 ? ceil(o->t.min_time / est) : MAX_ITERS;
+    int iters = want_iters < o->t.min_iters ? o->t.min_iters : want_iters > MAX_ITERS ? MAX_ITERS : (int)want_iters;
     for (int i = 0; i < iters; i++) {
         double t0 = now();
         sum_in_place(rank, x, count);
@@ -217,7 +181,7 @@ static void bench_size(const options *o, int rank, int n, int64_t bytes, double 
         double algbw = (double)bytes / med;
         printf("{\"impl\":\"%s\",\"ranks\":%d,\"bytes\":%lld,\"iters\":%d,\"warmup\":%d,\"median_us\":%.3f,"
                "\"algbw_gbs\":%.4f,\"busbw_gbs\":%.4f}\n",
-               o->label, n, (long long)bytes, iters, o->warmup, 1e6 * med, 1e-9 * algbw,
+               o->label, n, (long long)bytes, iters, o->t.warmup, 1e6 * med, 1e-9 * algbw,
                1e-9 * algbw * 2.0 * (n - 1) / n);
         fflush(stdout);
     }
@@ -245,12 +209,10 @@ int main(int argc, char **argv)
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &n);
     if (n < 2) fail(rank, "needs at least 2 ranks (mpirun -np 2)", MPI_SUCCESS);
-    double *times = malloc((size_t)(MAX_ITERS > o.warmup ? MAX_ITERS : o.warmup) * sizeof *times);
+    double *times = malloc((size_t)(MAX_ITERS > o.t.warmup ? MAX_ITERS : o.t.warmup) * sizeof *times);
     if (!times) fail(rank, "out of memory for the timings", MPI_SUCCESS);
-    for (int i = 0; i < o.nsizes; i++) bench_size(&o, rank, n, o.sizes[i], times);
+    for (int i = 0; i < o.t.nsizes; i++) bench_size(&o, rank, n, o.t.sizes[i], times);
     free(times);
     MPI_Finalize();
     return 0;
 }
-
-#endif

@@ -108,12 +108,12 @@ case "$mpi_version" in *"Open MPI"*) ;; *) die "mpirun is not Open MPI ('$mpi_ve
 # ---- build ----------------------------------------------------------------------------
 ctrain=build/bin/ctrain
 bin=build/bench/collectives/allreduce
-mpibin=build/bench/collectives/allreduce_mpi-openmpi # not the Makefile's stub (cc, no MPI)
+mpibin=build/bench/collectives/allreduce_mpi-openmpi # built with mpicc, not by the Makefile
 echo "run.sh: building $ctrain, $bin and $mpibin" >&2
 make -s "$ctrain" "$bin" >&2 || die "make $ctrain $bin failed"
 for b in "$ctrain" "$bin"; do [ -x "$b" ] || die "$b was not built"; done
 mkdir -p "$(dirname "$mpibin")"
-mpicc -std=c11 -D_GNU_SOURCE -O3 -march=native -Wall -Wextra -Werror -DCT_BENCH_WITH_MPI -I. \
+mpicc -std=c11 -D_GNU_SOURCE -O3 -march=native -Wall -Wextra -Werror -I. \
     -o "$mpibin" bench/collectives/allreduce_mpi.c -lm >&2 || die "mpicc bench/collectives/allreduce_mpi.c failed"
 
 logs=build/bench/collectives/logs
