@@ -33,7 +33,6 @@ Output, main process only: one JSON line on stdout,
 Bad arguments or any failure: a message on stderr, exit status 2. The process dies with
 its parent (PR_SET_PDEATHSIG), so a launcher killed by a timeout leaves no rank behind.
 """
-import argparse
 import json
 import math
 import os
@@ -62,22 +61,11 @@ def die_with_parent():
 
 
 def parse_args():
-    class Parser(argparse.ArgumentParser):
-        def error(self, message):
-            self.print_usage(sys.stderr)
-            fail(message)
-
-    p = Parser(description="GPT W1 training throughput with HF Accelerate (CPU); main process prints one JSON line")
+    p = procs.parser("GPT W1 training throughput with HF Accelerate (CPU); main process prints one JSON line", fail)
     p.add_argument("--expect-processes", type=int, default=int(os.environ.get("WORLD_SIZE", "1") or 1))
-    p.add_argument("--steps", type=int, default=CFG["steps"], help="timed steps (default 20)")
-    p.add_argument("--warmup", type=int, default=CFG["warmup"], help="untimed steps first (default 3)")
-    p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--adamw", choices=["auto", "foreach", "forloop", "fused"], default="auto")
+    procs.add_step_args(p, CFG)
     a = p.parse_args()
-    if a.steps < 1:
-        fail(f"--steps {a.steps}: expected an integer >= 1")
-    if a.warmup < 0:
-        fail(f"--warmup {a.warmup}: expected an integer >= 0")
+    procs.check_step_args(a, fail)
     if a.expect_processes < 1:
         fail(f"--expect-processes {a.expect_processes}: expected an integer >= 1")
     return a

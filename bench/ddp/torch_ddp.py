@@ -27,7 +27,6 @@ Output, rank 0 only: one JSON line on stdout,
 Bad arguments or any failure: a message on stderr, exit status 2. The process dies with
 its parent (PR_SET_PDEATHSIG), so a launcher killed by a timeout leaves no rank behind.
 """
-import argparse
 import datetime
 import json
 import math
@@ -57,22 +56,11 @@ def die_with_parent():
 
 
 def parse_args():
-    class Parser(argparse.ArgumentParser):
-        def error(self, message):
-            self.print_usage(sys.stderr)
-            fail(message)
-
-    p = Parser(description="GPT W1 DDP training throughput in PyTorch (gloo); rank 0 prints one JSON line")
-    p.add_argument("--steps", type=int, default=CFG["steps"], help="timed steps (default 20)")
-    p.add_argument("--warmup", type=int, default=CFG["warmup"], help="untimed steps first (default 3)")
-    p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--adamw", choices=["auto", "foreach", "forloop", "fused"], default="auto")
+    p = procs.parser("GPT W1 DDP training throughput in PyTorch (gloo); rank 0 prints one JSON line", fail)
+    procs.add_step_args(p, CFG)
     p.add_argument("--timeout", type=float, default=300, help="seconds for setup and each collective (default 300)")
     a = p.parse_args()
-    if a.steps < 1:
-        fail(f"--steps {a.steps}: expected an integer >= 1")
-    if a.warmup < 0:
-        fail(f"--warmup {a.warmup}: expected an integer >= 0")
+    procs.check_step_args(a, fail)
     if not a.timeout > 0:
         fail(f"--timeout {a.timeout}: expected seconds > 0")
     return a
