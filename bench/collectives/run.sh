@@ -30,28 +30,8 @@
 # Prints a markdown table (also written to FILE with --out). When ctrain's "shm"
 # transport cannot be created, its column says n/a and a line gives the error; every
 # other failure ends the run with a message. Logs: build/bench/collectives/logs/.
-set -euo pipefail
-
-die() { echo "run.sh: $*" >&2; exit 1; }
-trap 'echo "run.sh: failed at line $LINENO: $BASH_COMMAND" >&2' ERR
-
-# A measurement runs in the background (see bounded) so that a signal to this script
-# reaches the trap at once; timeout(1) passes a TERM on to its child (mpirun or ctrain
-# launch, which stop their ranks) and sends KILL 10 s later.
-job=""
-stop_job() {
-    [ -n "$job" ] || return 0
-    kill -TERM "$job" 2>/dev/null || true
-    wait "$job" 2>/dev/null || true
-    job=""
-}
-trap 'stop_job; echo "run.sh: interrupted" >&2; exit 130' INT TERM
-trap 'stop_job' EXIT
-
-start_dir=$PWD
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-root=$(cd "$here/../.." && pwd)
-cd "$root"
+# shellcheck source=bench/run_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../run_lib.sh"
 
 quick=0
 out=""
@@ -126,15 +106,9 @@ results=$logs/results.jsonl
 # bounded NAME CMD... ; stdout/stderr in $logs/NAME.{out,err}; rank 0's JSON lines
 # (launcher prefix removed) appended to $results
 bounded() {
-    local name=$1 rc=0
-    shift
-    echo "run.sh: $name: $*" | tee "$logs/$name.err" >&2
-    timeout -k 10 "$limit" "$@" >"$logs/$name.out" 2>>"$logs/$name.err" &
-    job=$!
-    wait "$job" || rc=$?
-    job=""
+    local name=$1
+    run_logged "$@"
     if [ "$rc" -ne 0 ]; then
-        tail -n +2 "$logs/$name.err" | tail -n 20 >&2
         [ "$rc" -eq 124 ] && die "$name: timed out after $limit s (--timeout; logs in $logs)"
         die "$name failed (exit status $rc; logs in $logs)"
     fi

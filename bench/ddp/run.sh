@@ -41,28 +41,8 @@
 # and every rank dies with its launcher. Prints a markdown table (also written to FILE
 # with --out); exits non-zero when a run other than Accelerate's fails or a first-step
 # loss is not close to ln 256. Logs: build/bench/ddp/logs/.
-set -euo pipefail
-
-die() { echo "run.sh: $*" >&2; exit 1; }
-trap 'echo "run.sh: failed at line $LINENO: $BASH_COMMAND" >&2' ERR
-
-# A measurement runs in the background (see bounded) so that a signal to this script
-# reaches the trap at once; timeout(1) passes a TERM on to its child (ctrain launch,
-# which stops its ranks) and sends KILL 10 s later.
-job=""
-stop_job() {
-    [ -n "$job" ] || return 0
-    kill -TERM "$job" 2>/dev/null || true
-    wait "$job" 2>/dev/null || true
-    job=""
-}
-trap 'stop_job; echo "run.sh: interrupted" >&2; exit 130' INT TERM
-trap 'stop_job' EXIT
-
-start_dir=$PWD
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-root=$(cd "$here/../.." && pwd)
-cd "$root"
+# shellcheck source=bench/run_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../run_lib.sh"
 
 quick=0
 out=""
@@ -162,16 +142,11 @@ fi
 # line (launcher prefix removed) appended to $results as "NAME\tJSON". An optional run
 # that fails records "NAME\t{"failed": reason}" instead of ending the script.
 bounded() {
-    local name=$1 optional=$2 rc=0
+    local name=$1 optional=$2
     shift 2
-    echo "run.sh: $name: $*" | tee "$logs/$name.err" >&2
-    timeout -k 10 "$limit" "$@" >"$logs/$name.out" 2>>"$logs/$name.err" &
-    job=$!
-    wait "$job" || rc=$?
-    job=""
+    run_logged "$name" "$@"
     local why=""
     if [ "$rc" -ne 0 ]; then
-        tail -n +2 "$logs/$name.err" | tail -n 20 >&2
         why="exit status $rc"
         [ "$rc" -eq 124 ] && why="timed out after $limit s (--timeout)"
     fi
