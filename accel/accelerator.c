@@ -1,7 +1,6 @@
 /* ctrain — the Accelerator (accel/accelerator.h). */
 #include "accel/accelerator.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -33,21 +32,6 @@ struct ct_accelerator {
 
 /* ---- settings ------------------------------------------------------------------ */
 
-/* A positive int from the environment variable name, or def when unset or empty. */
-static ct_status env_positive(const char *name, int def, int *out)
-{
-    const char *v = getenv(name);
-    *out = def;
-    if (!v || !*v) return CT_OK;
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || *end || x < 1 || x > 1 << 30)
-        return ct_error_set(CT_ERR_INVALID, "accelerator: %s = '%s'; expected a positive integer", name, v);
-    *out = (int)x;
-    return CT_OK;
-}
-
 static ct_status settings(ct_accelerator *a, const ct_accelerator_config *cfg)
 {
     a->cfg = cfg ? *cfg : (ct_accelerator_config){0};
@@ -56,7 +40,8 @@ static ct_status settings(ct_accelerator *a, const ct_accelerator_config *cfg)
         return ct_error_set(CT_ERR_INVALID, "accelerator: gradient_accumulation_steps = %d; expected >= 1 (0 = default)",
                             a->cfg.gradient_accumulation_steps);
     if (a->cfg.gradient_accumulation_steps > 0) a->K = a->cfg.gradient_accumulation_steps;
-    else if ((st = env_positive("CTRAIN_GRADIENT_ACCUMULATION_STEPS", 1, &a->K))) return st;
+    else if ((st = ct_dist_env_int("CTRAIN_GRADIENT_ACCUMULATION_STEPS", 1, 1, &a->K)))
+        return ct_error_prefix("accelerator: ");
     const char *mp = a->cfg.mixed_precision;
     if (!mp || !*mp) mp = getenv("CTRAIN_MIXED_PRECISION");
     if (mp && *mp && strcmp(mp, "no") != 0) {
@@ -66,7 +51,7 @@ static ct_status settings(ct_accelerator *a, const ct_accelerator_config *cfg)
         return ct_error_set(CT_ERR_INVALID, "accelerator: mixed_precision = '%s'; allowed: no, fp16, bf16, fp8", mp);
     }
     int threads = 0;
-    if ((st = env_positive("CTRAIN_NUM_THREADS", 0, &threads))) return st;
+    if ((st = ct_dist_env_int("CTRAIN_NUM_THREADS", 0, 1, &threads))) return ct_error_prefix("accelerator: ");
     if (threads > 0) ct_set_num_threads(threads);
     if (a->cfg.timeout_s < 0 || !isfinite(a->cfg.timeout_s))
         return ct_error_set(CT_ERR_INVALID, "accelerator: timeout_s = %g; expected > 0 (0 = default)", a->cfg.timeout_s);

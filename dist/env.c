@@ -59,6 +59,16 @@ static ct_status env_int_default(const char *var, int dflt, int *out)
     return CT_OK;
 }
 
+ct_status ct_dist_env_int(const char *var, int dflt, int min, int *out)
+{
+    const char *v = env_get(var);
+    int x = dflt;
+    if (v && (!parse_count(v, &x) || x < min))
+        return ct_error_set(CT_ERR_INVALID, "%s='%s' is not an integer >= %d", var, v, min);
+    *out = x;
+    return CT_OK;
+}
+
 /* ---- master address ------------------------------------------------------ */
 
 static ct_status set_addr(ct_dist_env *e, const char *var, const char *addr)

@@ -51,6 +51,11 @@ ct_status ct_dist_env_detect(ct_dist_env *out);
  * CT_ERR_INVALID when the list is malformed or the host does not fit. */
 ct_status ct_dist_nodelist_first(const char *nodelist, char *host, size_t cap);
 
+/* *out = the integer in environment variable var (decimal digits only, >= min), or
+ * dflt when it is unset or empty. CT_ERR_INVALID naming the variable and its value
+ * otherwise ("CTRAIN_X='two' is not an integer >= 1"; callers prefix their name). */
+ct_status ct_dist_env_int(const char *var, int dflt, int min, int *out);
+
 /* This job's id, to tell it from another job that happens to use the same
  * MASTER_ADDR:MASTER_PORT: CTRAIN_JOB_ID (ctrain launch sets a random one), else
  * SLURM_JOB_ID.SLURM_STEP_ID, else PMIX_NAMESPACE (mpirun); "" when none is known.

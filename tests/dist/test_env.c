@@ -380,3 +380,31 @@ Test(dist_env, null_out)
 {
     cr_expect_eq(ct_dist_env_detect(NULL), CT_ERR_INVALID);
 }
+
+/* The integer settings of the CTRAIN_* variables: default when unset or empty, digits
+ * only, a lower bound, errors naming the variable and its value. */
+Test(dist_env, integer_settings)
+{
+    const char *var = "CTRAIN_TEST_INT_SETTING";
+    int x = -1;
+    unsetenv(var);
+    cr_assert_eq(ct_dist_env_int(var, 4, 1, &x), CT_OK);
+    cr_assert_eq(x, 4);
+    setenv(var, "", 1);
+    cr_assert_eq(ct_dist_env_int(var, 0, 1, &x), CT_OK, "empty counts as unset");
+    cr_assert_eq(x, 0);
+    setenv(var, "17", 1);
+    cr_assert_eq(ct_dist_env_int(var, 4, 1, &x), CT_OK);
+    cr_assert_eq(x, 17);
+    const char *bad[] = {"0", "-3", "+3", "3x", " 3", "two", "99999999999"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        setenv(var, bad[i], 1);
+        x = -1;
+        cr_assert_eq(ct_dist_env_int(var, 4, 1, &x), CT_ERR_INVALID, "'%s' accepted", bad[i]);
+        cr_assert_eq(x, -1, "out changed on error");
+        char want[64];
+        snprintf(want, sizeof want, "%s='%s' is not an integer >= 1", var, bad[i]);
+        cr_assert(strstr(ct_last_error(), want), "'%s' not in: %s", want, ct_last_error());
+    }
+    unsetenv(var);
+}
