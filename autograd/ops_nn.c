@@ -312,13 +312,13 @@ static ct_tensor *heads_view(ct_tensor *x, int64_t off, int64_t C, int64_t H)
     return ct_tensor_transpose(ct_tensor_view(ct_tensor_narrow(x, 2, off, C), CT_SHAPE(B, T, H, C / H)), 1, 2);
 }
 
-// input qkv (B,T,3C); saved qkv, out (B,T,C), lse (B,H,T). The kernel writes dq, dk, dv
+// input qkv (B,T,3C); saved qkv (contiguous), out (B,T,C), lse (B,H,T). The kernel writes dq, dk, dv
 // straight into the three column blocks of one (B,T,3C) gradient (every element).
 static ct_status attention_qkv_backward(ct_node *n, ct_tensor *gy, ct_tensor **gx)
 {
     const attention_qkv_ctx *c = ct_node_ctx(n);
-    ct_tensor *qkv = ct_tensor_contiguous(ct_node_saved(n, 0)), *g = ct_tensor_contiguous(gy);
-    if (!qkv || !g) return ct_last_status();
+    ct_tensor *qkv = ct_node_saved(n, 0), *g = ct_tensor_contiguous(gy); /* qkv: saved contiguous */
+    if (!g) return ct_last_status();
     const int64_t C = qkv->shape[2] / 3, H = c->n_head;
     ct_tensor *dx = ct_tensor_empty_on(qkv->device, qkv->dtype, qkv->ndim, qkv->shape);
     if (!dx) return ct_last_status();
@@ -360,7 +360,8 @@ ct_tensor *ct_attention_qkv(ct_tensor *qkv, int64_t n_head, bool causal, double 
     c->causal = causal;
     c->scale = scale;
     c->n_head = n_head;
-    ct_status st = ct_node_save(n, qkv, false);
+    /* the contiguous qkv the heads were read from, so backward does not copy it again */
+    ct_status st = ct_node_save(n, x, false);
     if (!st) st = ct_node_save(n, out, true);
     if (!st) st = ct_node_save(n, lse, false);
     return finish(n, st, out);
