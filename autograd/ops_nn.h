@@ -66,8 +66,8 @@ ct_tensor *ct_attention(ct_tensor *q, ct_tensor *k, ct_tensor *v, bool causal, d
  * heads side by side. Equals narrowing qkv, viewing each block as (B,T,H,D),
  * transposing to (B,H,T,D), ct_attention, and merging the heads back, but without
  * the copies: the kernel reads the heads in place, writes the output heads into
- * (B,T,C) and, in backward, dq, dk, dv into one (B,T,3C) gradient. Saves qkv, out
- * and the (B,H,T) logsumexp. */
+ * (B,T,C) and, in backward, dq, dk, dv into one (B,T,3C) gradient. Saves qkv (a
+ * contiguous copy when it was strided), out and the (B,H,T) logsumexp. */
 ct_tensor *ct_attention_qkv(ct_tensor *qkv, int64_t n_head, bool causal, double scale);
 
 #endif
