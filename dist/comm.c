@@ -278,7 +278,9 @@ static void link_on_message(void *ctx, int peer, const ct_msg *m, void *payload)
     }
     if (m->kind == CT_MSG_PROBE) {
         ct_comm_group *g = find_group(L, m->group);
-        ct_msg reply = {.kind = CT_MSG_PROBE_REPLY, .group = m->group, .seq = g ? g->seq_seen : 0, .count = g != NULL};
+        uint64_t seen = g ? g->seq_seen : 0, direct = g ? atomic_load(&g->seq_direct) : 0;
+        ct_msg reply = {.kind = CT_MSG_PROBE_REPLY, .group = m->group, .seq = seen > direct ? seen : direct,
+                        .count = g != NULL};
         ct_comm_send_control(L, peer, &reply, NULL);
         return;
     }
@@ -332,6 +334,7 @@ static void group_free_mem(ct_comm_group *g)
     free(g->probe_seq);
     free(g->heard);
     free(g->left);
+    free((void *)g->gone);
     free(g);
 }
 
@@ -451,13 +454,15 @@ ct_comm_group *ct_comm_group_new(ct_comm_group *parent, ct_transport *tp, uint64
         g->probe_seq = calloc((size_t)size, sizeof *g->probe_seq);
         g->heard = calloc((size_t)size, sizeof *g->heard);
         g->left = calloc((size_t)size, sizeof *g->left);
+        g->gone = calloc((size_t)size, sizeof *g->gone);
     }
     if (L) {
         L->tp = tp;
         L->dead = calloc((size_t)world, sizeof *L->dead);
         L->rx = calloc((size_t)world, sizeof *L->rx);
     }
-    bool ok = g && g->peers && g->grank && g->probe_seq && g->heard && g->left && (parent || (L && L->dead && L->rx));
+    bool ok = g && g->peers && g->grank && g->probe_seq && g->heard && g->left && g->gone &&
+              (parent || (L && L->dead && L->rx));
     engine *e = ok ? engine_acquire() : NULL;
     if (!e) {
         if (g) group_free_mem(g);
@@ -495,6 +500,24 @@ void ct_comm_group_free(ct_comm_group *g)
     if (!g) return;
     call(eng, free_cmd, g);
     engine_release();
+}
+
+typedef struct fail_args {
+    ct_comm_group *g;
+    ct_status st;
+    const char *msg;
+} fail_args;
+
+static void fail_cmd(void *arg)
+{
+    fail_args *a = arg;
+    ct_comm_group_fail(a->g, a->st, true, a->msg);
+}
+
+void ct_comm_group_fail_sync(ct_comm_group *g, ct_status st, const char *msg)
+{
+    fail_args a = {.g = g, .st = st, .msg = msg};
+    call(eng, fail_cmd, &a);
 }
 
 void ct_comm_submit(ct_comm_group *g, ct_work *w)

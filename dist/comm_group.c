@@ -125,6 +125,7 @@ void ct_comm_group_fail(ct_comm_group *g, ct_status st, bool tell, const char *m
     if (g->broken) return;
     g->broken = st;
     snprintf(g->broken_msg, sizeof g->broken_msg, "%s", msg);
+    atomic_store_explicit(&g->alert, 1, memory_order_release);
     if (tell) {
         size_t n = strlen(g->broken_msg);
         ct_msg m = {.kind = CT_MSG_ABORT, .status = (uint8_t)st, .group = g->id, .len = (uint32_t)n};
@@ -346,6 +347,8 @@ void ct_comm_group_run(ct_comm_group *g)
 void ct_comm_peer_left(ct_comm_group *g, int src)
 {
     g->left[src] = true;
+    atomic_store(&g->gone[src], 1);
+    atomic_store_explicit(&g->alert, 1, memory_order_release);
     if (g->broken) return;
     /* everything src sent for this group arrived before its goodbye: what still waits
      * for it waits in vain; the rest completes */

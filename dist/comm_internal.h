@@ -17,6 +17,7 @@
 #ifndef CT_DIST_COMM_INTERNAL_H
 #define CT_DIST_COMM_INTERNAL_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -26,6 +27,7 @@
 #include "core/error.h"
 #include "core/tensor.h"
 #include "dist/pg.h"
+#include "dist/shm_direct_internal.h"
 #include "dist/transport_internal.h"
 #include "dist/work.h"
 
@@ -115,6 +117,10 @@ struct ct_work {
     void *out;               /* data of t_out, or NULL */
     const void *in;          /* data of t_in, or NULL */
 
+    /* a direct allreduce (dist/shm_direct_internal.h) not yet run: the group that will run it;
+     * set at submit, cleared under ct_pg_direct_lock when it has run or failed */
+    struct ct_pg *deferred_on;
+
     /* loop side */
     ct_comm_group *grp;
     ct_work *next; /* in the group's queue or its list of running sends and receives */
@@ -146,7 +152,27 @@ struct ct_pg {
     size_t ring_min_bytes, chunk_bytes;
     ct_p2p_count *p2p;
     int np2p, cap_p2p;
+    /* direct allreduce (shm world groups unless async_collectives; dist/shm_direct_internal.h):
+     * the slots (the transport's), the allreduce submitted but not run yet, and the last
+     * collective handed to the loop (a direct one runs only after it completed); both
+     * hold a reference, and change under ct_pg_direct_lock */
+    ct_shm_direct *direct;
+    ct_work *deferred, *last;
 };
+
+/* Direct allreduce: one process-wide lock over every group's deferred work (a waiter
+ * on another thread finds the group through the work, so it cannot be per group). */
+void ct_pg_direct_lock(void);
+void ct_pg_direct_unlock(void);
+/* Runs w if it is a deferred direct allreduce (the lock taken inside): CT_ERR_TIMEOUT
+ * when the other ranks have not all called it by arrive_by (uv_hrtime seconds; nothing
+ * done), else CT_OK (it ran, or was not deferred). */
+ct_status ct_pg_run_deferred(ct_work *w, double arrive_by);
+/* For ct_pg_submit on a group with direct: runs the deferred allreduce, announces w,
+ * and defers w when it is a direct allreduce (true: w must not go to the loop). */
+bool ct_pg_direct_submit(ct_pg *g, ct_work *w);
+/* For ct_pg_free: fails a deferred allreduce ("freed before it ran"), drops the references. */
+void ct_pg_direct_release(ct_pg *g);
 
 /* Submits w (request filled in) on g: numbers it, or runs it at once on a group of
  * one. Returns w. */
@@ -233,7 +259,15 @@ struct ct_comm_group {
     bool *heard;        /* per group rank: sent something for the running collective */
     bool *left;         /* per group rank: said goodbye (freed the group) */
     bool in_run, rerun;
+    /* read by the caller's thread during a direct allreduce: set (release) by the loop
+     * once broken and broken_msg are final, or when gone[r] (rank r freed the group) */
+    _Atomic int alert;
+    _Atomic uint8_t *gone;
+    _Atomic uint64_t seq_direct; /* the last direct allreduce (for probe replies) */
 };
+
+/* From the caller's thread: fails g as ct_comm_group_fail(g, st, true, msg) on the loop. */
+void ct_comm_group_fail_sync(ct_comm_group *g, ct_status st, const char *msg);
 
 static inline bool ct_comm_is_p2p(const ct_work *w) { return w->op == CT_OP_SEND || w->op == CT_OP_RECV; }
 

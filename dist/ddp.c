@@ -26,7 +26,8 @@ typedef struct hook_ctx {
 } hook_ctx;
 
 struct ct_ddp {
-    ct_pg *pg;
+    ct_pg *pg;    /* own: a sub-group of every rank of the group given (see ct_ddp_new) */
+    ct_pg *world; /* the group given (borrowed): the last bucket's */
     ct_ddp_config cfg;
     int np;
     ct_tensor **order;  /* parameters in reverse registration order, retained */
@@ -58,7 +59,12 @@ static ct_status submit(ct_ddp *d, int k)
     ct_status st = CT_OK;
     if (b->wire && (st = ct_tensor_copy_(b->wire, b->flat))) return ct_error_prefix("ddp: bucket %d: ", k);
     b->t_submit = now_s();
-    b->work = ct_pg_allreduce(d->pg, b->wire ? b->wire : b->flat, CT_REDUCE_MEAN);
+    /* The last bucket fills when backward is over, and ct_ddp_finish waits for it at
+     * once: nothing is left to overlap, so it goes on the group given, where (with
+     * shm) the waiting thread reduces it directly, several times faster than the comm
+     * thread. The others overlap with backward on the sub-group. */
+    ct_pg *g = k == d->nb - 1 ? d->world : d->pg;
+    b->work = ct_pg_allreduce(g, b->wire ? b->wire : b->flat, CT_REDUCE_MEAN);
     if (!b->work) return ct_error_prefix("ddp: bucket %d (%lld elements): ", k, (long long)b->numel);
     return CT_OK;
 }
@@ -229,7 +235,20 @@ ct_ddp *ct_ddp_new(ct_pg *pg, ct_module *model, const ct_ddp_config *cfg)
         ct_error_set(CT_ERR_NOMEM, "ddp_new: out of memory");
         return NULL;
     }
-    d->pg = pg;
+    /* A sub-group of the same ranks runs every collective on the comm thread (the
+     * world group's allreduce may run directly, when waited for: dist/pg.h), so the
+     * buckets reduce while backward goes on. */
+    int n = ct_pg_size(pg), *all = malloc((size_t)n * sizeof *all);
+    for (int i = 0; all && i < n; i++) all[i] = i;
+    d->world = pg;
+    d->pg = all ? ct_pg_new_subgroup(pg, all, n) : NULL;
+    free(all);
+    if (!d->pg) {
+        if (!all) ct_error_set(CT_ERR_NOMEM, "ddp_new: out of memory");
+        ct_error_prefix("ddp_new: ");
+        free(d);
+        return NULL;
+    }
     d->cfg = c;
     d->sync = true;
     ct_param_list params = {0};
@@ -363,5 +382,6 @@ void ct_ddp_free(ct_ddp *d)
     free(d->offset);
     free(d->ready);
     free(d->ctx);
+    ct_pg_free(d->pg);
     free(d);
 }

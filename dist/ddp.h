@@ -69,7 +69,10 @@ typedef struct ct_ddp_stats {
 } ct_ddp_stats;
 
 /* Wraps model (borrowed; it must outlive the handle) for the group pg (borrowed):
- * broadcasts rank 0's parameters and buffers (unless cfg->no_broadcast), builds the
+ * makes a sub-group of pg's ranks for its own collectives (so that bucket reductions
+ * run on the comm thread during backward: dist/pg.h; only the last bucket, which
+ * fills when backward is over, is reduced on pg, directly where it can), broadcasts
+ * rank 0's parameters and buffers (unless cfg->no_broadcast), builds the
  * buckets and installs a grad-ready hook on every parameter that requires grad.
  * Every rank of pg must call it with the same model structure: a mismatch in the
  * parameter list is an error on every rank (the shapes are compared through the

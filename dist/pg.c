@@ -52,6 +52,19 @@ static ct_status env_timeout(double *out)
     return CT_OK;
 }
 
+/* CTRAIN_SHM_DIRECT: "0" keeps allreduce on the comm thread, "1" (or unset) runs it
+ * directly on shm groups. */
+static ct_status env_direct(bool *async)
+{
+    const char *v = getenv("CTRAIN_SHM_DIRECT");
+    if (!v || !*v || !strcmp(v, "1")) return CT_OK;
+    if (!strcmp(v, "0")) {
+        *async = true;
+        return CT_OK;
+    }
+    return ct_error_set(CT_ERR_INVALID, "pg: CTRAIN_SHM_DIRECT='%s' is not 0 or 1", v);
+}
+
 static ct_pg *pg_alloc(int rank, int size, uint64_t id, double timeout_s, size_t ring_min, size_t chunk)
 {
     ct_pg *g = calloc(1, sizeof *g);
@@ -127,6 +140,8 @@ ct_pg *ct_pg_new(const ct_pg_config *cfg)
         ct_error_set(CT_ERR_INVALID, "ct_pg_new: chunk_bytes %zu is outside 64 .. %zu", chunk, CT_COMM_MAX_CHUNK);
         return NULL;
     }
+    bool async = c.async_collectives;
+    if (env_direct(&async)) return NULL;
     ct_pg *g = pg_alloc(c.rank, c.world_size, ROOT_ID, c.timeout_s, ring_min, chunk);
     if (!g || c.world_size == 1) return g;
 
@@ -151,8 +166,14 @@ ct_pg *ct_pg_new(const ct_pg_config *cfg)
                                                        .master_addr = c.master_addr},
                                  want);
     }
+    /* every rank says whether it runs allreduce directly before the init check, and
+     * compares after it */
+    ct_shm_direct *direct = ct_shm_transport_direct(tp);
+    if (direct) ct_shm_direct_set_mode(direct, !async);
     if (tp) g->grp = ct_comm_group_new(NULL, tp, ROOT_ID, c.rank, c.world_size, NULL, c.timeout_s);
     ct_status st = g->grp ? check_across(g, CT_OP_INIT, c.world_size, 0) : ct_last_status();
+    if (!st && direct) st = ct_shm_direct_check_modes(direct);
+    if (!st && direct && !async) g->direct = direct;
     if (s != c.store) ct_store_free(s);
     if (st) {
         ct_error_prefix("ct_pg_new: rank %d of %d: ", c.rank, c.world_size);
@@ -228,6 +249,7 @@ const char *ct_pg_transport(const ct_pg *g) { return !g ? NULL : g->grp ? g->grp
 void ct_pg_free(ct_pg *g)
 {
     if (!g) return;
+    ct_pg_direct_release(g);
     ct_comm_group_free(g->grp);
     free(g->p2p);
     free(g);

@@ -16,7 +16,8 @@
  * allreduce(sum, f32, 1024)"), instead of hanging or producing garbage.
  *
  * Every submit function returns a request (dist/work.h) at once: the transfer runs on
- * the process's communication thread while the caller computes. Tensors are retained
+ * the process's communication thread while the caller computes (except a direct
+ * allreduce, below). Tensors are retained
  * by the work until it completes and must not be read (outputs) or written (inputs)
  * until then. Tensors must be contiguous CPU tensors; zero elements are fine. Rank
  * numbers (root, dst, src) are ranks in the group. Reductions (sum, avg, max, min)
@@ -25,6 +26,16 @@
  * division, truncating toward zero); integer sums wrap around (two's complement).
  * Data movement alone (broadcast, allgather, gather, scatter, all_to_all, send,
  * recv) takes every dtype.
+ *
+ * Direct allreduce. On a world group whose ranks share a host ("shm"), an allreduce
+ * does not go to the communication thread: the rank that waits for it (ct_work_wait,
+ * ct_work_test, ct_work_wait_timeout, ct_work_free, or its next collective on the
+ * group) reduces it itself through shared memory, in microseconds for small tensors
+ * and at memory speed for large ones, with no thread hop or wake-up. The work is
+ * still returned at once, but nothing moves before one of those calls: to overlap an
+ * allreduce with computation (as DDP does with its gradient buckets), use a group
+ * with async_collectives set, or a sub-group (sub-groups always run on the comm
+ * thread). Errors, desyncs, timeouts and dead peers are reported as for the others.
  *
  * Failures. A submit function returns NULL for a bad argument (NULL or
  * non-contiguous tensor, a CUDA tensor, dtype or size mismatch, a root or peer out of
@@ -76,6 +87,10 @@ typedef struct ct_pg_config {
      * desync). Sub-groups inherit them. */
     size_t ring_min_bytes; /* allreduce: recursive doubling below, ring from here; default 64 KiB */
     size_t chunk_bytes;    /* pipelining unit of ring, tree and point-to-point transfers; default 512 KiB */
+    /* With "shm", allreduce runs on the caller's thread through shared-memory slots
+     * (see "Direct allreduce" below) unless this is set (or CTRAIN_SHM_DIRECT=0): then
+     * it runs on the comm thread like every other collective. */
+    bool async_collectives;
 } ct_pg_config;
 
 /* The group of all ranks. NULL cfg: rank, world size, master and timeout from the

@@ -137,6 +137,7 @@ ct_work *ct_pg_submit(ct_pg *g, ct_work *w)
         ct_work_unref(w); /* no engine */
         return w;
     }
+    if (g->direct && !ct_comm_is_p2p(w) && w->op != CT_OP_INIT && ct_pg_direct_submit(g, w)) return w;
     ct_comm_submit(g->grp, w);
     return w;
 }

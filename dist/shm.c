@@ -28,6 +28,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "dist/shm_direct_internal.h"
 #include "dist/shm_internal.h"
 
 #define PIECE (256u * 1024)   /* bytes copied between two publications of head or tail */
@@ -64,6 +65,8 @@ typedef struct shm_peer {
 struct shm_tp {
     ct_transport base;
     shm_peer *peers;
+    ct_shm_ring **slots; /* per rank: the direct allreduce's segments */
+    ct_shm_direct *direct;
     ct_transport_handler h;
     uv_idle_t idle;
     bool idle_open, idle_on;
@@ -472,30 +475,45 @@ static void shm_free(ct_transport *t)
             free(s);
         }
     }
+    ct_shm_direct_free(tp->direct);
+    for (int i = 0; i < t->size; i++) unmap(tp->slots[i], tp->slots[i] ? tp->slots[i]->capacity : 0);
+    free(tp->slots);
     free(tp->peers);
     free(tp);
 }
 
+
 static const ct_transport_ops shm_ops = {
     .name = "shm", .start = shm_start, .send = shm_send_msg, .close = shm_close, .free = shm_free};
 
-ct_transport *ct_shm_transport_wrap(int rank, int size, int *fds, ct_shm_ring **tx, ct_shm_ring **rx)
+ct_shm_direct *ct_shm_transport_direct(ct_transport *t)
+{
+    return t && t->ops == &shm_ops ? ((shm_tp *)t)->direct : NULL;
+}
+
+ct_transport *ct_shm_transport_wrap(int rank, int size, int *fds, ct_shm_ring **tx, ct_shm_ring **rx,
+                                    ct_shm_ring **slots, size_t slot, double spin_s)
 {
     shm_tp *tp = calloc(1, sizeof *tp);
     if (tp) tp->peers = calloc((size_t)size, sizeof *tp->peers);
-    if (!tp || !tp->peers) {
+    if (tp && tp->peers) tp->direct = ct_shm_direct_new(rank, size, (void *const *)slots, slot, spin_s);
+    if (!tp || !tp->peers || !tp->direct) {
+        if (tp) free(tp->peers);
         free(tp);
         for (int p = 0; p < size; p++) {
             if (fds[p] >= 0) close(fds[p]);
             if (tx[p]) unmap(tx[p], tx[p]->capacity);
             if (rx[p]) unmap(rx[p], rx[p]->capacity);
+            if (slots[p]) unmap(slots[p], slots[p]->capacity);
         }
         free(fds);
         free(tx);
         free(rx);
+        free(slots);
         ct_error_set(CT_ERR_NOMEM, "shm: out of memory setting up the transport for %d ranks", size);
         return NULL;
     }
+    tp->slots = slots;
     tp->base.ops = &shm_ops;
     tp->base.rank = rank;
     tp->base.size = size;

@@ -14,10 +14,12 @@
  * Segments, two rounds of one byte on every connection:
  *   1. each rank creates, sizes (reserving the pages: a full /dev/shm fails here, not
  *      with SIGBUS later) and maps its segment to each peer, /ctrain-<job>-<from>-<to>,
- *      then sends 'S' (or 'F') and reads every peer's byte;
+ *      and its direct-allreduce slot (dist/shm_direct_internal.h), /ctrain-<job>-<r>-<r>, then
+ *      sends 'S' (or 'F') and reads every peer's byte;
  *   2. if every rank said 'S', each opens its peers' segments, unlinks each at once
- *      (its mapping and the producer's keep it alive) and maps it, then sends 'M' (or
- *      'F') and reads every peer's byte.
+ *      (its mapping and the producer's keep it alive) and maps it, maps every peer's
+ *      slot, then sends 'M' (or 'F') and reads every peer's byte; after 'M' from all,
+ *      each rank unlinks its own slot.
  * After round 2 no name is left in /dev/shm. On any failure every rank unlinks both
  * directions' names for every peer (ENOENT is fine), so a rank killed during the setup
  * leaves nothing behind either; with "auto" the ranks then agree on TCP over the same
@@ -38,6 +40,7 @@
 #include <unistd.h>
 
 #include "dist/poll_internal.h"
+#include "dist/shm_direct_internal.h"
 #include "dist/shm_internal.h"
 #include "dist/tcp_internal.h"
 
@@ -66,20 +69,39 @@ static void host_identity(char *boot, size_t bcap, char *host, size_t hcap)
     if (!host[0]) snprintf(host, hcap, "-");
 }
 
-/* CTRAIN_SHM_RING_BYTES (a test and tuning knob), else the default. */
-static ct_status ring_bytes(uint64_t *out)
+/* A tuning variable: dflt when unset or empty, else a number in lo .. hi (a multiple
+ * of `multiple` when that is not 0); anything else is an error naming the variable. */
+static ct_status env_knob(const char *var, double dflt, double lo, double hi, unsigned multiple, const char *what,
+                          double *out)
 {
-    const char *v = getenv("CTRAIN_SHM_RING_BYTES");
-    *out = CT_SHM_RING_BYTES;
+    const char *v = getenv(var);
+    *out = dflt;
     if (!v || !*v) return CT_OK;
     char *end;
     errno = 0;
-    unsigned long long n = strtoull(v, &end, 10);
-    if (errno || *end || n < CT_SHM_RING_MIN || n > CT_SHM_RING_MAX)
-        return ct_error_set(CT_ERR_INVALID, "shm: CTRAIN_SHM_RING_BYTES='%s' is not a number of bytes in %u .. %u", v,
-                            CT_SHM_RING_MIN, CT_SHM_RING_MAX);
-    *out = n;
+    double x = strtod(v, &end);
+    bool ok = !errno && !*end && x >= lo && x <= hi && (!multiple || fmod(x, multiple) == 0);
+    if (!ok) return ct_error_set(CT_ERR_INVALID, "shm: %s='%s' is not %s in %.15g .. %.15g", var, v, what, lo, hi);
+    *out = x;
     return CT_OK;
+}
+
+/* The rings' bytes (CTRAIN_SHM_RING_BYTES, a test and tuning knob); the direct
+ * allreduce's bytes per buffer (CTRAIN_SHM_SLOT_BYTES) and seconds of polling before
+ * sleeping (CTRAIN_SHM_SPIN_US; negative: its default). */
+static ct_status shm_knobs(uint64_t *ring, uint64_t *slot, double *spin_s)
+{
+    double r = 0, sl = 0, sp = -1;
+    ct_status st = env_knob("CTRAIN_SHM_RING_BYTES", CT_SHM_RING_BYTES, CT_SHM_RING_MIN, CT_SHM_RING_MAX, 1,
+                            "a number of bytes", &r);
+    if (!st)
+        st = env_knob("CTRAIN_SHM_SLOT_BYTES", CT_DIRECT_SLOT_BYTES, CT_DIRECT_SLOT_MIN, CT_DIRECT_SLOT_MAX, 64,
+                      "a multiple of 64 bytes", &sl);
+    if (!st) st = env_knob("CTRAIN_SHM_SPIN_US", -1, 0, 1e7, 0, "a number of microseconds", &sp);
+    *ring = (uint64_t)r;
+    *slot = (uint64_t)sl;
+    *spin_s = sp < 0 ? -1 : sp * 1e-6;
+    return st;
 }
 
 static void seg_name(char *out, size_t cap, unsigned long long job, int from, int to)
@@ -119,7 +141,8 @@ static ct_shm_ring *seg_create(unsigned long long job, int from, int to, uint64_
     return r;
 }
 
-/* Opens, unlinks and maps the segment from -> to made by from; checks its header. */
+/* Opens, unlinks (when it has one reader: a ring) and maps the segment from -> to
+ * made by from; checks its header. */
 static ct_shm_ring *seg_open(unsigned long long job, int from, int to, char *why, size_t wcap)
 {
     char name[96];
@@ -130,7 +153,7 @@ static ct_shm_ring *seg_open(unsigned long long job, int from, int to, char *why
                  strerror(errno));
         return NULL;
     }
-    shm_unlink(name);
+    if (from != to) shm_unlink(name); /* a slot has several readers: its owner unlinks it */
     struct stat st;
     void *m = MAP_FAILED;
     if (fstat(fd, &st) == 0 && (uint64_t)st.st_size >= CT_SHM_CTL_BYTES + CT_SHM_RING_MIN)
@@ -204,25 +227,46 @@ static ct_transport *shm_setup(const ct_transport_setup *s, int *fds, unsigned l
                                double deadline)
 {
     ct_shm_ring **tx = calloc((size_t)s->size, sizeof *tx), **rx = calloc((size_t)s->size, sizeof *rx);
-    uint64_t cap;
+    /* slots[q]: rank q's direct-allreduce segment, q -> q (this rank's own included) */
+    ct_shm_ring **slots = calloc((size_t)s->size, sizeof *slots);
+    uint64_t cap, slot;
+    double spin;
     char why[384] = "";
     ct_status st = CT_OK;
     bool mine = true;
     int failed = -1;
-    if (!tx || !rx) {
+    if (!tx || !rx || !slots) {
         st = ct_error_set(CT_ERR_NOMEM, "shm: out of memory setting up the transport for %d ranks", s->size);
         goto fail;
     }
-    if ((st = ring_bytes(&cap))) goto fail;
+    if ((st = shm_knobs(&cap, &slot, &spin))) goto fail;
     for (int q = 0; q < s->size && mine; q++)
         if (q != s->rank && !(tx[q] = seg_create(job, s->rank, q, cap, why, sizeof why))) mine = false;
+    if (mine && !(slots[s->rank] = seg_create(job, s->rank, s->rank, 2 * slot, why, sizeof why))) mine = false;
     if ((st = handshake(s, fds, mine ? 'S' : 'F', 'S', deadline, &failed))) goto fail;
     if (mine && failed < 0) {
         for (int q = 0; q < s->size && mine; q++)
             if (q != s->rank && !(rx[q] = seg_open(job, q, s->rank, why, sizeof why))) mine = false;
+        for (int q = 0; q < s->size && mine; q++) {
+            if (q == s->rank) continue;
+            if (!(slots[q] = seg_open(job, q, q, why, sizeof why))) mine = false;
+            else if (slots[q]->capacity != 2 * slot) {
+                snprintf(why, sizeof why,
+                         "rank %d's direct-allreduce buffers are %llu bytes, this rank's %llu: every rank must use "
+                         "the same CTRAIN_SHM_SLOT_BYTES",
+                         q, (unsigned long long)slots[q]->capacity / 2, (unsigned long long)slot);
+                mine = false;
+            }
+        }
         if ((st = handshake(s, fds, mine ? 'M' : 'F', 'M', deadline, &failed))) goto fail;
     }
-    if (mine && failed < 0) return ct_shm_transport_wrap(s->rank, s->size, fds, tx, rx);
+    if (mine && failed < 0) {
+        /* every peer has mapped this rank's slot (it said 'M') */
+        char name[96];
+        seg_name(name, sizeof name, job, s->rank, s->rank);
+        shm_unlink(name);
+    }
+    if (mine && failed < 0) return ct_shm_transport_wrap(s->rank, s->size, fds, tx, rx, slots, (size_t)slot, spin);
 
 fail:
     for (int q = 0; q < s->size; q++) {
@@ -235,8 +279,15 @@ fail:
         if (tx && tx[q]) munmap(tx[q], CT_SHM_CTL_BYTES + tx[q]->capacity);
         if (rx && rx[q]) munmap(rx[q], CT_SHM_CTL_BYTES + rx[q]->capacity);
     }
+    for (int q = 0; q < s->size; q++) {
+        char name[96];
+        seg_name(name, sizeof name, job, q, q);
+        shm_unlink(name); /* ENOENT for the peers' that were opened (and unlinked) */
+        if (slots && slots[q]) munmap(slots[q], CT_SHM_CTL_BYTES + slots[q]->capacity);
+    }
     free(tx);
     free(rx);
+    free(slots);
     if (!st && fallback) return ct_tcp_transport_wrap(s->rank, s->size, fds);
     for (int q = 0; q < s->size; q++)
         if (fds[q] >= 0) close(fds[q]);

@@ -67,6 +67,7 @@ static ct_status report(ct_status st, const char *msg)
 ct_status ct_work_wait(ct_work *w)
 {
     if (!w) return ct_error_set(CT_ERR_INVALID, "ct_work_wait: NULL work");
+    ct_pg_run_deferred(w, INFINITY);
     char msg[CT_COMM_MSG];
     uv_mutex_lock(&w->mu);
     while (!w->done) uv_cond_wait(&w->cv, &w->mu);
@@ -80,6 +81,10 @@ ct_status ct_work_wait_timeout(ct_work *w, double seconds)
     if (!w) return ct_error_set(CT_ERR_INVALID, "ct_work_wait_timeout: NULL work");
     if (!(seconds >= 0)) return ct_error_set(CT_ERR_INVALID, "ct_work_wait_timeout: seconds = %g, want >= 0", seconds);
     uint64_t deadline = uv_hrtime() + (uint64_t)fmin(seconds * 1e9, 1e18);
+    /* a direct allreduce waits for the other ranks until the deadline, then keeps */
+    if (ct_pg_run_deferred(w, (double)deadline * 1e-9) == CT_ERR_TIMEOUT)
+        return ct_error_set(CT_ERR_TIMEOUT, "ct_work_wait_timeout: not complete after %g s (it keeps running)",
+                            seconds);
     char msg[CT_COMM_MSG];
     uv_mutex_lock(&w->mu);
     while (!w->done) {
@@ -99,6 +104,7 @@ ct_status ct_work_wait_timeout(ct_work *w, double seconds)
 ct_status ct_work_test(ct_work *w, bool *done)
 {
     if (!w || !done) return ct_error_set(CT_ERR_INVALID, "ct_work_test: NULL %s", w ? "done" : "work");
+    ct_pg_run_deferred(w, (double)uv_hrtime() * 1e-9); /* when every rank is there already */
     char msg[CT_COMM_MSG];
     uv_mutex_lock(&w->mu);
     *done = w->done;
@@ -110,6 +116,7 @@ ct_status ct_work_test(ct_work *w, bool *done)
 void ct_work_free(ct_work *w)
 {
     if (!w) return;
+    ct_pg_run_deferred(w, INFINITY);
     uv_mutex_lock(&w->mu);
     while (!w->done) uv_cond_wait(&w->cv, &w->mu);
     uv_mutex_unlock(&w->mu);

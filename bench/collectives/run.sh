@@ -3,6 +3,7 @@
 # and gloo, in one run.
 #
 #   bench/collectives/run.sh [--quick] [--out FILE] [--sizes "1024 4096 ..."] [--timeout S]
+#                            [--rounds N]
 #
 # For each message size (default 1 KiB, 4 KiB, ..., 64 MiB in steps of 4x) it measures
 #   - ctrain shm       allreduce.c, ct_pg transport "shm", 2 ranks via ctrain launch
@@ -16,8 +17,11 @@
 # two ranks to a core each (its default). Every program follows the same method: per
 # size a correctness check, warm-up calls, then at least 0.2 s and 5 calls each
 # timed alone, the median per call (the slowest rank's); busbw = bytes / time * 2(n-1)/n
-# in GB/s (nccl-tests' definition; with n = 2 it equals algbw).
-# --quick: 1 KiB, 64 KiB and 1 MiB, 0.02 s per size (a smoke test, not a measurement).
+# in GB/s (nccl-tests' definition; with n = 2 it equals algbw). The whole sweep runs
+# --rounds times (default 3), each round every implementation once; the tables give
+# each implementation's best round, and its slowest beside it.
+# --quick: 1 KiB, 64 KiB and 1 MiB, 0.02 s per size, one round (a smoke test, not a
+# measurement).
 #
 # Needs: make and the library's build tools, mpicc and mpirun (Debian: openmpi-bin,
 # libopenmpi-dev; tools/setup.sh installs them), and $PYTHON or /usr/bin/python3 with
@@ -34,6 +38,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/../run_lib.sh"
 
 quick=0
+rounds=""
 out=""
 sizes=""
 limit=""
@@ -43,7 +48,8 @@ while [ $# -gt 0 ]; do
     --out) [ $# -ge 2 ] || die "--out needs a file name"; out=$2; shift ;;
     --sizes) [ $# -ge 2 ] || die "--sizes needs a list of byte counts, e.g. \"1024 65536\""; sizes=$2; shift ;;
     --timeout) [ $# -ge 2 ] || die "--timeout needs seconds"; limit=$2; shift ;;
-    -h | --help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --rounds) [ $# -ge 2 ] || die "--rounds needs a count"; rounds=$2; shift ;;
+    -h | --help) sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option '$1' (see --help)" ;;
     esac
     shift
@@ -60,6 +66,8 @@ for s in $sizes; do
 done
 read -r -a size_list <<<"$sizes"
 size_csv=$(IFS=,; echo "${size_list[*]}")
+[ -n "$rounds" ] || rounds=$([ "$quick" = 1 ] && echo 1 || echo 3)
+[[ "$rounds" =~ ^[1-9][0-9]*$ ]] || die "--rounds: '$rounds' is not a positive count"
 [ -n "$limit" ] || limit=$([ "$quick" = 1 ] && echo 120 || echo 600)
 [[ "$limit" =~ ^[1-9][0-9]*$ ]] || die "--timeout: '$limit' is not a positive number of seconds"
 case "$out" in "" | /*) ;; *) out=$start_dir/$out ;; esac # relative to where it was called from
@@ -125,34 +133,43 @@ export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo}
 mpirun_args=(-np 2 --oversubscribe --mca pml ob1)
 [ "$(id -u)" -ne 0 ] || mpirun_args+=(--allow-run-as-root)
 
-bounded ctrain-shm "${launch[@]}" "$bin" --transport shm --unavailable-ok --sizes "$size_csv" "${method[@]}"
-bounded ctrain-tcp "${launch[@]}" "$bin" --transport tcp --sizes "$size_csv" "${method[@]}"
-bounded openmpi-shm mpirun "${mpirun_args[@]}" --mca btl self,vader \
-    "$mpibin" --label openmpi-shm --sizes "$size_csv" "${method[@]}"
-bounded openmpi-tcp mpirun "${mpirun_args[@]}" --mca btl self,tcp \
-    "$mpibin" --label openmpi-tcp --sizes "$size_csv" "${method[@]}"
-bounded gloo "${launch[@]}" "$py" bench/collectives/allreduce_gloo.py --sizes "$size_csv" "${method[@]}" \
-    --timeout "$CTRAIN_TIMEOUT"
+# Rounds interleave the implementations, so that a slow spell of this shared machine
+# (seen here: every shared-memory transfer 3-4x slower for a few seconds, OpenMPI's as
+# much as ctrain's) hits each of them in some round rather than one of them in all.
+for r in $(seq 1 "$rounds"); do
+    bounded ctrain-shm-r$r "${launch[@]}" "$bin" --transport shm --unavailable-ok --sizes "$size_csv" "${method[@]}"
+    bounded ctrain-tcp-r$r "${launch[@]}" "$bin" --transport tcp --sizes "$size_csv" "${method[@]}"
+    bounded openmpi-shm-r$r mpirun "${mpirun_args[@]}" --mca btl self,vader \
+        "$mpibin" --label openmpi-shm --sizes "$size_csv" "${method[@]}"
+    bounded openmpi-tcp-r$r mpirun "${mpirun_args[@]}" --mca btl self,tcp \
+        "$mpibin" --label openmpi-tcp --sizes "$size_csv" "${method[@]}"
+    bounded gloo-r$r "${launch[@]}" "$py" bench/collectives/allreduce_gloo.py --sizes "$size_csv" "${method[@]}" \
+        --timeout "$CTRAIN_TIMEOUT"
+done
 
 # ---- report ----------------------------------------------------------------------------
 cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n 1)
 ctrain_version=$("$ctrain" --version 2>/dev/null | head -n 1) || ctrain_version="ctrain (version unknown)"
 report=$logs/table.md
 "$py" - "$results" "$size_csv" "$quick" "${cpu:-unknown CPU}" "$(nproc)" "$ctrain_version" "$mpi_version" \
-    "$torch_version" >"$report" <<'EOF' || die "the report failed (see above)"
+    "$torch_version" "$rounds" >"$report" <<'EOF' || die "the report failed (see above)"
 import json, sys
 
-path, size_csv, quick, cpu, ncpu, ctrain_v, mpi_v, torch_v = sys.argv[1:9]
+path, size_csv, quick, cpu, ncpu, ctrain_v, mpi_v, torch_v, rounds = sys.argv[1:10]
 sizes = [int(s) for s in size_csv.split(",")]
 impls = ["ctrain-shm", "ctrain-tcp", "openmpi-shm", "openmpi-tcp", "gloo"]
-res, unavailable = {}, {}
+res, worst, unavailable = {}, {}, {}
 with open(path) as f:
     for line in f:
         d = json.loads(line)
         if "unavailable" in d:
             unavailable[d["impl"]] = d["unavailable"]
-        else:
-            res[(d["impl"], d["bytes"])] = d
+            continue
+        k = (d["impl"], d["bytes"])  # the best round is reported, the slowest kept for its own table
+        if k not in res or d["median_us"] < res[k]["median_us"]:
+            res[k] = d
+        if k not in worst or d["median_us"] > worst[k]["median_us"]:
+            worst[k] = d
 missing = [f"{i} at {b} bytes" for i in impls if i not in unavailable for b in sizes if (i, b) not in res]
 if missing:
     print("run.sh: no result for " + ", ".join(missing), file=sys.stderr)
@@ -175,6 +192,7 @@ def ratio(i, j, b):
 print(f"allreduce sum f32, 2 ranks on this machine ({ncpu} CPUs, {cpu}); {ctrain_v}, {mpi_v}, torch {torch_v} (gloo)")
 print("method: " + ("--quick (smoke test, not a measurement)" if quick == "1" else
       "per size 5 warm-up calls, then >= 0.2 s and >= 5 calls each timed alone; median per call of the slowest rank")
+      + f"; the best of {rounds} rounds (each round runs every implementation once)"
       + "; busbw = bytes / time * 2(n-1)/n, GB/s = 1e9 B/s")
 for i, e in unavailable.items():
     print(f"{i.replace('-', ' ')} unavailable: {e}")
@@ -193,6 +211,16 @@ print("|---|---:|---:|---:|---:|---:|")
 for b in sizes:
     cells = ["n/a" if i in unavailable else f"{res[(i, b)]['median_us']:.1f} ({res[(i, b)]['iters']})" for i in impls]
     print(f"| {size_name(b)} | " + " | ".join(cells) + " |")
+if int(rounds) > 1:
+    print()
+    print("median time per call, us, in the best and the slowest round (the machine's noise):")
+    print()
+    print("| size | ctrain shm best / slowest | OpenMPI shm best / slowest | gloo best / slowest |")
+    print("|---|---:|---:|---:|")
+    for b in sizes:
+        cells = ["n/a" if i in unavailable else f"{res[(i, b)]['median_us']:.1f} / {worst[(i, b)]['median_us']:.1f}"
+                 for i in ("ctrain-shm", "openmpi-shm", "gloo")]
+        print(f"| {size_name(b)} | " + " | ".join(cells) + " |")
 if "ctrain-shm" not in unavailable:
     big = [b for b in sizes if b >= 64 << 10]
     vs_mpi = [b for b in big if res[("ctrain-shm", b)]["busbw_gbs"] >= res[("openmpi-shm", b)]["busbw_gbs"]]

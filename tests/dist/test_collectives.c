@@ -216,9 +216,14 @@ static const int64_t SIZES[] = {0, 1, 7, 1021, 65537};
 static int matrix_main(rank_ctx *c)
 {
     ct_pg *a = rank_pg(c, 30, NULL);
-    /* the ring for every allreduce, in 256-byte chunks: pipelining on small sizes */
-    ct_pg *b = rank_pg(c, 30, &(ct_pg_config){.ring_min_bytes = 1, .chunk_bytes = 256});
-    if (!a || !b) return 1;
+    /* the ring for every allreduce, on the comm thread, in 256-byte chunks: pipelining
+     * on small sizes */
+    ct_pg *b = rank_pg(c, 30, &(ct_pg_config){.ring_min_bytes = 1, .chunk_bytes = 256, .async_collectives = true});
+    /* with shm, direct allreduce through 256-byte slots: many chunks, ragged segments */
+    setenv("CTRAIN_SHM_SLOT_BYTES", "256", 1);
+    ct_pg *d3 = rank_pg(c, 30, NULL);
+    unsetenv("CTRAIN_SHM_SLOT_BYTES");
+    if (!a || !b || !d3) return 1;
     int rc = 0;
     for (int s = 0; s < 5 && !rc; s++)
         for (int d = 0; d < NDT && !rc; d++) {
@@ -226,7 +231,9 @@ static int matrix_main(rank_ctx *c)
             if (SIZES[s] > 10000 && DTYPES[d] != CT_DTYPE_F32 && DTYPES[d] != CT_DTYPE_BF16) continue;
             if (!batch(c, a, DTYPES[d], SIZES[s], s * 100 + d, true)) rc = 2;
             else if (SIZES[s] <= 10000 && !batch(c, b, DTYPES[d], SIZES[s], s * 100 + d + 50, true)) rc = 3;
+            else if (SIZES[s] <= 10000 && !batch(c, d3, DTYPES[d], SIZES[s], s * 100 + d + 70, true)) rc = 4;
         }
+    ct_pg_free(d3);
     ct_pg_free(b);
     ct_pg_free(a);
     return rc;
@@ -260,14 +267,16 @@ Test(dist_collectives, every_collective_on_4_ranks, .timeout = 60)
 static int rounding_main(rank_ctx *c)
 {
     int rc = 0;
-    ct_pg *g[2] = {rank_pg(c, 20, NULL), rank_pg(c, 20, &(ct_pg_config){.ring_min_bytes = 1, .chunk_bytes = 64})};
-    if (!g[0] || !g[1]) return 1;
+    /* allreduce: direct (with shm), recursive doubling and the ring (on the comm thread) */
+    ct_pg *g[3] = {rank_pg(c, 20, NULL), rank_pg(c, 20, &(ct_pg_config){.async_collectives = true}),
+                   rank_pg(c, 20, &(ct_pg_config){.ring_min_bytes = 1, .chunk_bytes = 64, .async_collectives = true})};
+    if (!g[0] || !g[1] || !g[2]) return 1;
     const struct {
         ct_dtype dt;
         double big, want;
     } cases[] = {{CT_DTYPE_BF16, 256, 260}, {CT_DTYPE_F16, 2048, 2052}};
     for (int k = 0; k < 2; k++)
-        for (int a = 0; a < 2; a++) {
+        for (int a = 0; a < 3; a++) {
             ct_frame_push();
             int64_t n = 4 * 33; /* 4 blocks for reduce_scatter */
             ct_tensor *t = ct_tensor_full(cases[k].dt, 1, (int64_t[]){n}, c->rank ? 1 : cases[k].big);
@@ -286,12 +295,13 @@ static int rounding_main(rank_ctx *c)
                     if (v != cases[k].want) {
                         rc = 3;
                         report(c, "rank %d, %s, %s, output %d, element %lld: %g, want %g", c->rank,
-                               ct_dtype_name(cases[k].dt), a ? "ring" : "default", i, (long long)j, v, cases[k].want);
+                               ct_dtype_name(cases[k].dt), a == 2 ? "ring" : a ? "async" : "default", i, (long long)j, v, cases[k].want);
                         break;
                     }
                 }
             ct_frame_pop();
         }
+    ct_pg_free(g[2]);
     ct_pg_free(g[1]);
     ct_pg_free(g[0]);
     return rc;

@@ -139,9 +139,11 @@ static int choice_main(rank_ctx *c)
     int rc = 0;
     const char *got = ct_pg_transport(g);
     if (strcmp(got, ch->want)) rc = 2, report(c, "rank %d: transport %s, want %s", c->rank, got, ch->want);
-    /* with shm: one ring each way per peer, mapped, their names already gone */
-    int maps = unlinked_maps(), want_maps = strcmp(ch->want, "shm") ? 0 : 2 * (c->world - 1);
-    if (maps != want_maps) rc = 3, report(c, "rank %d: %d unlinked ring mappings, want %d", c->rank, maps, want_maps);
+    /* with shm: one ring each way per peer and every rank's direct-allreduce slot,
+     * mapped, their names already gone */
+    int maps = unlinked_maps(), want_maps = strcmp(ch->want, "shm") ? 0 : 2 * (c->world - 1) + c->world;
+    if (maps != want_maps)
+        rc = 3, report(c, "rank %d: %d unlinked shared-memory mappings, want %d", c->rank, maps, want_maps);
     if (c->rank == 0 && (!job[0] || shm_names(job))) rc = 4, report(c, "rank 0: /dev/shm/ctrain-%s-* still named", job);
     /* a sub-group shares its parent's transport */
     int members[2] = {c->world - 1, 0};
