@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "tools/env.h"
 #include "tools/launch.h"
 
 #define CT_CLI_VERSION "0.1.0"
@@ -19,6 +20,7 @@ typedef struct {
 
 static const subcommand COMMANDS[] = {
     {"launch", ct_launch_main, "run a program as the local ranks of a distributed job"},
+    {"env", ct_env_main, "this machine, its libraries, each dtype's GEMM path, thread and job settings"},
 };
 
 #define N_COMMANDS (sizeof COMMANDS / sizeof *COMMANDS)
