@@ -33,6 +33,8 @@
 #include "kernels/reduce.h"
 #include "kernels/softmax.h"
 
+#include "precision/fp8.h"
+
 #include "autograd/autograd.h"
 #include "autograd/gradcheck.h"
 #include "autograd/node.h"
