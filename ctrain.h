@@ -33,8 +33,10 @@
 #include "kernels/reduce.h"
 #include "kernels/softmax.h"
 
+#include "precision/autocast.h"
 #include "precision/fp8.h"
 
+#include "autograd/autocast_cast.h"
 #include "autograd/autograd.h"
 #include "autograd/gradcheck.h"
 #include "autograd/node.h"

@@ -18,6 +18,7 @@
  */
 #include <string.h>
 
+#include "autograd/autocast_cast.h"
 #include "autograd/node.h"
 #include "autograd/ops_math.h"
 #include "core/frame.h"
@@ -113,6 +114,8 @@ static ct_status matmul_backward(ct_node *n, ct_tensor *gy, ct_tensor **gx)
 
 ct_tensor *ct_matmul_t(ct_tensor *a, ct_tensor *b, bool trans_a, bool trans_b)
 {
+    a = ct_autocast_arg(CT_AC_MATMUL, a);
+    b = ct_autocast_arg(CT_AC_MATMUL, b);
     ct_tensor *y = ct_kernel_matmul(a, b, trans_a, trans_b);
     ct_tensor *in[2] = {a, b};
     if (!y || !ct_autograd_needed(2, (const ct_tensor *const *)in)) return y;
@@ -164,6 +167,10 @@ static ct_status linear_backward(ct_node *n, ct_tensor *gy, ct_tensor **gx)
 
 ct_tensor *ct_linear(ct_tensor *x, ct_tensor *w, ct_tensor *b)
 {
+    if (!x || !w) return NULL;
+    x = ct_autocast_arg(CT_AC_LINEAR, x);
+    w = ct_autocast_arg(CT_AC_LINEAR, w);
+    b = ct_autocast_arg(CT_AC_LINEAR, b);
     if (!x || !w) return NULL;
     char dx[200], dw[200], db[200];
     const ct_tensor *ts[3] = {x, w, b};

@@ -151,6 +151,9 @@ ct_tensor *ct_gpt_forward(ct_gpt *m, ct_tensor *idx)
     x = ct_layernorm_layer_forward(m->ln_f, x);
     /* tied lm head: (B, T, C) @ wte^T (C, V) */
     ct_tensor *logits = ct_matmul_t(x, m->wte->weight, false, true);
+    /* under autocast the head computes in 16 bits; the model's output is f32 */
+    if (logits && logits->dtype != CT_DTYPE_F32 && ct_dtype_is_float(logits->dtype) && logits->dtype != CT_DTYPE_F64)
+        logits = ct_cast(logits, CT_DTYPE_F32);
     if (!logits) ct_error_prefix("gpt_forward: ");
     return logits;
 }

@@ -9,6 +9,7 @@
 
 #include "core/frame.h"
 #include "optim/optimizer_internal.h"
+#include "precision/autocast.h"
 
 static const char *const kind_names[] = {[CT_OPTIM_SGD] = "sgd", [CT_OPTIM_ADAM] = "adam", [CT_OPTIM_ADAMW] = "adamw"};
 
@@ -213,6 +214,7 @@ ct_status ct_optimizer_step(ct_optimizer *o)
     free(grads);
     if (st) return ct_error_prefix("optimizer_step: ");
     o->step++;
+    ct_autocast_weights_changed(); /* low-precision copies of the old weights are stale */
     if (o->hooks.after_step) o->hooks.after_step(o, o->hooks.data);
     return CT_OK;
 }

@@ -83,25 +83,28 @@ typedef struct options {
     int threads, steps, warmup;
     uint64_t seed;
     bool sgemm;
+    ct_dtype precision; /* f32, or the autocast dtype (bf16, f16) */
 } options;
 
 static void usage(FILE *f)
 {
     fprintf(f,
             "usage: " PROG " --config w1|124m --threads N [--steps S] [--warmup W] [--seed X] [--sgemm]\n"
+            "               [--precision f32|bf16|f16]\n"
             "  --config C    w1 (vocab 256, 4x256, batch 8 x 256) or 124m (GPT-2 124M, batch 1 x 256)\n"
             "  --threads N   threads for ctrain (ct_set_num_threads) or OpenBLAS (--sgemm), N >= 1\n"
             "  --steps S     timed steps (default w1 20, 124m 6; --sgemm: calls per shape, default 10)\n"
             "  --warmup W    untimed steps first (default w1 3, 124m 2; --sgemm: 3)\n"
             "  --seed X      seeds the weights and the random tokens (default 1337)\n"
             "  --sgemm       measure the cblas_sgemm ceiling on the config's GEMM shapes instead\n"
+            "  --precision P f32 (default), or bf16/f16: the forward under CT_AUTOCAST(P)\n"
             "Prints one JSON line.\n");
 }
 
 /* 0 ok, 1 --help, -1 error (message printed) */
 static int parse_args(int argc, char **argv, options *o)
 {
-    *o = (options){.cfg = NULL, .threads = 0, .steps = -1, .warmup = -1, .seed = 1337};
+    *o = (options){.cfg = NULL, .threads = 0, .steps = -1, .warmup = -1, .seed = 1337, .precision = CT_DTYPE_F32};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long long x;
@@ -134,6 +137,13 @@ static int parse_args(int argc, char **argv, options *o)
         } else if (!strcmp(a, "--warmup")) {
             if (!parse_int(a, v, 0, 1000000, &x)) return -1;
             o->warmup = (int)x;
+            i++;
+        } else if (!strcmp(a, "--precision")) {
+            if (!v || (strcmp(v, "f32") && strcmp(v, "bf16") && strcmp(v, "f16"))) {
+                fprintf(stderr, PROG ": --precision needs f32, bf16 or f16\n");
+                return -1;
+            }
+            o->precision = !strcmp(v, "bf16") ? CT_DTYPE_BF16 : !strcmp(v, "f16") ? CT_DTYPE_F16 : CT_DTYPE_F32;
             i++;
         } else if (!strcmp(a, "--seed")) {
             if (!parse_int(a, v, 0, (long long)(~0ULL >> 1), &x)) return -1;
@@ -183,9 +193,10 @@ static void print_json(const char *impl, const options *o, double step_s, double
 {
     const bench_config *c = o->cfg;
     double tokens = (double)(c->batch * c->seq);
-    printf("{\"impl\":\"%s\",\"config\":\"%s\",\"threads\":%d,\"tokens_per_s\":%.2f,\"step_ms\":%.3f,"
-           "\"gflops\":%.3f,\"peak_rss_mb\":%.1f,",
-           impl, c->name, o->threads, tokens / step_s, 1e3 * step_s, gflops, peak_rss_mib());
+    printf("{\"impl\":\"%s\",\"config\":\"%s\",\"threads\":%d,\"precision\":\"%s\",\"tokens_per_s\":%.2f,"
+           "\"step_ms\":%.3f,\"gflops\":%.3f,\"peak_rss_mb\":%.1f,",
+           impl, c->name, o->threads, ct_dtype_name(o->precision), tokens / step_s, 1e3 * step_s, gflops,
+           peak_rss_mib());
     if (isfinite(loss0)) printf("\"loss0\":%.6f,", loss0);
     else printf("\"loss0\":null,");
     printf("\"steps\":%d,\"warmup\":%d,\"params\":%.0f}\n", o->steps, o->warmup, params);
@@ -321,7 +332,12 @@ static int run_ctrain(const options *o)
         CT_FRAME {
             ct_tensor *x = ct_tensor_from_data(CT_DTYPE_I64, 2, shape, xb);
             ct_tensor *y = ct_tensor_from_data(CT_DTYPE_I64, 2, shape, yb);
-            ct_tensor *loss = x && y ? ct_gpt_loss(model, x, y) : NULL;
+            ct_tensor *loss = NULL;
+            if (x && y && o->precision != CT_DTYPE_F32) {
+                CT_AUTOCAST(o->precision) loss = ct_gpt_loss(model, x, y);
+            } else if (x && y) {
+                loss = ct_gpt_loss(model, x, y);
+            }
             if (!loss) {
                 failed = x && y ? "forward/loss" : "token tensors";
             } else if (ct_backward(loss)) {

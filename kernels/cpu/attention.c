@@ -96,12 +96,23 @@ static inline int64_t attn_tile_split(const attn_dims *dm, int64_t i0, int64_t n
     return *k1 < round_up(nk, nr) ? h : 0;
 }
 
+/* bf16 -> f32 is the top half of the f32 (a NaN comes back quiet, as ct_bf16_to_f32
+ * gives it): inline, since the packing loops call it per element. */
+static inline float attn_bf16(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) u |= 0x00400000u;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
 static inline double attn_load(ct_dtype dt, const char *p, int64_t i)
 {
     switch (dt) {
     case CT_DTYPE_F32: return ((const float *)p)[i];
     case CT_DTYPE_F64: return ((const double *)p)[i];
-    case CT_DTYPE_BF16: return ct_bf16_to_f32(((const uint16_t *)p)[i]);
+    case CT_DTYPE_BF16: return attn_bf16(((const uint16_t *)p)[i]);
     default: return ct_f16_to_f32(((const uint16_t *)p)[i]);
     }
 }
@@ -489,6 +500,10 @@ static void FN(attn_pack_rows)(const attn_op *o, int64_t b, int64_t h, int64_t t
             if (o->dt == CT_ATTN_DTYPE && o->st[3] == 1) {
                 memcpy(d, src, (size_t)ncols * sizeof(real));
                 c = ncols;
+            } else if (sizeof(real) == 4 && o->st[3] == 1 && (o->dt == CT_DTYPE_BF16 || o->dt == CT_DTYPE_F16)) {
+                /* a 16-bit row widens exactly: the library's vector conversion */
+                (void)ct_convert_n(CT_DTYPE_F32, d, o->dt, src, ncols, false);
+                c = ncols;
             } else {
                 for (; c < ncols; c++) d[c] = (real)attn_load(o->dt, src, c * o->st[3]);
             }
@@ -504,11 +519,20 @@ static void FN(attn_pack_cols)(const attn_op *o, int64_t b, int64_t h, int64_t t
     int64_t r = 0;
 #if defined(__AVX__)
     /* f32 rows with unit stride: 8 x 8 blocks transposed in registers (unpack and
-     * shuffle), four times the scalar loop's speed; the scalar loop does the edges */
-    if (sizeof(real) == 4 && o->dt == CT_DTYPE_F32 && o->st[3] == 1 && ncols % 8 == 0) {
+     * shuffle), four times the scalar loop's speed; the scalar loop does the edges.
+     * 16-bit rows are widened 8 at a time into wide[] first (exact). */
+    bool half = (o->dt == CT_DTYPE_BF16 || o->dt == CT_DTYPE_F16) && ncols <= 256;
+    if (sizeof(real) == 4 && (o->dt == CT_DTYPE_F32 || half) && o->st[3] == 1 && ncols % 8 == 0) {
+        float wide[8 * 256];
         for (; r + 8 <= n; r += 8) {
             const float *src[8];
-            for (int i = 0; i < 8; i++) src[i] = (const float *)attn_row(o, b, h, t0 + r + i);
+            for (int i = 0; i < 8; i++) {
+                src[i] = (const float *)attn_row(o, b, h, t0 + r + i);
+                if (half) {
+                    (void)ct_convert_n(CT_DTYPE_F32, wide + i * ncols, o->dt, src[i], ncols, false);
+                    src[i] = wide + i * ncols;
+                }
+            }
             for (int64_t c = 0; c < ncols; c += 8) {
                 __m256 x0 = _mm256_loadu_ps(src[0] + c), x1 = _mm256_loadu_ps(src[1] + c);
                 __m256 x2 = _mm256_loadu_ps(src[2] + c), x3 = _mm256_loadu_ps(src[3] + c);
@@ -556,6 +580,9 @@ static void FN(attn_store_rows)(const attn_op *o, int64_t b, int64_t h, int64_t 
         char *dst = (char *)attn_row(o, b, h, t0 + r);
         if (o->dt == CT_ATTN_DTYPE && o->st[3] == 1)
             memcpy(dst, src + r * ld, (size_t)ncols * sizeof(real));
+        else if (sizeof(real) == 4 && o->st[3] == 1 && (o->dt == CT_DTYPE_BF16 || o->dt == CT_DTYPE_F16))
+            /* rounding the f32 once is what attn_store does through f64 (a float is exact there) */
+            (void)ct_convert_n(o->dt, dst, CT_DTYPE_F32, src + r * ld, ncols, false);
         else
             for (int64_t c = 0; c < ncols; c++) attn_store(o->dt, dst, c * o->st[3], src[r * ld + c]);
     }

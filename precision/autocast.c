@@ -1,0 +1,119 @@
+/* Autocast scopes (per thread) and the policy table (per process); the rules are in
+ * precision/autocast.h. */
+#include <stdatomic.h>
+#include <stdio.h>
+
+#include "precision/autocast.h"
+
+#define MAX_DEPTH 16
+
+static _Thread_local ct_dtype scope_dt[MAX_DEPTH];
+static _Thread_local int depth;
+
+static const ct_autocast_rule DEFAULTS[CT_AC_OP_COUNT] = {
+    [CT_AC_MATMUL] = CT_AC_LOW,     [CT_AC_LINEAR] = CT_AC_LOW,         [CT_AC_ATTENTION] = CT_AC_LOW,
+    [CT_AC_SOFTMAX] = CT_AC_F32,    [CT_AC_LOG_SOFTMAX] = CT_AC_F32,    [CT_AC_LAYERNORM] = CT_AC_F32,
+    [CT_AC_RMSNORM] = CT_AC_F32,    [CT_AC_CROSS_ENTROPY] = CT_AC_F32,  [CT_AC_REDUCTION] = CT_AC_F32,
+    [CT_AC_BINARY] = CT_AC_WIDEST,
+};
+
+static _Atomic int rules[CT_AC_OP_COUNT] = {
+    [CT_AC_MATMUL] = CT_AC_LOW,     [CT_AC_LINEAR] = CT_AC_LOW,         [CT_AC_ATTENTION] = CT_AC_LOW,
+    [CT_AC_SOFTMAX] = CT_AC_F32,    [CT_AC_LOG_SOFTMAX] = CT_AC_F32,    [CT_AC_LAYERNORM] = CT_AC_F32,
+    [CT_AC_RMSNORM] = CT_AC_F32,    [CT_AC_CROSS_ENTROPY] = CT_AC_F32,  [CT_AC_REDUCTION] = CT_AC_F32,
+    [CT_AC_BINARY] = CT_AC_WIDEST,
+};
+
+static atomic_ulong generation = 1;
+
+ct_status ct_autocast_begin(ct_dtype dt)
+{
+    if (dt != CT_DTYPE_BF16 && dt != CT_DTYPE_F16)
+        return ct_error_set(CT_ERR_INVALID, "autocast_begin: %s is not an autocast dtype (bf16 or f16)",
+                            ct_dtype_is_valid(dt) ? ct_dtype_name(dt) : "an invalid dtype");
+    if (depth == MAX_DEPTH)
+        return ct_error_set(CT_ERR_UNSUPPORTED, "autocast_begin: more than %d nested scopes (is an end missing?)",
+                            MAX_DEPTH);
+    scope_dt[depth++] = dt;
+    return CT_OK;
+}
+
+void ct_autocast_end(void)
+{
+    if (depth > 0) depth--;
+}
+
+bool ct_autocast_enabled(void) { return depth > 0; }
+
+ct_dtype ct_autocast_dtype(void) { return depth > 0 ? scope_dt[depth - 1] : CT_DTYPE_F32; }
+
+ct_autocast_rule ct_autocast_rule_of(ct_autocast_op op)
+{
+    return (unsigned)op < CT_AC_OP_COUNT ? (ct_autocast_rule)atomic_load(&rules[op]) : CT_AC_AS_IS;
+}
+
+ct_status ct_autocast_set_rule(ct_autocast_op op, ct_autocast_rule rule)
+{
+    if ((unsigned)op >= CT_AC_OP_COUNT)
+        return ct_error_set(CT_ERR_INVALID, "autocast_set_rule: op %d is not an autocast op (0 .. %d)", (int)op,
+                            CT_AC_OP_COUNT - 1);
+    if ((unsigned)rule > CT_AC_WIDEST)
+        return ct_error_set(CT_ERR_INVALID, "autocast_set_rule: rule %d for %s is not as_is, low, f32 or widest",
+                            (int)rule, ct_autocast_op_name(op));
+    atomic_store(&rules[op], (int)rule);
+    return CT_OK;
+}
+
+void ct_autocast_reset_rules(void)
+{
+    for (int i = 0; i < CT_AC_OP_COUNT; i++) atomic_store(&rules[i], (int)DEFAULTS[i]);
+}
+
+const char *ct_autocast_op_name(ct_autocast_op op)
+{
+    static const char *const names[CT_AC_OP_COUNT] = {
+        [CT_AC_MATMUL] = "matmul",         [CT_AC_LINEAR] = "linear",       [CT_AC_ATTENTION] = "attention",
+        [CT_AC_SOFTMAX] = "softmax",       [CT_AC_LOG_SOFTMAX] = "log_softmax", [CT_AC_LAYERNORM] = "layernorm",
+        [CT_AC_RMSNORM] = "rmsnorm",       [CT_AC_CROSS_ENTROPY] = "cross_entropy",
+        [CT_AC_REDUCTION] = "reductions (sum, mean, var)",
+        [CT_AC_BINARY] = "binary elementwise (add, sub, mul, div, pow, maximum, minimum)",
+    };
+    return (unsigned)op < CT_AC_OP_COUNT ? names[op] : "invalid";
+}
+
+const char *ct_autocast_rule_name(ct_autocast_rule rule)
+{
+    switch (rule) {
+    case CT_AC_AS_IS: return "as_is";
+    case CT_AC_LOW: return "low";
+    case CT_AC_F32: return "f32";
+    case CT_AC_WIDEST: return "widest";
+    }
+    return "invalid";
+}
+
+const char *ct_autocast_policy_str(char *buf, int cap)
+{
+    int n = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < CT_AC_OP_COUNT && n < cap; i++)
+        n += snprintf(buf + n, (size_t)(cap - n), "%s: %s\n", ct_autocast_op_name((ct_autocast_op)i),
+                      ct_autocast_rule_name(ct_autocast_rule_of((ct_autocast_op)i)));
+    return buf;
+}
+
+static bool is_autocast_float(ct_dtype dt) { return dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16 || dt == CT_DTYPE_F16; }
+
+ct_dtype ct_autocast_compute_dtype(ct_autocast_op op, ct_dtype in)
+{
+    if (!depth || !is_autocast_float(in)) return in;
+    switch (ct_autocast_rule_of(op)) {
+    case CT_AC_LOW: return scope_dt[depth - 1];
+    case CT_AC_F32: return CT_DTYPE_F32;
+    default: return in;
+    }
+}
+
+void ct_autocast_weights_changed(void) { atomic_fetch_add(&generation, 1); }
+
+unsigned long ct_autocast_generation(void) { return atomic_load(&generation); }
