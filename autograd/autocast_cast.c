@@ -11,6 +11,7 @@
  * next lookup.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "autograd/autocast_cast.h"
@@ -24,7 +25,7 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static entry *entries;
 static int n_entries, cap_entries;
 static unsigned long entries_gen;
-static long casts_made; /* for tests: how many copies the cache has made */
+static atomic_long casts_made; /* for tests: how many copies the cache has made */
 
 static void drop_all_locked(void)
 {
@@ -45,13 +46,7 @@ void ct_autocast_clear_cache(void)
     pthread_mutex_unlock(&mu);
 }
 
-long ct_autocast_cache_casts(void)
-{
-    pthread_mutex_lock(&mu);
-    long n = casts_made;
-    pthread_mutex_unlock(&mu);
-    return n;
-}
+long ct_autocast_cache_casts(void) { return atomic_load(&casts_made); }
 
 /* The cached copy of w in dt (retained by the cache; borrowed here), made if needed. */
 static ct_tensor *cached(ct_tensor *w, ct_dtype dt)
@@ -80,7 +75,7 @@ static ct_tensor *cached(ct_tensor *w, ct_dtype dt)
         ct_tensor *c = ct_tensor_cast(w, dt); /* frame-owned; the cache keeps its own reference */
         if (c) {
             entries[n_entries++] = (entry){ct_tensor_retain(w), ct_tensor_retain(c)};
-            casts_made++;
+            atomic_fetch_add(&casts_made, 1);
             low = c;
         }
     }

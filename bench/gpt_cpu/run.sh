@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# GPT training throughput, ctrain against PyTorch on the CPU (fp32), in one run.
+# GPT training throughput, ctrain against PyTorch on the CPU (fp32, and bf16 autocast),
+# in one run.
 #
 #   bench/gpt_cpu/run.sh [--quick] [--out FILE] [--configs "w1 124m"] [--threads "1 2"]
+#                        [--precisions "f32 bf16"]
 #
 # For each environment {as set: the caller's environment unchanged; unset: without
 # OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE} x config {w1, 124m} x threads {1, 2} it runs
@@ -10,7 +12,9 @@
 #   - each available torch    torch_gpt.py under every interpreter that imports a
 #                             different torch (Debian's python3-torch, and a PyPI torch
 #                             where some interpreter has one installed)
-# with OPENBLAS_NUM_THREADS = OMP_NUM_THREADS = threads; torch always with
+# each in every precision: f32, and bf16 (ctrain: gpt_cpu --precision bf16, the forward
+# under CT_AUTOCAST; torch: torch.autocast("cpu", dtype=torch.bfloat16) around the
+# forward), with OPENBLAS_NUM_THREADS = OMP_NUM_THREADS = threads; torch always with
 # OMP_WAIT_POLICY=PASSIVE; ctrain with whichever of PASSIVE or the OpenMP default
 # (OMP_WAIT_POLICY unset) was faster in a short check at the start (printed). The
 # ctrain and torch runs are interleaved (ctrain, torch, ctrain, torch) and each keeps
@@ -37,13 +41,15 @@ quick=0
 out=""
 configs="w1 124m"
 thread_list="1 2"
+precisions="f32 bf16"
 while [ $# -gt 0 ]; do
     case "$1" in
     --quick) quick=1 ;;
     --out) [ $# -ge 2 ] || die "--out needs a file name"; out=$2; shift ;;
     --configs) [ $# -ge 2 ] || die "--configs needs a list, e.g. \"w1 124m\""; configs=$2; shift ;;
     --threads) [ $# -ge 2 ] || die "--threads needs a list, e.g. \"1 2\""; thread_list=$2; shift ;;
-    -h | --help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --precisions) [ $# -ge 2 ] || die "--precisions needs a list, e.g. \"f32 bf16\""; precisions=$2; shift ;;
+    -h | --help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option '$1' (see --help)" ;;
     esac
     shift
@@ -53,6 +59,9 @@ for c in $configs; do
 done
 for t in $thread_list; do
     [[ "$t" =~ ^[1-9][0-9]*$ ]] || die "--threads: '$t' is not a positive integer"
+done
+for p in $precisions; do
+    case "$p" in f32 | bf16) ;; *) die "--precisions: unknown precision '$p' (f32, bf16)" ;; esac
 done
 [ -z "$out" ] || : >"$out" || die "cannot write --out $out"
 
@@ -172,13 +181,16 @@ for envname in "as set" unset; do
         for t in $thread_list; do
             # shellcheck disable=SC2086
             run "$envkey" "$t" PASSIVE "sgemm-$cfg-$t" "$bin" --config "$cfg" --threads "$t" --sgemm $steps_sgemm
-            for r in $(seq 1 $reps); do
-                # shellcheck disable=SC2046
-                run "$envkey" "$t" "$ctrain_wait" "ctrain-$cfg-$t-$r" "$bin" --config "$cfg" --threads "$t" $(steps_for "$cfg")
-                for i in "${!pys[@]}"; do
+            for prec in $precisions; do
+                for r in $(seq 1 $reps); do
                     # shellcheck disable=SC2046
-                    run "$envkey" "$t" PASSIVE "torch${i}-$cfg-$t-$r" "${pys[$i]}" "$here/torch_gpt.py" \
-                        --config "$cfg" --threads "$t" $(steps_for "$cfg")
+                    run "$envkey" "$t" "$ctrain_wait" "ctrain-$cfg-$t-$prec-$r" "$bin" --config "$cfg" --threads "$t" \
+                        --precision "$prec" $(steps_for "$cfg")
+                    for i in "${!pys[@]}"; do
+                        # shellcheck disable=SC2046
+                        run "$envkey" "$t" PASSIVE "torch${i}-$cfg-$t-$prec-$r" "${pys[$i]}" "$here/torch_gpt.py" \
+                            --config "$cfg" --threads "$t" --precision "$prec" $(steps_for "$cfg")
+                    done
                 done
             done
         done
@@ -209,9 +221,10 @@ for r in bad:
 if bad:
     sys.exit(1)
 
-best = {}  # (env, config, threads, impl) -> the run with the most tokens/s
+best = {}  # (env, config, threads, impl, precision) -> the run with the most tokens/s
 for r in rows:
-    k = (r["env"], r["config"], r["threads"], r["impl"])
+    r.setdefault("precision", "f32")  # the sgemm ceiling's rows
+    k = (r["env"], r["config"], r["threads"], r["impl"], r["precision"])
     if k not in best or r["tokens_per_s"] > best[k]["tokens_per_s"]:
         best[k] = r
 torches = []
@@ -230,26 +243,45 @@ print("torch AdamW implementation (fastest in its pre-check): " + "; ".join(adam
 print("steps: " + ("--quick (smoke test, not a measurement)" if quick == "1" else
       "w1 3 warm-up + 20 timed, 124m 2 + 6; median step; best of 2 interleaved runs"))
 print()
-print("| env | config | threads | torch | ctrain tok/s | torch tok/s | ctrain/torch | ctrain GFLOP/s "
+print("| env | config | threads | precision | torch | ctrain tok/s | torch tok/s | ctrain/torch | ctrain GFLOP/s "
       "| torch GFLOP/s | sgemm ceiling GFLOP/s | ctrain % of ceiling | ctrain peak RSS MiB "
       "| torch peak RSS MiB | loss0 ctrain / torch |")
-print("|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+print("|---|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 seen = []
 for r in rows:
     k = (r["env"], r["config"], r["threads"])
     if k not in seen:
         seen.append(k)
+precs = [p for p in ("f32", "bf16") if any(r["precision"] == p and r["impl"] == "ctrain" for r in rows)]
 for env, cfg, t in seen:
-    c = best.get((env, cfg, t, "ctrain"))
-    s = best.get((env, cfg, t, "sgemm"))
-    for tv in torches:
-        p = best.get((env, cfg, t, tv))
-        if not (c and p and s):
-            continue
-        print(f"| {env} | {cfg} | {t} | {tv[6:]} | {f(c['tokens_per_s'], 0)} | {f(p['tokens_per_s'], 0)} "
-              f"| {c['tokens_per_s'] / p['tokens_per_s']:.2f} | {f(c['gflops'])} | {f(p['gflops'])} "
-              f"| {f(s['gflops'])} | {100 * c['gflops'] / s['gflops']:.0f}% | {f(c['peak_rss_mb'], 0)} "
-              f"| {f(p['peak_rss_mb'], 0)} | {c['loss0']:.3f} / {p['loss0']:.3f} |")
+    s = best.get((env, cfg, t, "sgemm", "f32"))
+    for prec in precs:
+        c = best.get((env, cfg, t, "ctrain", prec))
+        for tv in torches:
+            p = best.get((env, cfg, t, tv, prec))
+            if not (c and p and s):
+                continue
+            # the f32 sgemm ceiling bounds the f32 rows only
+            ceil = f"{100 * c['gflops'] / s['gflops']:.0f}%" if prec == "f32" else "-"
+            print(f"| {env} | {cfg} | {t} | {prec} | {tv[6:]} | {f(c['tokens_per_s'], 0)} | {f(p['tokens_per_s'], 0)} "
+                  f"| {c['tokens_per_s'] / p['tokens_per_s']:.2f} | {f(c['gflops'])} | {f(p['gflops'])} "
+                  f"| {f(s['gflops'])} | {ceil} | {f(c['peak_rss_mb'], 0)} "
+                  f"| {f(p['peak_rss_mb'], 0)} | {c['loss0']:.3f} / {p['loss0']:.3f} |")
+if "bf16" in precs and "f32" in precs:
+    print()
+    print("bf16 against f32 (best runs): ctrain bf16 / ctrain f32, ctrain bf16 / torch autocast bf16")
+    print()
+    print("| env | config | threads | ctrain bf16 tok/s | ctrain f32 tok/s | bf16 / f32 | torch bf16 tok/s "
+          "| ctrain bf16 / torch bf16 |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for env, cfg, t in seen:
+        cb, cf = best.get((env, cfg, t, "ctrain", "bf16")), best.get((env, cfg, t, "ctrain", "f32"))
+        for tv in torches:
+            pb = best.get((env, cfg, t, tv, "bf16"))
+            if cb and cf and pb:
+                print(f"| {env} | {cfg} | {t} | {f(cb['tokens_per_s'], 0)} | {f(cf['tokens_per_s'], 0)} "
+                      f"| {cb['tokens_per_s'] / cf['tokens_per_s']:.2f} | {f(pb['tokens_per_s'], 0)} "
+                      f"| {cb['tokens_per_s'] / pb['tokens_per_s']:.2f} |")
 EOF
 cat "$report"
 [ -z "$out" ] || cp "$report" "$out"

@@ -68,6 +68,8 @@ def parse_args():
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--adamw", choices=["auto", "foreach", "forloop", "fused"], default="auto",
                    help="AdamW implementation; auto times them and keeps the fastest")
+    p.add_argument("--precision", choices=["f32", "bf16"], default="f32",
+                   help="bf16: the forward and loss under torch.autocast('cpu', dtype=torch.bfloat16)")
     a = p.parse_args()
     if a.threads < 1:
         fail(f"--threads {a.threads}: expected an integer >= 1")
@@ -254,7 +256,11 @@ def main():
         w = torch.randint(0, V, (B, T + 1), generator=gen)
         x, y = w[:, :-1].contiguous(), w[:, 1:].contiguous()
         t0 = time.perf_counter()
-        loss = model(x, y)
+        if a.precision == "bf16":
+            with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+                loss = model(x, y)
+        else:
+            loss = model(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
@@ -275,6 +281,7 @@ def main():
         "impl": f"torch-{torch.__version__}",
         "config": a.config,
         "threads": a.threads,
+        "precision": a.precision,
         "tokens_per_s": round(tokens / step_s, 2),
         "step_ms": round(1e3 * step_s, 3),
         "gflops": round(1e-9 * flops / step_s, 3),
