@@ -35,6 +35,7 @@
 
 #include "precision/autocast.h"
 #include "precision/fp8.h"
+#include "precision/loss_scaler.h"
 
 #include "autograd/autocast_cast.h"
 #include "autograd/autograd.h"

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "autograd/autocast_cast.h"
 #include "autograd/autograd.h"
 #include "autograd/ops_math.h"
 #include "core/frame.h"
@@ -13,6 +14,8 @@
 #include "core/threads.h"
 #include "dist/env.h"
 #include "optim/clip.h"
+#include "precision/autocast.h"
+#include "precision/loss_scaler.h"
 
 struct ct_accelerator {
     ct_dist_env env;
@@ -28,6 +31,11 @@ struct ct_accelerator {
     int64_t micro;        /* micro-steps since the last synchronisation */
     bool sync;
     bool prepared;
+    ct_dtype mp;          /* mixed precision: f32 (no), bf16, f16 */
+    bool scaling;         /* fp16: the loss scaler is on */
+    ct_loss_scaler scaler;
+    bool found_inf;       /* fp16: the current step's gradients, once unscaled */
+    bool overflow_skip;   /* the last optimizer step was skipped for an overflow */
 };
 
 /* ---- settings ------------------------------------------------------------------ */
@@ -43,12 +51,23 @@ static ct_status settings(ct_accelerator *a, const ct_accelerator_config *cfg)
     else if ((st = ct_dist_env_int("CTRAIN_GRADIENT_ACCUMULATION_STEPS", 1, 1, &a->K)))
         return ct_error_prefix("accelerator: ");
     const char *mp = a->cfg.mixed_precision;
-    if (!mp || !*mp) mp = getenv("CTRAIN_MIXED_PRECISION");
+    bool from_env = !mp || !*mp;
+    if (from_env) mp = getenv("CTRAIN_MIXED_PRECISION");
+    a->mp = CT_DTYPE_F32;
     if (mp && *mp && strcmp(mp, "no") != 0) {
-        if (!strcmp(mp, "fp16") || !strcmp(mp, "bf16") || !strcmp(mp, "fp8"))
+        if (!strcmp(mp, "bf16")) a->mp = CT_DTYPE_BF16;
+        else if (!strcmp(mp, "fp16")) a->mp = CT_DTYPE_F16;
+        else if (!strcmp(mp, "fp8"))
             return ct_error_set(CT_ERR_UNSUPPORTED,
-                                "accelerator: mixed_precision = '%s' is not available in this build yet; use 'no'", mp);
-        return ct_error_set(CT_ERR_INVALID, "accelerator: mixed_precision = '%s'; allowed: no, fp16, bf16, fp8", mp);
+                                "accelerator: mixed_precision = 'fp8'%s is not available in this build yet; use no, "
+                                "bf16 or fp16", from_env ? " (CTRAIN_MIXED_PRECISION)" : "");
+        else
+            return ct_error_set(CT_ERR_INVALID, "accelerator: mixed_precision = '%s'%s; allowed: no, fp16, bf16, fp8",
+                                mp, from_env ? " (CTRAIN_MIXED_PRECISION)" : "");
+    }
+    if (a->mp == CT_DTYPE_F16) {
+        if ((st = ct_loss_scaler_init(&a->scaler, &a->cfg.loss_scaler))) return ct_error_prefix("accelerator: ");
+        a->scaling = true;
     }
     int threads = 0;
     if ((st = ct_dist_env_int("CTRAIN_NUM_THREADS", 0, 1, &threads))) return ct_error_prefix("accelerator: ");
@@ -82,20 +101,42 @@ ct_accelerator *ct_accelerator_new(const ct_accelerator_config *cfg)
         ct_accelerator_free(a);
         return NULL;
     }
+    /* every op of the process autocasts from here on: the loop needs no scope */
+    if (a->mp != CT_DTYPE_F32) ct_autocast_set_default(a->mp);
     return a;
 }
 
 /* ---- prepare and the optimizer's hooks -------------------------------------------- */
 
+/* fp16: unscales the (all-reduced) gradients once per step and notes an inf/NaN. */
+static ct_status unscale_once(ct_accelerator *a)
+{
+    if (!a->scaling || a->scaler.unscaled) return CT_OK;
+    ct_tensor **g = malloc((size_t)(a->params.n ? a->params.n : 1) * sizeof *g);
+    if (!g) return ct_error_set(CT_ERR_NOMEM, "accelerator: out of memory unscaling");
+    for (int i = 0; i < a->params.n; i++) g[i] = a->params.tensors[i]->grad;
+    ct_status st = ct_loss_scaler_unscale(&a->scaler, a->params.n, g, &a->found_inf);
+    free(g);
+    return st ? ct_error_prefix("accelerator: ") : CT_OK;
+}
+
 static ct_status hook_before_step(ct_optimizer *o, void *data, bool *skip)
 {
     (void)o;
     ct_accelerator *a = data;
+    a->overflow_skip = false;
     if (!a->sync) {
         *skip = true;
         return CT_OK;
     }
-    return a->ddp ? ct_ddp_finish(a->ddp) : CT_OK;
+    ct_status st = a->ddp ? ct_ddp_finish(a->ddp) : CT_OK;
+    if (!st && a->scaling) {
+        st = unscale_once(a);
+        /* every rank sees the same all-reduced gradients, so every rank skips alike */
+        if (!st && ct_loss_scaler_update(&a->scaler, a->found_inf)) *skip = a->overflow_skip = true;
+        a->found_inf = false;
+    }
+    return st;
 }
 
 static bool hook_skip_zero_grad(ct_optimizer *o, void *data)
@@ -154,8 +195,10 @@ ct_status ct_accelerator_backward(ct_accelerator *acc, ct_tensor *loss)
     if (!acc) return ct_error_set(CT_ERR_INVALID, "accelerator_backward: accelerator is NULL");
     if (!loss) return ct_last_status() ? ct_last_status() : ct_error_set(CT_ERR_INVALID, "accelerator_backward: loss is NULL");
     ct_status st = CT_OK;
+    /* fp16: the loss scaled up so that small gradients survive f16's range */
+    double factor = (acc->scaling ? ct_loss_scaler_scale(&acc->scaler) : 1.0) / acc->K;
     CT_FRAME {
-        ct_tensor *l = acc->K > 1 ? ct_div_scalar(loss, (double)acc->K) : loss;
+        ct_tensor *l = factor != 1.0 ? ct_mul_scalar(loss, factor) : loss;
         st = l ? ct_backward(l) : ct_last_status();
     }
     return st;
@@ -179,6 +222,19 @@ bool ct_accelerator_step_was_skipped(const ct_accelerator *acc)
     return acc && acc->opt && ct_optimizer_step_was_skipped(acc->opt);
 }
 
+bool ct_accelerator_step_overflowed(const ct_accelerator *acc) { return acc && acc->overflow_skip; }
+
+double ct_accelerator_loss_scale(const ct_accelerator *acc)
+{
+    return acc && acc->scaling ? ct_loss_scaler_scale(&acc->scaler) : 1.0;
+}
+
+const char *ct_accelerator_mixed_precision(const ct_accelerator *acc)
+{
+    if (!acc || acc->mp == CT_DTYPE_F32) return "no";
+    return acc->mp == CT_DTYPE_BF16 ? "bf16" : "fp16";
+}
+
 double ct_accelerator_clip_grad_norm(ct_accelerator *acc, double max_norm, double norm_type)
 {
     if (!acc || !acc->prepared) {
@@ -187,6 +243,9 @@ double ct_accelerator_clip_grad_norm(ct_accelerator *acc, double max_norm, doubl
     }
     if (!acc->sync) return 0.0;
     if (acc->ddp && ct_ddp_finish(acc->ddp)) return NAN;
+    /* fp16: the norm and the clip are of the true gradients: unscale first, once */
+    if (unscale_once(acc)) return NAN;
+    if (acc->found_inf) return INFINITY; /* the step will be skipped; nothing to clip */
     /* DDP leaves the same averaged gradients on every rank, so the local norm is the
      * global one */
     return ct_clip_grad_norm(acc->params.n, acc->params.tensors, max_norm, norm_type);
@@ -355,6 +414,8 @@ ct_ddp *ct_accelerator_ddp(const ct_accelerator *acc) { return acc ? acc->ddp : 
 void ct_accelerator_free(ct_accelerator *acc)
 {
     if (!acc) return;
+    if (acc->mp != CT_DTYPE_F32) ct_autocast_set_default(CT_DTYPE_F32);
+    ct_autocast_clear_cache();
     if (acc->opt) ct_optimizer_set_hooks(acc->opt, NULL);
     ct_ddp_free(acc->ddp);
     ct_param_list_free(&acc->params);

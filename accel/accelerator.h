@@ -54,6 +54,7 @@
 #include "nn/module.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
+#include "precision/loss_scaler.h"
 
 typedef struct ct_accelerator ct_accelerator;
 
@@ -61,7 +62,10 @@ typedef struct ct_accelerator ct_accelerator;
  * CTRAIN_* variables (ctrain launch flags). */
 typedef struct ct_accelerator_config {
     int gradient_accumulation_steps; /* K >= 1; 0: CTRAIN_GRADIENT_ACCUMULATION_STEPS or 1 */
-    const char *mixed_precision;     /* "no" (default; CTRAIN_MIXED_PRECISION); fp16/bf16/fp8: later */
+    const char *mixed_precision;     /* "no" (default; CTRAIN_MIXED_PRECISION), "bf16", "fp16" (fp8: later):
+                                      * every op of the process autocasts (precision/autocast.h) from
+                                      * ct_accelerator_new to ct_accelerator_free; fp16 adds the loss scaler */
+    ct_loss_scaler_config loss_scaler; /* fp16's scaler; zero = defaults (65536, x2 after 2000, x0.5) */
     bool cpu;                        /* run on the CPU (the only device of this build) */
     ct_ddp_config ddp;               /* bucket sizes, compression */
     double timeout_s;                /* collectives and rendezvous; 0: CTRAIN_TIMEOUT or 300 */
@@ -93,13 +97,20 @@ void ct_accelerator_accumulate_begin(ct_accelerator *acc);
     for (int ct_acc_once_ = (ct_accelerator_accumulate_begin(acc), 1); ct_acc_once_; ct_acc_once_ = 0)
 /* True when the current micro-step synchronises gradients (always true with K = 1). */
 bool ct_accelerator_sync_gradients(const ct_accelerator *acc);
-/* True when the last optimizer step was skipped (accumulation micro-step). */
+/* True when the last optimizer step was skipped: an accumulation micro-step, or (fp16)
+ * gradients that held an inf or NaN, after which the scaler backed off and a prepared
+ * scheduler did not advance; ct_accelerator_step_overflowed tells the second case. */
 bool ct_accelerator_step_was_skipped(const ct_accelerator *acc);
+bool ct_accelerator_step_overflowed(const ct_accelerator *acc);
+/* The loss scale (1 unless fp16), and "no", "bf16" or "fp16". */
+double ct_accelerator_loss_scale(const ct_accelerator *acc);
+const char *ct_accelerator_mixed_precision(const ct_accelerator *acc);
 
 /* The global L2 (norm_type 2) or other p-norm of the prepared model's gradients
  * after synchronisation, and clips them to max_norm (like torch's clip_grad_norm_).
- * On a micro-step that does not synchronise it does nothing and returns 0. NAN +
- * error on failure. */
+ * fp16: the gradients are unscaled first (once per step); when they hold an inf or
+ * NaN it returns inf, clips nothing, and the step will be skipped. On a micro-step
+ * that does not synchronise it does nothing and returns 0. NAN + error on failure. */
 double ct_accelerator_clip_grad_norm(ct_accelerator *acc, double max_norm, double norm_type);
 
 /* Collectives on tensors, every rank calling with the same shapes (new tensors owned

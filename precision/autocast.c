@@ -7,8 +7,9 @@
 
 #define MAX_DEPTH 16
 
-static _Thread_local ct_dtype scope_dt[MAX_DEPTH];
+static _Thread_local ct_dtype scope_dt[MAX_DEPTH]; /* CT_DTYPE_F32: a scope that turns autocast off */
 static _Thread_local int depth;
+static _Atomic int default_dt = CT_DTYPE_F32; /* the process's level below every scope */
 
 static const ct_autocast_rule DEFAULTS[CT_AC_OP_COUNT] = {
     [CT_AC_MATMUL] = CT_AC_LOW,     [CT_AC_LINEAR] = CT_AC_LOW,         [CT_AC_ATTENTION] = CT_AC_LOW,
@@ -26,10 +27,25 @@ static _Atomic int rules[CT_AC_OP_COUNT] = {
 
 static atomic_ulong generation = 1;
 
+static bool scope_dtype_ok(ct_dtype dt) { return dt == CT_DTYPE_BF16 || dt == CT_DTYPE_F16 || dt == CT_DTYPE_F32; }
+
+ct_status ct_autocast_set_default(ct_dtype dt)
+{
+    if (!scope_dtype_ok(dt))
+        return ct_error_set(CT_ERR_INVALID, "autocast_set_default: %s is not bf16, f16 or f32 (off)",
+                            ct_dtype_is_valid(dt) ? ct_dtype_name(dt) : "an invalid dtype");
+    atomic_store(&default_dt, (int)dt);
+    return CT_OK;
+}
+
+/* The dtype in force: the innermost scope's, else the process default. */
+static ct_dtype current(void) { return depth > 0 ? scope_dt[depth - 1] : (ct_dtype)atomic_load(&default_dt); }
+
 ct_status ct_autocast_begin(ct_dtype dt)
 {
-    if (dt != CT_DTYPE_BF16 && dt != CT_DTYPE_F16)
-        return ct_error_set(CT_ERR_INVALID, "autocast_begin: %s is not an autocast dtype (bf16 or f16)",
+    if (!scope_dtype_ok(dt))
+        return ct_error_set(CT_ERR_INVALID, "autocast_begin: %s is not an autocast dtype (bf16 or f16; f32 turns "
+                            "autocast off inside the scope)",
                             ct_dtype_is_valid(dt) ? ct_dtype_name(dt) : "an invalid dtype");
     if (depth == MAX_DEPTH)
         return ct_error_set(CT_ERR_UNSUPPORTED, "autocast_begin: more than %d nested scopes (is an end missing?)",
@@ -43,9 +59,11 @@ void ct_autocast_end(void)
     if (depth > 0) depth--;
 }
 
-bool ct_autocast_enabled(void) { return depth > 0; }
+bool ct_autocast_enabled(void) { return current() != CT_DTYPE_F32; }
 
-ct_dtype ct_autocast_dtype(void) { return depth > 0 ? scope_dt[depth - 1] : CT_DTYPE_F32; }
+ct_dtype ct_autocast_dtype(void) { return current(); }
+
+int ct_autocast_depth(void) { return depth; }
 
 ct_autocast_rule ct_autocast_rule_of(ct_autocast_op op)
 {
@@ -106,9 +124,10 @@ static bool is_autocast_float(ct_dtype dt) { return dt == CT_DTYPE_F32 || dt == 
 
 ct_dtype ct_autocast_compute_dtype(ct_autocast_op op, ct_dtype in)
 {
-    if (!depth || !is_autocast_float(in)) return in;
+    ct_dtype dt = current();
+    if (dt == CT_DTYPE_F32 || !is_autocast_float(in)) return in;
     switch (ct_autocast_rule_of(op)) {
-    case CT_AC_LOW: return scope_dt[depth - 1];
+    case CT_AC_LOW: return dt;
     case CT_AC_F32: return CT_DTYPE_F32;
     default: return in;
     }

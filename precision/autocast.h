@@ -56,14 +56,21 @@ typedef enum ct_autocast_rule {
     CT_AC_WIDEST,    /* the widest float dtype among the inputs */
 } ct_autocast_rule;
 
-/* Enters a scope computing "low" ops in dt (bf16 or f16); CT_ERR_INVALID for another
- * dtype, CT_ERR_UNSUPPORTED beyond 16 nested scopes. Every begin needs an end. */
+/* Enters a scope computing "low" ops in dt (bf16 or f16; f32: autocast off inside
+ * the scope, as torch.autocast(enabled=False)); CT_ERR_INVALID for another dtype,
+ * CT_ERR_UNSUPPORTED beyond 16 nested scopes. Every begin needs an end. */
 ct_status ct_autocast_begin(ct_dtype dt);
 /* Leaves the innermost scope (a no-op outside any). */
 void ct_autocast_end(void);
-/* Whether this thread is inside a scope, and its dtype (f32 when not). */
+/* The process's level below every scope: bf16 or f16 makes every thread autocast
+ * outside its own scopes; f32 (the start) turns that off. The Accelerator sets it
+ * from mixed_precision, so that a training loop needs no scope of its own. */
+ct_status ct_autocast_set_default(ct_dtype dt);
+/* Whether autocast is on here (the innermost scope, else the default), and its
+ * dtype (f32 when off); the scopes this thread has open. */
 bool ct_autocast_enabled(void);
 ct_dtype ct_autocast_dtype(void);
+int ct_autocast_depth(void);
 
 /* The scope as a block: CT_AUTOCAST(CT_DTYPE_BF16) { ... } (do not leave it with
  * return or goto: the end would be skipped). A failed begin skips the block. */

@@ -23,7 +23,8 @@ static void setup(void)
 
 static void teardown(void)
 {
-    while (ct_autocast_enabled()) ct_autocast_end();
+    while (ct_autocast_depth() > 0) ct_autocast_end();
+    ct_autocast_set_default(CT_DTYPE_F32);
     ct_autocast_clear_cache();
     ct_frame_pop();
 }

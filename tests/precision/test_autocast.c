@@ -9,7 +9,8 @@
 static void reset(void)
 {
     ct_autocast_reset_rules();
-    while (ct_autocast_enabled()) ct_autocast_end();
+    while (ct_autocast_depth() > 0) ct_autocast_end();
+    ct_autocast_set_default(CT_DTYPE_F32);
 }
 
 TestSuite(precision_autocast, .init = reset, .fini = reset);
@@ -72,8 +73,9 @@ Test(precision_autocast, rules_can_be_changed_per_op)
 
 Test(precision_autocast, errors_name_what_is_wrong)
 {
-    cr_expect_eq(ct_autocast_begin(CT_DTYPE_F32), CT_ERR_INVALID);
-    cr_expect(strstr(ct_last_error(), "f32 is not an autocast dtype (bf16 or f16)") != NULL, "%s", ct_last_error());
+    cr_expect_eq(ct_autocast_begin(CT_DTYPE_F64), CT_ERR_INVALID);
+    cr_expect(strstr(ct_last_error(), "f64 is not an autocast dtype (bf16 or f16") != NULL, "%s", ct_last_error());
+    cr_expect_eq(ct_autocast_set_default(CT_DTYPE_I32), CT_ERR_INVALID);
     cr_expect_not(ct_autocast_enabled());
     int ran = 0;
     CT_AUTOCAST(CT_DTYPE_I32) ran++; /* a failed begin skips the block */
@@ -86,4 +88,23 @@ Test(precision_autocast, errors_name_what_is_wrong)
     for (int i = 0; i < 16; i++) ct_autocast_end();
     cr_expect_not(ct_autocast_enabled());
     ct_autocast_end(); /* one too many: harmless */
+}
+
+Test(precision_autocast, an_f32_scope_turns_it_off_and_the_default_applies_below_scopes)
+{
+    CT_AUTOCAST(CT_DTYPE_BF16) {
+        CT_AUTOCAST(CT_DTYPE_F32) {
+            cr_expect_not(ct_autocast_enabled());
+            cr_expect_eq(ct_autocast_compute_dtype(CT_AC_LINEAR, CT_DTYPE_F32), CT_DTYPE_F32);
+        }
+        cr_expect(ct_autocast_enabled());
+    }
+    cr_assert_eq(ct_autocast_set_default(CT_DTYPE_F16), CT_OK);
+    cr_expect(ct_autocast_enabled());
+    cr_expect_eq(ct_autocast_depth(), 0);
+    cr_expect_eq(ct_autocast_compute_dtype(CT_AC_MATMUL, CT_DTYPE_F32), CT_DTYPE_F16);
+    CT_AUTOCAST(CT_DTYPE_BF16) cr_expect_eq(ct_autocast_dtype(), CT_DTYPE_BF16); /* a scope still wins */
+    CT_AUTOCAST(CT_DTYPE_F32) cr_expect_not(ct_autocast_enabled());
+    cr_assert_eq(ct_autocast_set_default(CT_DTYPE_F32), CT_OK);
+    cr_expect_not(ct_autocast_enabled());
 }
