@@ -9,6 +9,7 @@
 
 #include "autograd/autograd.h"
 #include "core/frame.h"
+#include "precision/autocast.h"
 
 typedef struct bucket {
     int first, n;       /* params [first, first + n) of ddp.order */
@@ -176,6 +177,7 @@ static ct_status broadcast_all(ct_ddp *d, ct_module *model)
         if (st) ct_error_prefix("ddp: broadcasting %s from rank 0: ", all.names[i]);
     }
     ct_param_list_free(&all);
+    ct_autocast_weights_changed(); /* the parameters were written in place */
     return st;
 }
 

@@ -6,6 +6,7 @@
 #include "autograd/autograd.h"
 #include "core/frame.h"
 #include "core/safetensors.h"
+#include "precision/autocast.h"
 
 void *ct_module_alloc(size_t size, const char *type, ct_module_destroy_fn destroy)
 {
@@ -375,6 +376,7 @@ ct_status ct_module_load_mapped(ct_module *m, const char *path, bool strict, ct_
     free(used);
     ct_safetensors_close(f);
     ct_param_list_free(&l);
+    ct_autocast_weights_changed(); /* tensors were written in place: autocast copies are stale */
     if (report && !st) *report = r;
     else ct_load_report_free(&r);
     return st;

@@ -98,8 +98,9 @@ const char *ct_autocast_policy_str(char *buf, int cap);
  * caller compares the inputs). */
 ct_dtype ct_autocast_compute_dtype(ct_autocast_op op, ct_dtype in);
 
-/* The weight-cast generation: bumped when parameters change (every optimizer step
- * calls it), so cached low-precision copies of weights are made again. */
+/* The weight-cast generation: bumped when parameters change, so cached low-precision
+ * copies of weights are made again. The optimizer step, loading a module's tensors and
+ * DDP's broadcast call it; code that writes parameters in place otherwise must too. */
 void ct_autocast_weights_changed(void);
 unsigned long ct_autocast_generation(void);
 
