@@ -200,11 +200,6 @@ static wait_result wait_for(ct_shm_direct *d, ct_comm_group *grp, const ct_work 
 
 /* ---- failures ------------------------------------------------------------------------------ */
 
-static void finish(ct_work *w, ct_status st, const char *msg)
-{
-    ct_work_complete(w, st, msg);
-}
-
 /* w fails with "<title>: <text>", and so does the group on every rank. */
 static void fail(ct_comm_group *grp, ct_work *w, ct_status st, const char *text)
 {
@@ -213,7 +208,7 @@ static void fail(ct_comm_group *grp, ct_work *w, ct_status st, const char *text)
     if (strstr(text, title)) snprintf(msg, sizeof msg, "%s", text);
     else snprintf(msg, sizeof msg, "%s: %.760s", title, text);
     ct_comm_group_fail_sync(grp, st, msg);
-    finish(w, st, msg);
+    ct_work_complete(w, st, msg);
 }
 
 /* The wait for rank q ended with r (not WAIT_OK or WAIT_LATE): fail w saying why. */
@@ -226,7 +221,7 @@ static void fail_wait(ct_shm_direct *d, ct_comm_group *grp, ct_work *w, wait_res
         /* the group failed on the comm thread: its message, once set, never changes */
         snprintf(text, sizeof text, "%s: the group failed: %.700s", title, grp->broken_msg);
         if (strstr(grp->broken_msg, title)) snprintf(text, sizeof text, "%s", grp->broken_msg);
-        finish(w, grp->broken, text);
+        ct_work_complete(w, grp->broken, text);
         return;
     }
     if (r == WAIT_GONE) {
@@ -333,7 +328,7 @@ ct_status ct_shm_direct_allreduce(ct_shm_direct *d, ct_comm_group *grp, ct_work 
         char title[256], text[CT_COMM_MSG];
         ct_comm_work_title(title, sizeof title, w);
         snprintf(text, sizeof text, "%s: not run: the group had failed: %.700s", title, grp->broken_msg);
-        finish(w, grp->broken, text);
+        ct_work_complete(w, grp->broken, text);
         return CT_OK;
     }
     wait_result r = wait_for(d, grp, w, F_SEQ, w->seq, arrive_by, &who);
@@ -381,7 +376,7 @@ ct_status ct_shm_direct_allreduce(ct_shm_direct *d, ct_comm_group *grp, ct_work 
         post(d, &me->consumed, k + 1);
         d->k = k + 1;
     }
-    finish(w, CT_OK, NULL);
+    ct_work_complete(w, CT_OK, NULL);
     return CT_OK;
 
 failed:

@@ -214,7 +214,7 @@ static void dist_section(problems *p)
     puts("distributed");
     if (ct_dist_env_detect(&e)) {
         row("this process", "cannot tell: %s", ct_last_error());
-        problem(p, "%s%s", ct_last_error(), "");
+        problem(p, "%s", ct_last_error(), NULL);
     } else {
         row("this process", "rank %d of %d (local %d of %d), found by rule \"%s\"", e.rank, e.world_size,
             e.local_rank, e.local_world_size, e.source);
