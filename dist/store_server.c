@@ -25,6 +25,8 @@
 #define READ_CHUNK (64 * 1024)
 /* a client that does not read its replies is dropped rather than buffered forever */
 #define WRITE_QUEUE_LIMIT ((size_t)2 * CT_STORE_MAX_VALUE)
+/* how long a stopping server keeps answering clients that have not hung up yet */
+#define CT_STORE_DRAIN_MS 1000
 
 /* ---- connections ------------------------------------------------------------ */
 
@@ -58,6 +60,8 @@ struct ct_store_server {
     uv_loop_t loop;
     uv_tcp_t listener;
     uv_async_t stop;
+    uv_timer_t drain; /* bounds how long a stopping server waits for its clients to hang up */
+    bool draining;
     uv_thread_t thread;
     ct_store_table kv;
     conn *conns;
@@ -91,6 +95,7 @@ static void conn_close(conn *c)
     /* closing the timer drops a parked request with it */
     uv_close((uv_handle_t *)&c->timer, on_handle_closed);
     uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
+    if (c->srv->draining && !c->srv->conns) uv_close((uv_handle_t *)&c->srv->drain, NULL);
 }
 
 static void on_write(uv_write_t *req, int status)
@@ -443,12 +448,29 @@ static void on_connection(uv_stream_t *listener, int status)
         conn_close(c);
 }
 
+static void on_drain_timeout(uv_timer_t *t)
+{
+    ct_store_server *srv = t->data;
+    /* the last conn_close closes the drain timer */
+    while (srv->conns) conn_close(srv->conns);
+}
+
+/* Stopping does not cut clients off: after the last barrier of a job, rank 0 may
+ * stop while a peer's request for that barrier's key is still on the wire, and
+ * that peer would report a lost master. The server keeps answering until every
+ * client has hung up (ct_store_free, or the process's exit), for at most
+ * CT_STORE_DRAIN_MS; the listener closes at once, so nobody new joins. */
 static void on_stop(uv_async_t *a)
 {
     ct_store_server *srv = a->data;
-    while (srv->conns) conn_close(srv->conns);
     uv_close((uv_handle_t *)&srv->listener, NULL);
     uv_close((uv_handle_t *)&srv->stop, NULL);
+    if (!srv->conns) {
+        uv_close((uv_handle_t *)&srv->drain, NULL);
+        return;
+    }
+    srv->draining = true;
+    if (uv_timer_start(&srv->drain, on_drain_timeout, CT_STORE_DRAIN_MS, 0) < 0) on_drain_timeout(&srv->drain);
 }
 
 static void server_main(void *arg)
@@ -506,8 +528,11 @@ ct_store_server *ct_store_server_start(const char *host, int port, int *bound_po
     if ((rc = uv_tcp_getsockname(&srv->listener, (struct sockaddr *)&sa, &len))) goto fail_listener;
     *bound_port = ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&sa)->sin6_port
                                                  : ((struct sockaddr_in *)&sa)->sin_port);
+    what = "uv_timer_init";
+    if ((rc = uv_timer_init(&srv->loop, &srv->drain))) goto fail_listener;
+    srv->drain.data = srv;
     what = "uv_async_init";
-    if ((rc = uv_async_init(&srv->loop, &srv->stop, on_stop))) goto fail_listener;
+    if ((rc = uv_async_init(&srv->loop, &srv->stop, on_stop))) goto fail_timer;
     srv->stop.data = srv;
     /* a client that vanishes mid-reply must fail a write, not kill the process */
     if ((rc = ct_loop_thread_create(&srv->thread, server_main, srv, &what))) goto fail_async;
@@ -515,6 +540,8 @@ ct_store_server *ct_store_server_start(const char *host, int port, int *bound_po
 
 fail_async:
     uv_close((uv_handle_t *)&srv->stop, NULL);
+fail_timer:
+    uv_close((uv_handle_t *)&srv->drain, NULL);
 fail_listener:
     uv_close((uv_handle_t *)&srv->listener, NULL);
 fail_loop:

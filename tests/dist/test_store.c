@@ -469,6 +469,43 @@ Test(dist_store, forked_ranks_barrier_and_exchange, .timeout = 30)
     cr_expect_eq(rc0, 0, "rank 0 failed at step %d", rc0);
 }
 
+/* After the last barrier rank 0 frees its store while a peer's request may still be
+ * on the wire: the server keeps answering until its clients hang up (bounded), so
+ * the peer gets its reply, not a lost master. */
+Test(dist_store, a_stopping_server_answers_until_clients_hang_up, .timeout = 20)
+{
+    int ports[2], go[2];
+    cr_assert_eq(pipe(ports), 0);
+    cr_assert_eq(pipe(go), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        alarm(15);
+        ct_store *s = ct_store_new(&(ct_store_config){.serve = true, .timeout_s = 5});
+        if (!s) _exit(3);
+        int p = ct_store_port(s);
+        char c;
+        if (ct_store_set(s, "k", "v", 1) || write(ports[1], &p, sizeof p) != sizeof p ||
+            read(go[0], &c, 1) != 1)
+            _exit(4);
+        ct_store_free(s);
+        _exit(0);
+    }
+    int port;
+    cr_assert_eq(read(ports[0], &port, sizeof port), (ssize_t)sizeof port);
+    ct_store *c = client(port, 1, 2, 5);
+    cr_assert_not_null(c, "%s", ct_last_error());
+    cr_assert_eq(write(go[1], "x", 1), 1);
+    sleep_ms(200); /* the master is inside ct_store_free by now */
+    expect_value(c, "k", "v", 1);
+    double t0 = now_s();
+    ct_store_free(c);
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0, "master: status %d", status);
+    cr_expect_lt(now_s() - t0, 0.5, "the master exits once its last client hangs up");
+}
+
 /* ---- a dead master ---------------------------------------------------------------------- */
 
 /* A child that serves on a fresh port, sends the port, then waits to be killed (or
