@@ -84,7 +84,8 @@ ct_status ct_kernel_matmul_out(ct_tensor *out, const ct_tensor *a, const ct_tens
     if ((st = ct_kernel_same_device("matmul_out", ts, 2))) return st;
     bool shape_ok = out->ndim == nd;
     for (int d = 0; shape_ok && d < nd; d++) shape_ok = out->shape[d] == shape[d];
-    if (!shape_ok || out->dtype != a->dtype)
+    bool f32_out = out->dtype == CT_DTYPE_F32 && (a->dtype == CT_DTYPE_BF16 || a->dtype == CT_DTYPE_F16);
+    if (!shape_ok || (out->dtype != a->dtype && !f32_out))
         return ct_error_set(CT_ERR_INVALID, "matmul_out: out %s should be %s%s for a %s @ b %s",
                             ct_tensor_describe(out, d0, sizeof d0), ct_dtype_name(a->dtype),
                             ct_shape_str(nd, shape, sh, sizeof sh), ct_tensor_describe(a, da, sizeof da),

@@ -22,8 +22,9 @@
 ct_tensor *ct_kernel_matmul(const ct_tensor *a, const ct_tensor *b, bool trans_a, bool trans_b);
 
 /* out = alpha * op(a) @ op(b) + beta * out, into an existing contiguous out of the
- * result's shape and the inputs' dtype. beta = 0 never reads out (NaNs there do
- * not propagate); backward passes accumulate with beta = 1. */
+ * result's shape and the inputs' dtype, or f32 for bf16/f16 inputs (the f32
+ * accumulation then is the result, never rounded to 16 bits). beta = 0 never reads
+ * out (NaNs there do not propagate); backward passes accumulate with beta = 1. */
 ct_status ct_kernel_matmul_out(ct_tensor *out, const ct_tensor *a, const ct_tensor *b, bool trans_a,
                                bool trans_b, double alpha, double beta);
 

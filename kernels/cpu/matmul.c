@@ -463,6 +463,7 @@ static ct_tensor *widen_f32(const ct_tensor *t)
 }
 
 // bf16/f16: a32, b32 = f32(a), f32(b); o32 = alpha a32 b32 + beta f32(out) (sgemm); out = round(o32)
+// (an f32 out is o32 itself: nothing rounded)
 static ct_status matmul_convert(ct_tensor *out, const ct_tensor *a, const ct_tensor *b, bool ta, bool tb, double alpha,
                                 double beta)
 {
@@ -471,17 +472,17 @@ static ct_status matmul_convert(ct_tensor *out, const ct_tensor *a, const ct_ten
     ct_status st = backend_resolve(CT_DTYPE_F32, &be32, &forced);
     if (st) return st;
     ct_tensor *a32 = widen_f32(a), *b32 = widen_f32(b);
-    ct_tensor *o32 = beta != 0 ? widen_f32(out) : ws_tensor(out->ndim, out->shape);
+    ct_tensor *o32 = out->dtype == CT_DTYPE_F32 ? out : beta != 0 ? widen_f32(out) : ws_tensor(out->ndim, out->shape);
     if (!a32 || !b32 || !o32) return ct_last_status();
     st = gemm_batched(o32, a32, b32, ta, tb, alpha, beta, be32);
-    if (st) return st;
+    if (st || o32 == out) return st;
     return convert_parallel(out->dtype, ct_tensor_data(out), CT_DTYPE_F32, ct_tensor_data(o32), ct_tensor_numel(out));
 }
 
 /* ---- oneDNN matmul primitive --------------------------------------------------- */
 
 typedef struct onednn_key {
-    dnnl_data_type_t dt;
+    dnnl_data_type_t dt, dst_dt; /* a and b; out (f32 or dt) */
     int nd;
     dnnl_dims_t dims[3], strides[3]; /* src (a), weights (b), dst (out) */
     double alpha, beta;
@@ -520,7 +521,7 @@ static void onednn_create(onednn_entry *e)
     const onednn_key *k = &e->key;
     dnnl_status_t s = dnnl_success;
     for (int i = 0; i < 3 && !s; i++)
-        s = dnnl_memory_desc_init_by_strides(&e->md[i], k->nd, k->dims[i], k->dt, k->strides[i]);
+        s = dnnl_memory_desc_init_by_strides(&e->md[i], k->nd, k->dims[i], i == 2 ? k->dst_dt : k->dt, k->strides[i]);
     dnnl_matmul_desc_t desc;
     if (!s) s = dnnl_matmul_desc_init(&desc, &e->md[0], &e->md[1], NULL, &e->md[2]);
     dnnl_primitive_attr_t attr = NULL;
@@ -639,8 +640,9 @@ static ct_status onednn_run(ct_tensor *out, const ct_tensor *a, const ct_tensor 
 {
     static const dnnl_data_type_t dts[CT_DTYPE_COUNT] = {
         [CT_DTYPE_F32] = dnnl_f32, [CT_DTYPE_BF16] = dnnl_bf16, [CT_DTYPE_F16] = dnnl_f16};
-    if (!dts[out->dtype])
-        return ct_error_set(CT_ERR_INVALID, "matmul: oneDNN path takes f32, bf16 or f16, not %s", ct_dtype_name(out->dtype));
+    if (!dts[a->dtype] || !dts[out->dtype])
+        return ct_error_set(CT_ERR_INVALID, "matmul: oneDNN path takes f32, bf16 or f16, not %s into %s",
+                            ct_dtype_name(a->dtype), ct_dtype_name(out->dtype));
     pthread_once(&onednn_once, onednn_engine_init);
     if (onednn_engine_status)
         return ct_error_set(CT_ERR_INTERNAL, "matmul: oneDNN CPU engine creation failed (status %d)",
@@ -659,7 +661,8 @@ static ct_status onednn_run(ct_tensor *out, const ct_tensor *a, const ct_tensor 
     if (st) return st;
     onednn_key k;
     memset(&k, 0, sizeof k); /* keys are compared with memcmp */
-    k.dt = dts[out->dtype];
+    k.dt = dts[a->dtype];
+    k.dst_dt = dts[out->dtype];
     k.nd = out->ndim;
     k.alpha = alpha;
     k.beta = beta;
@@ -676,10 +679,10 @@ static ct_status onednn_run(ct_tensor *out, const ct_tensor *a, const ct_tensor 
             if (!report) return CT_ERR_UNSUPPORTED;
             char flags[256];
             const dnnl_version_t *v = dnnl_version();
-            const char *env = backend_env_name(out->dtype);
+            const char *env = backend_env_name(a->dtype);
             return ct_error_set(CT_ERR_UNSUPPORTED,
                                 "matmul: oneDNN %d.%d has no %s matmul for this CPU (its max ISA: %s; CPU: %s); "
-                                "unset %s or set it to convert", v->major, v->minor, ct_dtype_name(out->dtype),
+                                "unset %s or set it to convert", v->major, v->minor, ct_dtype_name(a->dtype),
                                 onednn_isa_name(dnnl_get_effective_cpu_isa()), ct_cpu_features_str(flags, sizeof flags),
                                 env ? env : "the backend override");
         }
@@ -730,11 +733,12 @@ ct_status ct_cpu_matmul(ct_tensor *out, const ct_tensor *a, const ct_tensor *b, 
     geom_init(&g, out, a, b, trans_a, trans_b);
     ct_gemm_backend be;
     bool forced;
-    ct_status st = backend_resolve(out->dtype, &be, &forced);
+    /* the inputs' dtype picks the library; 16-bit inputs may write an f32 out */
+    ct_status st = backend_resolve(a->dtype, &be, &forced);
     if (st) return st;
     if (matmul_trivial(out, &g, beta)) return CT_OK;
     ct_frame_push(); /* contiguous copies and f32 temporaries die here */
-    if (out->dtype == CT_DTYPE_F32 || out->dtype == CT_DTYPE_F64) {
+    if (a->dtype == CT_DTYPE_F32 || a->dtype == CT_DTYPE_F64) {
         st = gemm_batched(out, a, b, trans_a, trans_b, alpha, beta, be);
     } else if (be == CT_GEMM_ONEDNN) {
         st = onednn_run(out, a, b, trans_a, trans_b, alpha, beta, forced);

@@ -227,6 +227,38 @@ Test(matmul, bf16_onednn_vs_ref) { ct_set_seed(7); check_lowp(CT_DTYPE_BF16, CT_
 Test(matmul, f16_convert_vs_ref) { ct_set_seed(8); check_lowp(CT_DTYPE_F16, CT_GEMM_CONVERT, "f16 convert"); }
 Test(matmul, f16_onednn_vs_ref) { ct_set_seed(9); check_lowp(CT_DTYPE_F16, CT_GEMM_ONEDNN, "f16 onednn"); }
 
+/* 16-bit inputs into an f32 out: the f32 accumulation is kept, not rounded to 16 bits */
+static void check_f32_out(ct_dtype dt, ct_gemm_backend be, const char *what)
+{
+    cr_assert_eq(ct_cpu_matmul_set_backend(dt, be), CT_OK);
+    CT_FRAME {
+        /* [1, 2^-8] @ [1, 1]^T = 1 + 2^-8: a tie in bf16 (it would round to 1), exact in f32 */
+        ct_tensor *a = ct_tensor_cast(ct_tensor_from_data(CT_DTYPE_F32, CT_SHAPE(1, 2), (float[]){1.0f, 0.00390625f}), dt);
+        ct_tensor *b = ct_tensor_cast(ct_tensor_ones(CT_DTYPE_F32, CT_SHAPE(2, 1)), dt);
+        ct_tensor *o = ct_tensor_empty(CT_DTYPE_F32, CT_SHAPE(1, 1));
+        ct_status st = ct_kernel_matmul_out(o, a, b, false, false, 1, 0);
+        if (st == CT_ERR_UNSUPPORTED && be == CT_GEMM_ONEDNN)
+            cr_skip_test("%s: oneDNN has no %s matmul on this CPU: %s", what, ct_dtype_name(dt), ct_last_error());
+        cr_assert_eq(st, CT_OK, "%s: %s", what, ct_last_error());
+        cr_expect_eq(*(float *)ct_tensor_data(o), 1.00390625f, "%s: %.9g", what, (double)*(float *)ct_tensor_data(o));
+        /* random, batched, transposed, alpha and beta: against the f64 reference */
+        ct_tensor *x = operand(dt, 1, (int64_t[]){3}, 20, 30, true), *y = operand(dt, 0, NULL, 30, 10, false);
+        ct_tensor *got = ct_tensor_randn(CT_DTYPE_F32, CT_SHAPE(3, 20, 10), 0, 1);
+        ct_tensor *ref = ct_tensor_contiguous(ct_tensor_clone(got));
+        cr_assert_eq(ct_kernel_matmul_out(got, x, y, true, false, -0.5, 0.75), CT_OK, "%s", ct_last_error());
+        cr_assert_eq(ct_cpu_matmul_ref(ref, x, y, true, false, -0.5, 0.75), CT_OK);
+        const float *g = ct_tensor_data(got), *r = ct_tensor_data(ref);
+        for (int i = 0; i < 600; i++)
+            cr_expect(fabsf(g[i] - r[i]) <= 1e-5f * fmaxf(1.0f, fabsf(r[i])), "%s [%d]: %g, want %g", what, i,
+                      (double)g[i], (double)r[i]);
+    }
+    ct_cpu_matmul_set_backend(dt, CT_GEMM_DEFAULT);
+}
+
+Test(matmul, bf16_into_f32_convert) { ct_set_seed(10); check_f32_out(CT_DTYPE_BF16, CT_GEMM_CONVERT, "bf16->f32 convert"); }
+Test(matmul, bf16_into_f32_onednn) { ct_set_seed(11); check_f32_out(CT_DTYPE_BF16, CT_GEMM_ONEDNN, "bf16->f32 onednn"); }
+Test(matmul, f16_into_f32_convert) { ct_set_seed(12); check_f32_out(CT_DTYPE_F16, CT_GEMM_CONVERT, "f16->f32 convert"); }
+
 Test(matmul, default_backends_follow_cpu)
 {
     cr_assert_eq(ct_cpu_matmul_backend(CT_DTYPE_F64), CT_GEMM_OPENBLAS);
