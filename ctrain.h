@@ -35,12 +35,14 @@
 
 #include "precision/autocast.h"
 #include "precision/fp8.h"
+#include "precision/fp8_state.h"
 #include "precision/loss_scaler.h"
 
 #include "autograd/autocast_cast.h"
 #include "autograd/autograd.h"
 #include "autograd/gradcheck.h"
 #include "autograd/node.h"
+#include "autograd/ops_fp8.h"
 #include "autograd/ops.h"
 
 #include "nn/gpt.h"

@@ -1,5 +1,6 @@
 /* ctrain — the Accelerator (accel/accelerator.h). */
 #include "accel/accelerator.h"
+#include "accel/fp8_sync.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -31,7 +32,8 @@ struct ct_accelerator {
     int64_t micro;        /* micro-steps since the last synchronisation */
     bool sync;
     bool prepared;
-    ct_dtype mp;          /* mixed precision: f32 (no), bf16, f16 */
+    ct_dtype mp;          /* mixed precision: f32 (no), bf16, f16; bf16 under fp8 */
+    ct_fp8_state *fp8;    /* fp8: the per-weight scaling state */
     bool scaling;         /* fp16: the loss scaler is on */
     ct_loss_scaler scaler;
     bool found_inf;       /* fp16: the current step's gradients, once unscaled */
@@ -57,11 +59,13 @@ static ct_status settings(ct_accelerator *a, const ct_accelerator_config *cfg)
     if (mp && *mp && strcmp(mp, "no") != 0) {
         if (!strcmp(mp, "bf16")) a->mp = CT_DTYPE_BF16;
         else if (!strcmp(mp, "fp16")) a->mp = CT_DTYPE_F16;
-        else if (!strcmp(mp, "fp8"))
-            return ct_error_set(CT_ERR_UNSUPPORTED,
-                                "accelerator: mixed_precision = 'fp8'%s is not available in this build yet; use no, "
-                                "bf16 or fp16", from_env ? " (CTRAIN_MIXED_PRECISION)" : "");
-        else
+        else if (!strcmp(mp, "fp8")) {
+            /* linears in fp8, every other low-precision op in bf16 */
+            ct_fp8_recipe r;
+            a->mp = CT_DTYPE_BF16;
+            if ((st = ct_accel_fp8_recipe(&a->cfg.fp8, &r)) || !(a->fp8 = ct_fp8_state_new(&r)))
+                return ct_error_prefix("accelerator: mixed_precision = 'fp8': ");
+        } else
             return ct_error_set(CT_ERR_INVALID, "accelerator: mixed_precision = '%s'%s; allowed: no, fp16, bf16, fp8",
                                 mp, from_env ? " (CTRAIN_MIXED_PRECISION)" : "");
     }
@@ -102,7 +106,8 @@ ct_accelerator *ct_accelerator_new(const ct_accelerator_config *cfg)
         return NULL;
     }
     /* every op of the process autocasts from here on: the loop needs no scope */
-    if (a->mp != CT_DTYPE_F32) ct_autocast_set_default(a->mp);
+    if (a->fp8) ct_autocast_set_default_fp8(a->fp8);
+    else if (a->mp != CT_DTYPE_F32) ct_autocast_set_default(a->mp);
     return a;
 }
 
@@ -136,6 +141,8 @@ static ct_status hook_before_step(ct_optimizer *o, void *data, bool *skip)
         if (!st && ct_loss_scaler_update(&a->scaler, a->found_inf)) *skip = a->overflow_skip = true;
         a->found_inf = false;
     }
+    /* the scales of the next step, from this step's amaxes on every rank */
+    if (!st && a->fp8) st = ct_accel_fp8_sync(a->fp8, a->pg);
     return st;
 }
 
@@ -232,6 +239,7 @@ double ct_accelerator_loss_scale(const ct_accelerator *acc)
 const char *ct_accelerator_mixed_precision(const ct_accelerator *acc)
 {
     if (!acc || acc->mp == CT_DTYPE_F32) return "no";
+    if (acc->fp8) return "fp8";
     return acc->mp == CT_DTYPE_BF16 ? "bf16" : "fp16";
 }
 
@@ -416,6 +424,7 @@ void ct_accelerator_free(ct_accelerator *acc)
     if (!acc) return;
     if (acc->mp != CT_DTYPE_F32) ct_autocast_set_default(CT_DTYPE_F32);
     ct_autocast_clear_cache();
+    ct_fp8_state_free(acc->fp8);
     if (acc->opt) ct_optimizer_set_hooks(acc->opt, NULL);
     ct_ddp_free(acc->ddp);
     ct_param_list_free(&acc->params);

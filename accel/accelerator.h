@@ -54,6 +54,7 @@
 #include "nn/module.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
+#include "precision/fp8.h"
 #include "precision/loss_scaler.h"
 
 typedef struct ct_accelerator ct_accelerator;
@@ -62,10 +63,14 @@ typedef struct ct_accelerator ct_accelerator;
  * CTRAIN_* variables (ctrain launch flags). */
 typedef struct ct_accelerator_config {
     int gradient_accumulation_steps; /* K >= 1; 0: CTRAIN_GRADIENT_ACCUMULATION_STEPS or 1 */
-    const char *mixed_precision;     /* "no" (default; CTRAIN_MIXED_PRECISION), "bf16", "fp16" (fp8: later):
+    const char *mixed_precision;     /* "no" (default; CTRAIN_MIXED_PRECISION), "bf16", "fp16", "fp8":
                                       * every op of the process autocasts (precision/autocast.h) from
-                                      * ct_accelerator_new to ct_accelerator_free; fp16 adds the loss scaler */
+                                      * ct_accelerator_new to ct_accelerator_free; fp16 adds the loss
+                                      * scaler; fp8 runs linears in fp8 and the rest as bf16 */
     ct_loss_scaler_config loss_scaler; /* fp16's scaler; zero = defaults (65536, x2 after 2000, x0.5) */
+    ct_fp8_recipe fp8;               /* fp8's recipe; a zero field reads the launcher's CTRAIN_FP8_*
+                                      * variable, else its default (HYBRID, history 1024, margin 0,
+                                      * max, embedding and head in bf16) */
     bool cpu;                        /* run on the CPU (the only device of this build) */
     ct_ddp_config ddp;               /* bucket sizes, compression */
     double timeout_s;                /* collectives and rendezvous; 0: CTRAIN_TIMEOUT or 300 */
@@ -102,7 +107,7 @@ bool ct_accelerator_sync_gradients(const ct_accelerator *acc);
  * scheduler did not advance; ct_accelerator_step_overflowed tells the second case. */
 bool ct_accelerator_step_was_skipped(const ct_accelerator *acc);
 bool ct_accelerator_step_overflowed(const ct_accelerator *acc);
-/* The loss scale (1 unless fp16), and "no", "bf16" or "fp16". */
+/* The loss scale (1 unless fp16), and "no", "bf16", "fp16" or "fp8". */
 double ct_accelerator_loss_scale(const ct_accelerator *acc);
 const char *ct_accelerator_mixed_precision(const ct_accelerator *acc);
 

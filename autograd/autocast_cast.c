@@ -105,7 +105,8 @@ ct_tensor *ct_autocast_arg(ct_autocast_op op, ct_tensor *x)
     if (!x || !ct_autocast_enabled()) return x;
     ct_dtype dt = ct_autocast_compute_dtype(op, x->dtype);
     if (dt == x->dtype) return x;
-    if (ct_autocast_rule_of(op) == CT_AC_LOW && x->requires_grad && !x->grad_fn) return weight_arg(x, dt);
+    ct_autocast_rule r = ct_autocast_rule_of(op);
+    if ((r == CT_AC_LOW || r == CT_AC_FP8) && x->requires_grad && !x->grad_fn) return weight_arg(x, dt);
     return ct_cast(x, dt);
 }
 

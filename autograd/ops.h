@@ -9,11 +9,13 @@
  *   autograd/ops_math.h   elementwise with broadcasting, activations, matmul, reductions
  *   autograd/ops_shape.h  views, reshape, concat, casts
  *   autograd/ops_nn.h     softmax, norms, embedding, dropout, cross-entropy, attention
+ *   autograd/ops_fp8.h    the fp8 linear (quantised operands, delayed scales)
  */
 #ifndef CT_AUTOGRAD_OPS_H
 #define CT_AUTOGRAD_OPS_H
 
 #include "autograd/autograd.h"
+#include "autograd/ops_fp8.h"
 #include "autograd/ops_math.h"
 #include "autograd/ops_nn.h"
 #include "autograd/ops_shape.h"

@@ -7,6 +7,7 @@
 
 #include "autograd/ops.h"
 #include "core/frame.h"
+#include "precision/autocast.h"
 
 
 /* Adds child (NULL on a failed constructor) and returns it; false on failure. */
@@ -149,8 +150,12 @@ ct_tensor *ct_gpt_forward(ct_gpt *m, ct_tensor *idx)
     x = ct_dropout_layer_forward(m->drop, x);
     for (int64_t i = 0; i < m->cfg.n_layer; i++) x = ct_gpt_block_forward(m->blocks[i], x);
     x = ct_layernorm_layer_forward(m->ln_f, x);
-    /* tied lm head: (B, T, C) @ wte^T (C, V) */
-    ct_tensor *logits = ct_matmul_t(x, m->wte->weight, false, true);
+    /* tied lm head: (B, T, C) @ wte^T (C, V); in bf16 under fp8 unless the recipe
+     * puts the embedding's matrix into fp8 too */
+    ct_fp8_state *fp8 = ct_autocast_enabled() ? ct_autocast_fp8_state() : NULL;
+    ct_tensor *logits = fp8 && ct_fp8_state_recipe(fp8)->fp8_embedding_and_head && m->wte->weight->requires_grad
+                            ? ct_fp8_linear(fp8, x, m->wte->weight, NULL, true)
+                            : ct_matmul_t(x, m->wte->weight, false, true);
     /* under autocast the head computes in 16 bits; the model's output is f32 */
     if (logits && logits->dtype != CT_DTYPE_F32 && ct_dtype_is_float(logits->dtype) && logits->dtype != CT_DTYPE_F64)
         logits = ct_cast(logits, CT_DTYPE_F32);

@@ -8,18 +8,20 @@
 #define MAX_DEPTH 16
 
 static _Thread_local ct_dtype scope_dt[MAX_DEPTH]; /* CT_DTYPE_F32: a scope that turns autocast off */
+static _Thread_local ct_fp8_state *scope_fp8[MAX_DEPTH]; /* NULL: no fp8 in the scope */
 static _Thread_local int depth;
 static _Atomic int default_dt = CT_DTYPE_F32; /* the process's level below every scope */
+static _Atomic(ct_fp8_state *) default_fp8;
 
 static const ct_autocast_rule DEFAULTS[CT_AC_OP_COUNT] = {
-    [CT_AC_MATMUL] = CT_AC_LOW,     [CT_AC_LINEAR] = CT_AC_LOW,         [CT_AC_ATTENTION] = CT_AC_LOW,
+    [CT_AC_MATMUL] = CT_AC_LOW,     [CT_AC_LINEAR] = CT_AC_FP8,         [CT_AC_ATTENTION] = CT_AC_LOW,
     [CT_AC_SOFTMAX] = CT_AC_F32,    [CT_AC_LOG_SOFTMAX] = CT_AC_F32,    [CT_AC_LAYERNORM] = CT_AC_F32,
     [CT_AC_RMSNORM] = CT_AC_F32,    [CT_AC_CROSS_ENTROPY] = CT_AC_F32,  [CT_AC_REDUCTION] = CT_AC_F32,
     [CT_AC_BINARY] = CT_AC_WIDEST,
 };
 
 static _Atomic int rules[CT_AC_OP_COUNT] = {
-    [CT_AC_MATMUL] = CT_AC_LOW,     [CT_AC_LINEAR] = CT_AC_LOW,         [CT_AC_ATTENTION] = CT_AC_LOW,
+    [CT_AC_MATMUL] = CT_AC_LOW,     [CT_AC_LINEAR] = CT_AC_FP8,         [CT_AC_ATTENTION] = CT_AC_LOW,
     [CT_AC_SOFTMAX] = CT_AC_F32,    [CT_AC_LOG_SOFTMAX] = CT_AC_F32,    [CT_AC_LAYERNORM] = CT_AC_F32,
     [CT_AC_RMSNORM] = CT_AC_F32,    [CT_AC_CROSS_ENTROPY] = CT_AC_F32,  [CT_AC_REDUCTION] = CT_AC_F32,
     [CT_AC_BINARY] = CT_AC_WIDEST,
@@ -35,7 +37,14 @@ ct_status ct_autocast_set_default(ct_dtype dt)
         return ct_error_set(CT_ERR_INVALID, "autocast_set_default: %s is not bf16, f16 or f32 (off)",
                             ct_dtype_is_valid(dt) ? ct_dtype_name(dt) : "an invalid dtype");
     atomic_store(&default_dt, (int)dt);
+    if (dt == CT_DTYPE_F32) atomic_store(&default_fp8, NULL);
     return CT_OK;
+}
+
+void ct_autocast_set_default_fp8(ct_fp8_state *st)
+{
+    if (st) atomic_store(&default_dt, (int)CT_DTYPE_BF16);
+    atomic_store(&default_fp8, st);
 }
 
 /* The dtype in force: the innermost scope's, else the process default. */
@@ -50,8 +59,22 @@ ct_status ct_autocast_begin(ct_dtype dt)
     if (depth == MAX_DEPTH)
         return ct_error_set(CT_ERR_UNSUPPORTED, "autocast_begin: more than %d nested scopes (is an end missing?)",
                             MAX_DEPTH);
+    scope_fp8[depth] = NULL;
     scope_dt[depth++] = dt;
     return CT_OK;
+}
+
+ct_status ct_autocast_begin_fp8(ct_fp8_state *st)
+{
+    if (!st) return ct_error_set(CT_ERR_INVALID, "autocast_begin_fp8: the fp8 state is NULL");
+    ct_status rc = ct_autocast_begin(CT_DTYPE_BF16);
+    if (!rc) scope_fp8[depth - 1] = st;
+    return rc;
+}
+
+ct_fp8_state *ct_autocast_fp8_state(void)
+{
+    return depth > 0 ? scope_fp8[depth - 1] : atomic_load(&default_fp8);
 }
 
 void ct_autocast_end(void)
@@ -75,8 +98,8 @@ ct_status ct_autocast_set_rule(ct_autocast_op op, ct_autocast_rule rule)
     if ((unsigned)op >= CT_AC_OP_COUNT)
         return ct_error_set(CT_ERR_INVALID, "autocast_set_rule: op %d is not an autocast op (0 .. %d)", (int)op,
                             CT_AC_OP_COUNT - 1);
-    if ((unsigned)rule > CT_AC_WIDEST)
-        return ct_error_set(CT_ERR_INVALID, "autocast_set_rule: rule %d for %s is not as_is, low, f32 or widest",
+    if ((unsigned)rule > CT_AC_FP8)
+        return ct_error_set(CT_ERR_INVALID, "autocast_set_rule: rule %d for %s is not as_is, low, f32, widest or fp8",
                             (int)rule, ct_autocast_op_name(op));
     atomic_store(&rules[op], (int)rule);
     return CT_OK;
@@ -106,6 +129,7 @@ const char *ct_autocast_rule_name(ct_autocast_rule rule)
     case CT_AC_LOW: return "low";
     case CT_AC_F32: return "f32";
     case CT_AC_WIDEST: return "widest";
+    case CT_AC_FP8: return "fp8";
     }
     return "invalid";
 }
@@ -127,7 +151,8 @@ ct_dtype ct_autocast_compute_dtype(ct_autocast_op op, ct_dtype in)
     ct_dtype dt = current();
     if (dt == CT_DTYPE_F32 || !is_autocast_float(in)) return in;
     switch (ct_autocast_rule_of(op)) {
-    case CT_AC_LOW: return dt;
+    case CT_AC_LOW:
+    case CT_AC_FP8: return dt; /* the fp8 product itself is the op's business (ct_autocast_fp8_for) */
     case CT_AC_F32: return CT_DTYPE_F32;
     default: return in;
     }

@@ -10,7 +10,11 @@
  * ct_autocast_policy_str and changed per op with ct_autocast_set_rule:
  *
  *   op               default rule   what it means
- *   matmul, linear   low            inputs cast to the scope's dtype (bf16 or f16); the
+ *   linear           fp8            in an fp8 scope (ct_autocast_begin_fp8), x and the
+ *                                   weight are quantised with their delayed scales
+ *                                   (precision/fp8_state.h) and the product sums in
+ *                                   f32, its output in bf16; elsewhere as "low"
+ *   matmul,          low            inputs cast to the scope's dtype (bf16 or f16); the
  *   attention                       product computes there (f32 accumulation) and its
  *                                   output stays in it
  *   softmax,         f32            16-bit inputs cast to f32 first; output f32
@@ -34,6 +38,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "precision/fp8_state.h"
 
 typedef enum ct_autocast_op {
     CT_AC_MATMUL = 0,
@@ -54,18 +59,30 @@ typedef enum ct_autocast_rule {
     CT_AC_LOW,       /* the scope's dtype */
     CT_AC_F32,       /* f32 */
     CT_AC_WIDEST,    /* the widest float dtype among the inputs */
+    CT_AC_FP8,       /* products with a weight in fp8 inside an fp8 scope; "low" elsewhere */
 } ct_autocast_rule;
 
 /* Enters a scope computing "low" ops in dt (bf16 or f16; f32: autocast off inside
  * the scope, as torch.autocast(enabled=False)); CT_ERR_INVALID for another dtype,
  * CT_ERR_UNSUPPORTED beyond 16 nested scopes. Every begin needs an end. */
 ct_status ct_autocast_begin(ct_dtype dt);
+/* Enters an fp8 scope: "fp8" ops quantise through st's metas, every other "low"
+ * op computes in bf16 (the embedding and the head therefore stay in bf16 unless
+ * the model follows recipe.fp8_embedding_and_head). st must outlive the scope.
+ * A plain scope nested inside turns fp8 off within it. */
+ct_status ct_autocast_begin_fp8(ct_fp8_state *st);
 /* Leaves the innermost scope (a no-op outside any). */
 void ct_autocast_end(void);
 /* The process's level below every scope: bf16 or f16 makes every thread autocast
  * outside its own scopes; f32 (the start) turns that off. The Accelerator sets it
  * from mixed_precision, so that a training loop needs no scope of its own. */
 ct_status ct_autocast_set_default(ct_dtype dt);
+/* The process default as an fp8 scope over st (the default dtype becomes bf16);
+ * NULL turns fp8 off, leaving the default dtype. ct_autocast_set_default(f32)
+ * turns both off. */
+void ct_autocast_set_default_fp8(ct_fp8_state *st);
+/* The fp8 state in force here (innermost scope, else the default), or NULL. */
+ct_fp8_state *ct_autocast_fp8_state(void);
 /* Whether autocast is on here (the innermost scope, else the default), and its
  * dtype (f32 when off); the scopes this thread has open. */
 bool ct_autocast_enabled(void);

@@ -1,11 +1,13 @@
 /* fp8 recipe, delayed scaling, quantisation and the CPU fp8 GEMM; the rules are in
  * precision/fp8.h. */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/convert.h"
+#include "kernels/cpu/matmul.h"
 #include "kernels/matmul.h"
 #include "precision/fp8.h"
 
@@ -106,8 +108,9 @@ static bool quant_args(const ct_tensor *x, ct_dtype dt, float scale, const char 
         if (!ct_last_status()) ct_error_set(CT_ERR_INVALID, "%s: x is NULL", op);
         return false;
     }
-    if (x->dtype != CT_DTYPE_F32 || (dt != CT_DTYPE_F8_E4M3 && dt != CT_DTYPE_F8_E5M2) || x->device.type != CT_DEVICE_CPU) {
-        ct_error_set(CT_ERR_INVALID, "%s: x %s to %s: want an f32 CPU tensor and f8_e4m3 or f8_e5m2", op,
+    bool src_ok = x->dtype == CT_DTYPE_F32 || x->dtype == CT_DTYPE_BF16 || x->dtype == CT_DTYPE_F16;
+    if (!src_ok || (dt != CT_DTYPE_F8_E4M3 && dt != CT_DTYPE_F8_E5M2) || x->device.type != CT_DEVICE_CPU) {
+        ct_error_set(CT_ERR_INVALID, "%s: x %s to %s: want an f32, bf16 or f16 CPU tensor and f8_e4m3 or f8_e5m2", op,
                      ct_tensor_describe(x, d, sizeof d), ct_dtype_name(dt));
         return false;
     }
@@ -124,24 +127,50 @@ static uint8_t quant_one(ct_dtype dt, float v, float scale)
     return dt == CT_DTYPE_F8_E4M3 ? ct_f32_to_e4m3(y, true) : ct_f32_to_e5m2(y, true);
 }
 
+#define QBLOCK 1024
+
+/* q[0..n) = quantised src (n <= QBLOCK contiguous values of dtype sdt); returns
+ * max |src| (NaN if src has one). The products go through a buffer so that both
+ * loops are plain array loops the compiler vectorises, and the rounding is
+ * ct_convert_n's, the same as quant_one's. */
+static float quant_block(ct_dtype dt, uint8_t *q, ct_dtype sdt, const void *src, int64_t n, float scale)
+{
+    float wide[QBLOCK], y[QBLOCK];
+    const float *v = src;
+    if (sdt != CT_DTYPE_F32) {
+        ct_convert_n(CT_DTYPE_F32, wide, sdt, src, n, false); /* exact */
+        v = wide;
+    }
+    float a = 0.0f;
+    int nan = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float av = fabsf(v[i]);
+        nan |= av != av;
+        a = av > a ? av : a;
+        y[i] = v[i] * scale;
+    }
+    ct_convert_n(dt, q, CT_DTYPE_F32, y, n, true);
+    return nan ? NAN : a;
+}
+
 ct_tensor *ct_fp8_quantize(const ct_tensor *x, ct_dtype dt, float scale, float *amax)
 {
     if (!quant_args(x, dt, scale, "fp8_quantize")) return NULL;
     ct_tensor *xc = ct_tensor_contiguous((ct_tensor *)x);
     ct_tensor *out = xc ? ct_tensor_empty(dt, x->ndim, x->shape) : NULL;
     if (!out) return NULL;
-    const float *p = ct_tensor_data(xc);
+    const char *p = ct_tensor_data(xc);
     uint8_t *q = ct_tensor_data(out);
-    int64_t n = ct_tensor_numel(x);
+    int64_t n = ct_tensor_numel(x), nblocks = (n + QBLOCK - 1) / QBLOCK;
+    size_t es = ct_dtype_size(x->dtype);
     float a = 0.0f;
     int nan = 0;
     #pragma omp parallel for reduction(max : a) reduction(| : nan) schedule(static) if (n > 65536)
-    for (int64_t i = 0; i < n; i++) {
-        float v = p[i];
-        nan |= isnan(v);
-        float av = fabsf(v);
-        if (av > a) a = av;
-        q[i] = quant_one(dt, v, scale);
+    for (int64_t b = 0; b < nblocks; b++) {
+        int64_t i = b * QBLOCK, m = n - i < QBLOCK ? n - i : QBLOCK;
+        float ab = quant_block(dt, q + i, x->dtype, p + (size_t)i * es, m, scale);
+        nan |= isnan(ab);
+        if (ab > a) a = ab;
     }
     out->scale = scale;
     out->amax = nan ? NAN : a;
@@ -155,7 +184,8 @@ ct_tensor *ct_fp8_quantize_ref(const ct_tensor *x, ct_dtype dt, float scale, flo
     ct_tensor *out = ct_tensor_empty(dt, x->ndim, x->shape);
     if (!out) return NULL;
     uint8_t *q = ct_tensor_data(out);
-    const float *base = ct_tensor_data(x);
+    const char *base = ct_tensor_data(x);
+    size_t es = ct_dtype_size(x->dtype);
     int64_t n = ct_tensor_numel(x), idx[CT_MAX_DIMS] = {0};
     float a = 0.0f;
     for (int64_t i = 0; i < n; i++) {
@@ -166,7 +196,7 @@ ct_tensor *ct_fp8_quantize_ref(const ct_tensor *x, ct_dtype dt, float scale, flo
             rest /= x->shape[d];
             off += idx[d] * x->strides[d];
         }
-        float v = base[off];
+        float v = (float)ct_scalar_load(x->dtype, base + (size_t)off * es); /* exact */
         if (isnan(v) || isnan(a)) a = NAN;
         else if (fabsf(v) > a) a = fabsf(v);
         q[i] = quant_one(dt, v, scale);
@@ -209,17 +239,60 @@ static bool gemm_args(const ct_tensor *a, const ct_tensor *b, bool ta, bool tb, 
     return ok;
 }
 
+/* fp8 -> bf16 and fp8 -> f32 are exact: tables of the 256 patterns of each format */
+static uint16_t lut_bf16[2][256];
+static float lut_f32[2][256];
+static pthread_once_t lut_once = PTHREAD_ONCE_INIT;
+
+static void lut_init(void)
+{
+    for (int i = 0; i < 256; i++) {
+        lut_f32[0][i] = ct_e4m3_to_f32((uint8_t)i);
+        lut_f32[1][i] = ct_e5m2_to_f32((uint8_t)i);
+        for (int f = 0; f < 2; f++) {
+            uint32_t u;
+            memcpy(&u, &lut_f32[f][i], sizeof u);
+            lut_bf16[f][i] = (uint16_t)(u >> 16); /* the low half is zero: 3 or 2 mantissa bits */
+        }
+    }
+}
+
+/* t (fp8, 2-D) widened exactly into a contiguous bf16 or f32 tensor */
+static ct_tensor *widen(const ct_tensor *t, ct_dtype to)
+{
+    ct_tensor *c = ct_tensor_contiguous((ct_tensor *)t);
+    ct_tensor *w = c ? ct_tensor_empty(to, t->ndim, t->shape) : NULL;
+    if (!w) return NULL;
+    const uint8_t *s = ct_tensor_data(c);
+    int64_t n = ct_tensor_numel(t);
+    int f = t->dtype == CT_DTYPE_F8_E5M2;
+    if (to == CT_DTYPE_BF16) {
+        uint16_t *d = ct_tensor_data(w);
+        #pragma omp parallel for schedule(static) if (n > 262144)
+        for (int64_t i = 0; i < n; i++) d[i] = lut_bf16[f][s[i]];
+    } else {
+        float *d = ct_tensor_data(w);
+        #pragma omp parallel for schedule(static) if (n > 262144)
+        for (int64_t i = 0; i < n; i++) d[i] = lut_f32[f][s[i]];
+    }
+    return w;
+}
+
 ct_tensor *ct_fp8_matmul(const ct_tensor *a, const ct_tensor *b, bool trans_a, bool trans_b)
 {
     int64_t M, N, K;
     if (!gemm_args(a, b, trans_a, trans_b, "fp8_matmul", &M, &N, &K)) return NULL;
-    /* exact widening, then the f32 GEMM: every fp8 x fp8 product is exact in f32 */
-    ct_tensor *a32 = ct_tensor_cast(a, CT_DTYPE_F32), *b32 = a32 ? ct_tensor_cast(b, CT_DTYPE_F32) : NULL;
-    ct_tensor *out = b32 ? ct_kernel_matmul(a32, b32, trans_a, trans_b) : NULL;
+    pthread_once(&lut_once, lut_init);
+    /* exact widening, then a GEMM that sums the (exact) products in f32: bf16 where
+     * the CPU multiplies bf16 natively, else f32. The scales come out as alpha. */
+    ct_dtype wide = ct_cpu_matmul_backend(CT_DTYPE_BF16) == CT_GEMM_ONEDNN ? CT_DTYPE_BF16 : CT_DTYPE_F32;
+    ct_tensor *aw = widen(a, wide), *bw = aw ? widen(b, wide) : NULL;
+    ct_tensor *out = bw ? ct_tensor_empty(CT_DTYPE_F32, CT_SHAPE(M, N)) : NULL;
     if (!out) return NULL;
-    float inv = 1.0f / (a->scale * b->scale);
-    float *o = ct_tensor_data(out);
-    for (int64_t i = 0; i < M * N; i++) o[i] *= inv;
+    if (ct_kernel_matmul_out(out, aw, bw, trans_a, trans_b, 1.0 / ((double)a->scale * b->scale), 0.0)) {
+        ct_error_prefix("fp8_matmul: ");
+        return NULL;
+    }
     return out;
 }
 

@@ -83,15 +83,18 @@ float ct_fp8_meta_amax(const ct_fp8_meta *m);
 void ct_fp8_meta_step(ct_fp8_meta *m);
 
 /* out (fp8 dtype, x's shape, contiguous) = round(x * scale) saturated to the
- * format's finite range (f32 x, any strides); out->scale = scale and out->amax =
+ * format's finite range (f32, bf16 or f16 x, any strides; x * scale is the f32
+ * product of x's exact f32 value); out->scale = scale and out->amax =
  * max |x| (NaN if x has one), which *amax receives too when not NULL. NULL with
  * the error set for a bad dtype or shape. The reference below is the plain loop. */
 ct_tensor *ct_fp8_quantize(const ct_tensor *x, ct_dtype dt, float scale, float *amax);
 ct_tensor *ct_fp8_quantize_ref(const ct_tensor *x, ct_dtype dt, float scale, float *amax);
 
 /* out (M, N) f32 = op(a) @ op(b) / (a->scale * b->scale) for 2-D fp8 tensors, the
- * products summed in f32: the fp8 values widen exactly to f32 and every product of
- * two of them is exact in f32, so the result is what quantise -> f32 GEMM gives.
+ * products summed in f32: the fp8 values widen exactly (to bf16 where the CPU
+ * multiplies bf16 natively, else to f32) and every product of two of them is exact
+ * in f32, so the result is what quantise -> f32 GEMM gives; the scales are the
+ * GEMM's alpha.
  * NULL with the error set for bad dtypes or shapes. */
 ct_tensor *ct_fp8_matmul(const ct_tensor *a, const ct_tensor *b, bool trans_a, bool trans_b);
 /* Reference: the triple loop, summing in f32 in k order. */

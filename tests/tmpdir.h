@@ -18,21 +18,24 @@ static inline void make_tmpdir_with(const char *prefix)
     cr_assert_not_null(mkdtemp(tmpdir));
 }
 
-/* removes the files and empty subdirectories in tmpdir, then tmpdir */
-static inline void remove_tmpdir(void)
+/* removes dir's files and subdirectories, then dir */
+static inline void remove_tree(const char *dir)
 {
-    DIR *d = opendir(tmpdir);
+    DIR *d = opendir(dir);
     if (!d) return;
     struct dirent *e;
     char p[512];
     while ((e = readdir(d)) != NULL) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", tmpdir, e->d_name);
-        if (rmdir(p) != 0) unlink(p);
+        if (snprintf(p, sizeof p, "%s/%s", dir, e->d_name) >= (int)sizeof p) continue; /* too long: not ours */
+        if (unlink(p) != 0) remove_tree(p);
     }
     closedir(d);
-    rmdir(tmpdir);
+    rmdir(dir);
 }
+
+/* removes tmpdir and everything in it */
+static inline void remove_tmpdir(void) { remove_tree(tmpdir); }
 
 /* tmpdir/name; the last four results stay valid */
 static inline const char *path_of(const char *name)

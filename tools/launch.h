@@ -48,6 +48,12 @@ typedef struct ct_launch_opts {
     bool threads_explicit; /* given by --num_cpu_threads_per_process */
     int grad_accum;        /* 0 = not given */
     const char *mixed_precision; /* NULL = not given; else "no", "fp16", "bf16", "fp8" (static) */
+    const char *fp8_format;      /* NULL = not given; "hybrid" or "e4m3" (static) */
+    const char *fp8_amax_compute_algo; /* NULL = not given; "max" or "most_recent" (static) */
+    int fp8_amax_history_len;    /* 0 = not given; 1 .. 2^20 */
+    int fp8_margin;              /* 0 .. 64, when fp8_margin_given */
+    bool fp8_margin_given;
+    bool fp8_embedding_and_head;
     int tee;               /* 0 none, 1 stdout, 2 stderr, 3 both */
     const char *log_dir;   /* NULL = none; borrowed from argv */
     int max_restarts;      /* >= 0 */

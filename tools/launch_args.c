@@ -14,6 +14,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <unistd.h>
@@ -27,7 +28,7 @@ extern char **environ;
 typedef enum {
     F_NUM_PROCESSES, F_NUM_MACHINES, F_MACHINE_RANK, F_MAIN_IP, F_MAIN_PORT, F_CPU,
     F_THREADS, F_GRAD_ACCUM, F_MIXED_PRECISION, F_TEE, F_LOG_DIR, F_MAX_RESTARTS,
-    F_MONITOR, F_HELP,
+    F_MONITOR, F_FP8_FORMAT, F_FP8_HISTORY, F_FP8_ALGO, F_FP8_MARGIN, F_FP8_EMBEDDING_AND_HEAD, F_HELP,
 } flag_id;
 
 static const struct {
@@ -48,10 +49,17 @@ static const struct {
     {"log_dir", F_LOG_DIR, true},
     {"max_restarts", F_MAX_RESTARTS, true},
     {"monitor_interval", F_MONITOR, true},
+    {"fp8_format", F_FP8_FORMAT, true},
+    {"fp8_amax_history_len", F_FP8_HISTORY, true},
+    {"fp8_amax_compute_algo", F_FP8_ALGO, true},
+    {"fp8_margin", F_FP8_MARGIN, true},
+    {"fp8_embedding_and_head", F_FP8_EMBEDDING_AND_HEAD, false},
     {"help", F_HELP, false},
 };
 
 static const char *const PRECISIONS[] = {"no", "fp16", "bf16", "fp8"};
+static const char *const FP8_FORMATS[] = {"hybrid", "e4m3"};
+static const char *const FP8_ALGOS[] = {"max", "most_recent"};
 
 void ct_launch_usage(FILE *f)
 {
@@ -74,6 +82,15 @@ void ct_launch_usage(FILE *f)
           "  --gradient_accumulation_steps K\n"
           "                               micro-steps per optimizer step\n"
           "  --mixed_precision no|fp16|bf16|fp8\n"
+          "  --fp8_format HYBRID|E4M3     fp8: E4M3 forward and E5M2 gradients (HYBRID, default),\n"
+          "                               or E4M3 throughout\n"
+          "  --fp8_amax_history_len N     fp8: steps of amax history per tensor (default 1024)\n"
+          "  --fp8_amax_compute_algo max|most_recent\n"
+          "                               fp8: the scale follows the history's max (default) or\n"
+          "                               its newest amax\n"
+          "  --fp8_margin M               fp8: scales 2^M smaller than the range allows (default 0)\n"
+          "  --fp8_embedding_and_head     fp8: the tied embedding's head product in fp8 too\n"
+          "                               (default: bf16)\n"
           "  --tee 0|1|2|3                also write each rank's stdout (1), stderr (2) or both (3)\n"
           "                               to files in --log_dir (default 3 with --log_dir, else 0)\n"
           "  --log_dir DIR                where rank{N}.stdout and rank{N}.stderr go (created)\n"
@@ -130,6 +147,21 @@ static ct_status parse_value(ct_launch_opts *o, flag_id id, const char *flag, co
                 return CT_OK;
             }
         return ct_error_set(CT_ERR_INVALID, "--mixed_precision '%s': expected no, fp16, bf16 or fp8", v);
+    case F_FP8_FORMAT:
+    case F_FP8_ALGO: {
+        const char *const *names = id == F_FP8_FORMAT ? FP8_FORMATS : FP8_ALGOS;
+        for (int i = 0; i < 2; i++)
+            if (!strcasecmp(v, names[i])) {
+                *(id == F_FP8_FORMAT ? &o->fp8_format : &o->fp8_amax_compute_algo) = names[i];
+                return CT_OK;
+            }
+        return ct_error_set(CT_ERR_INVALID, "--%s '%s': expected %s", flag, v,
+                            id == F_FP8_FORMAT ? "HYBRID or E4M3" : "max or most_recent");
+    }
+    case F_FP8_HISTORY: return parse_int(flag, v, 1, 1 << 20, &o->fp8_amax_history_len);
+    case F_FP8_MARGIN:
+        o->fp8_margin_given = true;
+        return parse_int(flag, v, 0, 64, &o->fp8_margin);
     case F_LOG_DIR:
         if (!*v) return ct_error_set(CT_ERR_INVALID, "--log_dir: expected a directory, got an empty string");
         o->log_dir = v;
@@ -145,6 +177,7 @@ static ct_status parse_value(ct_launch_opts *o, flag_id id, const char *flag, co
         return CT_OK;
     }
     case F_CPU:
+    case F_FP8_EMBEDDING_AND_HEAD:
     case F_HELP: break;
     }
     return ct_error_set(CT_ERR_INVALID, "--%s takes no value", flag);
@@ -215,6 +248,7 @@ ct_status ct_launch_args_parse(int argc, char **argv, ct_launch_opts *o)
         if (!FLAGS[f].takes_value) {
             if (eq) return ct_error_set(CT_ERR_INVALID, "--%s takes no value (got '%s')", name, a);
             if (FLAGS[f].id == F_CPU) o->cpu = true;
+            else if (FLAGS[f].id == F_FP8_EMBEDDING_AND_HEAD) o->fp8_embedding_and_head = true;
             else o->help = true;
             continue;
         }
@@ -260,7 +294,7 @@ static bool env_name_is(const char *entry, const char *name)
 
 char **ct_launch_env_new(const ct_launch_opts *o, int local_rank, int port, int restart_count)
 {
-    env_var set[16];
+    env_var set[24];
     int ns = 0;
 #define SETF(NAME, ...) (set[ns].name = (NAME), snprintf(set[ns].value, sizeof set[ns].value, __VA_ARGS__), ns++)
     SETF("RANK", "%d", o->machine_rank * o->local_processes + local_rank);
@@ -281,6 +315,11 @@ char **ct_launch_env_new(const ct_launch_opts *o, int local_rank, int port, int 
     }
     if (o->grad_accum) SETF("CTRAIN_GRADIENT_ACCUMULATION_STEPS", "%d", o->grad_accum);
     if (o->mixed_precision) SETF("CTRAIN_MIXED_PRECISION", "%s", o->mixed_precision);
+    if (o->fp8_format) SETF("CTRAIN_FP8_FORMAT", "%s", o->fp8_format);
+    if (o->fp8_amax_history_len) SETF("CTRAIN_FP8_AMAX_HISTORY_LEN", "%d", o->fp8_amax_history_len);
+    if (o->fp8_amax_compute_algo) SETF("CTRAIN_FP8_AMAX_COMPUTE_ALGO", "%s", o->fp8_amax_compute_algo);
+    if (o->fp8_margin_given) SETF("CTRAIN_FP8_MARGIN", "%d", o->fp8_margin);
+    if (o->fp8_embedding_and_head) SETF("CTRAIN_FP8_EMBEDDING_AND_HEAD", "1");
 #undef SETF
 
     size_t n = 0;

@@ -83,21 +83,23 @@ typedef struct options {
     int threads, steps, warmup;
     uint64_t seed;
     bool sgemm;
-    ct_dtype precision; /* f32, or the autocast dtype (bf16, f16) */
+    ct_dtype precision; /* f32, or the autocast dtype (bf16, f16; bf16 under fp8) */
+    bool fp8;           /* linears in fp8 (ct_autocast_begin_fp8), the rest bf16 */
 } options;
 
 static void usage(FILE *f)
 {
     fprintf(f,
             "usage: " PROG " --config w1|124m --threads N [--steps S] [--warmup W] [--seed X] [--sgemm]\n"
-            "               [--precision f32|bf16|f16]\n"
+            "               [--precision f32|bf16|f16|fp8]\n"
             "  --config C    w1 (vocab 256, 4x256, batch 8 x 256) or 124m (GPT-2 124M, batch 1 x 256)\n"
             "  --threads N   threads for ctrain (ct_set_num_threads) or OpenBLAS (--sgemm), N >= 1\n"
             "  --steps S     timed steps (default w1 20, 124m 6; --sgemm: calls per shape, default 10)\n"
             "  --warmup W    untimed steps first (default w1 3, 124m 2; --sgemm: 3)\n"
             "  --seed X      seeds the weights and the random tokens (default 1337)\n"
             "  --sgemm       measure the cblas_sgemm ceiling on the config's GEMM shapes instead\n"
-            "  --precision P f32 (default), or bf16/f16: the forward under CT_AUTOCAST(P)\n"
+            "  --precision P f32 (default), or bf16/f16: the forward under CT_AUTOCAST(P); fp8: under\n"
+            "                an fp8 scope (linears in fp8 with delayed scaling, the rest bf16)\n"
             "Prints one JSON line.\n");
 }
 
@@ -139,11 +141,12 @@ static int parse_args(int argc, char **argv, options *o)
             o->warmup = (int)x;
             i++;
         } else if (!strcmp(a, "--precision")) {
-            if (!v || (strcmp(v, "f32") && strcmp(v, "bf16") && strcmp(v, "f16"))) {
-                fprintf(stderr, PROG ": --precision needs f32, bf16 or f16\n");
+            if (!v || (strcmp(v, "f32") && strcmp(v, "bf16") && strcmp(v, "f16") && strcmp(v, "fp8"))) {
+                fprintf(stderr, PROG ": --precision needs f32, bf16, f16 or fp8\n");
                 return -1;
             }
-            o->precision = !strcmp(v, "bf16") ? CT_DTYPE_BF16 : !strcmp(v, "f16") ? CT_DTYPE_F16 : CT_DTYPE_F32;
+            o->fp8 = !strcmp(v, "fp8");
+            o->precision = !strcmp(v, "bf16") || o->fp8 ? CT_DTYPE_BF16 : !strcmp(v, "f16") ? CT_DTYPE_F16 : CT_DTYPE_F32;
             i++;
         } else if (!strcmp(a, "--seed")) {
             if (!parse_int(a, v, 0, (long long)(~0ULL >> 1), &x)) return -1;
@@ -195,7 +198,7 @@ static void print_json(const char *impl, const options *o, double step_s, double
     double tokens = (double)(c->batch * c->seq);
     printf("{\"impl\":\"%s\",\"config\":\"%s\",\"threads\":%d,\"precision\":\"%s\",\"tokens_per_s\":%.2f,"
            "\"step_ms\":%.3f,\"gflops\":%.3f,\"peak_rss_mb\":%.1f,",
-           impl, c->name, o->threads, ct_dtype_name(o->precision), tokens / step_s, 1e3 * step_s, gflops,
+           impl, c->name, o->threads, o->fp8 ? "fp8" : ct_dtype_name(o->precision), tokens / step_s, 1e3 * step_s, gflops,
            peak_rss_mib());
     if (isfinite(loss0)) printf("\"loss0\":%.6f,", loss0);
     else printf("\"loss0\":null,");
@@ -299,6 +302,7 @@ static int run_ctrain(const options *o)
 
     ct_gpt *model = NULL;
     ct_optimizer *opt = NULL;
+    ct_fp8_state *fp8 = NULL;
     ct_param_list params = {0};
     bool have_params = false;
     uint32_t *raw = malloc((size_t)(B * (T + 1)) * sizeof *raw);
@@ -324,6 +328,10 @@ static int run_ctrain(const options *o)
         fprintf(stderr, PROG ": AdamW: %s\n", ct_last_error());
         goto out;
     }
+    if (o->fp8 && !(fp8 = ct_fp8_state_new(NULL))) {
+        fprintf(stderr, PROG ": fp8 state: %s\n", ct_last_error());
+        goto out;
+    }
     double loss0 = NAN;
     for (int step = 0; step < total; step++) {
         draw_batch(&rng, c->batch, c->seq, c->vocab, raw, xb, yb);
@@ -333,7 +341,12 @@ static int run_ctrain(const options *o)
             ct_tensor *x = ct_tensor_from_data(CT_DTYPE_I64, 2, shape, xb);
             ct_tensor *y = ct_tensor_from_data(CT_DTYPE_I64, 2, shape, yb);
             ct_tensor *loss = NULL;
-            if (x && y && o->precision != CT_DTYPE_F32) {
+            if (x && y && fp8) {
+                if (!ct_autocast_begin_fp8(fp8)) {
+                    loss = ct_gpt_loss(model, x, y);
+                    ct_autocast_end();
+                }
+            } else if (x && y && o->precision != CT_DTYPE_F32) {
                 CT_AUTOCAST(o->precision) loss = ct_gpt_loss(model, x, y);
             } else if (x && y) {
                 loss = ct_gpt_loss(model, x, y);
@@ -348,6 +361,7 @@ static int run_ctrain(const options *o)
                 double norm = ct_clip_grad_norm(params.n, params.tensors, 1.0, 2.0);
                 if (isnan(norm) && ct_last_status() != CT_OK) failed = "ct_clip_grad_norm";
                 else if (ct_optimizer_step(opt)) failed = "ct_optimizer_step";
+                if (fp8) ct_fp8_state_step(fp8); /* the next step's scales */
                 ct_optimizer_zero_grad(opt);
             }
         }
@@ -369,6 +383,7 @@ static int run_ctrain(const options *o)
 out:
     if (have_params) ct_param_list_free(&params);
     ct_optimizer_free(opt);
+    ct_fp8_state_free(fp8);
     ct_module_free(model ? &model->base : NULL);
     ct_frame_reset_root();
     free(raw), free(xb), free(yb), free(times);

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# GPT training throughput, ctrain against PyTorch on the CPU (fp32, and bf16 autocast),
-# in one run.
+# GPT training throughput, ctrain against PyTorch on the CPU (fp32, bf16 autocast, and
+# ctrain's fp8), in one run.
 #
 #   bench/gpt_cpu/run.sh [--quick] [--out FILE] [--configs "w1 124m"] [--threads "1 2"]
-#                        [--precisions "f32 bf16"]
+#                        [--precisions "f32 bf16 fp8"]
 #
 # For each environment {as set: the caller's environment unchanged; unset: without
 # OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE} x config {w1, 124m} x threads {1, 2} it runs
@@ -14,7 +14,8 @@
 #                             where some interpreter has one installed)
 # each in every precision: f32, and bf16 (ctrain: gpt_cpu --precision bf16, the forward
 # under CT_AUTOCAST; torch: torch.autocast("cpu", dtype=torch.bfloat16) around the
-# forward), with OPENBLAS_NUM_THREADS = OMP_NUM_THREADS = threads; torch always with
+# forward), and fp8 (ctrain only: linears in fp8 with delayed scaling, the rest bf16;
+# PyTorch has no fp8 training on the CPU, so its fp8 rows compare with torch bf16), with OPENBLAS_NUM_THREADS = OMP_NUM_THREADS = threads; torch always with
 # OMP_WAIT_POLICY=PASSIVE; ctrain with whichever of PASSIVE or the OpenMP default
 # (OMP_WAIT_POLICY unset) was faster in a short check at the start (printed). The
 # ctrain and torch runs are interleaved (ctrain, torch, ctrain, torch) and each keeps
@@ -41,7 +42,7 @@ quick=0
 out=""
 configs="w1 124m"
 thread_list="1 2"
-precisions="f32 bf16"
+precisions="f32 bf16 fp8"
 while [ $# -gt 0 ]; do
     case "$1" in
     --quick) quick=1 ;;
@@ -61,7 +62,7 @@ for t in $thread_list; do
     [[ "$t" =~ ^[1-9][0-9]*$ ]] || die "--threads: '$t' is not a positive integer"
 done
 for p in $precisions; do
-    case "$p" in f32 | bf16) ;; *) die "--precisions: unknown precision '$p' (f32, bf16)" ;; esac
+    case "$p" in f32 | bf16 | fp8) ;; *) die "--precisions: unknown precision '$p' (f32, bf16, fp8)" ;; esac
 done
 [ -z "$out" ] || : >"$out" || die "cannot write --out $out"
 
@@ -186,6 +187,7 @@ for envname in "as set" unset; do
                     # shellcheck disable=SC2046
                     run "$envkey" "$t" "$ctrain_wait" "ctrain-$cfg-$t-$prec-$r" "$bin" --config "$cfg" --threads "$t" \
                         --precision "$prec" $(steps_for "$cfg")
+                    [ "$prec" != fp8 ] || continue # no torch fp8 training on the CPU
                     for i in "${!pys[@]}"; do
                         # shellcheck disable=SC2046
                         run "$envkey" "$t" PASSIVE "torch${i}-$cfg-$t-$prec-$r" "${pys[$i]}" "$here/torch_gpt.py" \
@@ -282,6 +284,24 @@ if "bf16" in precs and "f32" in precs:
                 print(f"| {env} | {cfg} | {t} | {f(cb['tokens_per_s'], 0)} | {f(cf['tokens_per_s'], 0)} "
                       f"| {cb['tokens_per_s'] / cf['tokens_per_s']:.2f} | {f(pb['tokens_per_s'], 0)} "
                       f"| {cb['tokens_per_s'] / pb['tokens_per_s']:.2f} |")
+if "fp8" in [r["precision"] for r in rows if r["impl"] == "ctrain"]:
+    print()
+    print("fp8 (best runs; ctrain only: linears in fp8 with delayed scaling, the rest bf16): "
+          "against ctrain f32 and bf16, and torch autocast bf16")
+    print()
+    print("| env | config | threads | ctrain fp8 tok/s | fp8 / ctrain f32 | fp8 / ctrain bf16 | torch | fp8 / torch bf16 "
+          "| ctrain fp8 peak RSS MiB | loss0 |")
+    print("|---|---|---:|---:|---:|---:|---|---:|---:|---:|")
+    for env, cfg, t in seen:
+        c8 = best.get((env, cfg, t, "ctrain", "fp8"))
+        if not c8:
+            continue
+        cf, cb = best.get((env, cfg, t, "ctrain", "f32")), best.get((env, cfg, t, "ctrain", "bf16"))
+        for tv in torches or [None]:
+            pb = best.get((env, cfg, t, tv, "bf16")) if tv else None
+            ratio = lambda o: "-" if not o else f"{c8['tokens_per_s'] / o['tokens_per_s']:.2f}"
+            print(f"| {env} | {cfg} | {t} | {f(c8['tokens_per_s'], 0)} | {ratio(cf)} | {ratio(cb)} "
+                  f"| {tv[6:] if tv else '-'} | {ratio(pb)} | {f(c8['peak_rss_mb'], 0)} | {c8['loss0']:.3f} |")
 EOF
 cat "$report"
 [ -z "$out" ] || cp "$report" "$out"

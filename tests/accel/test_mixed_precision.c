@@ -21,7 +21,9 @@ static void clean_env(void)
 {
     const char *vars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                           "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS",
-                          "CTRAIN_GRADIENT_ACCUMULATION_STEPS", "CTRAIN_MIXED_PRECISION"};
+                          "CTRAIN_GRADIENT_ACCUMULATION_STEPS", "CTRAIN_MIXED_PRECISION", "CTRAIN_FP8_FORMAT",
+                          "CTRAIN_FP8_AMAX_HISTORY_LEN", "CTRAIN_FP8_AMAX_COMPUTE_ALGO", "CTRAIN_FP8_MARGIN",
+                          "CTRAIN_FP8_EMBEDDING_AND_HEAD"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
 }
 
@@ -46,10 +48,53 @@ Test(accel_mixed_precision, the_setting_and_its_errors)
     cr_expect_eq(ct_accelerator_loss_scale(a), 65536.0);
     ct_accelerator_free(a);
 
+    /* fp8: bf16 autocast with an fp8 state; the recipe from the launcher's variables */
     setenv("CTRAIN_MIXED_PRECISION", "fp8", 1);
-    cr_expect_null(ct_accelerator_new(NULL));
-    cr_expect(strstr(ct_last_error(), "mixed_precision = 'fp8' (CTRAIN_MIXED_PRECISION) is not available") != NULL,
-              "%s", ct_last_error());
+    setenv("CTRAIN_FP8_FORMAT", "e4m3", 1);
+    setenv("CTRAIN_FP8_AMAX_HISTORY_LEN", "16", 1);
+    setenv("CTRAIN_FP8_AMAX_COMPUTE_ALGO", "most_recent", 1);
+    setenv("CTRAIN_FP8_MARGIN", "2", 1);
+    setenv("CTRAIN_FP8_EMBEDDING_AND_HEAD", "1", 1);
+    a = ct_accelerator_new(NULL);
+    cr_assert_not_null(a, "%s", ct_last_error());
+    cr_expect_str_eq(ct_accelerator_mixed_precision(a), "fp8");
+    cr_expect_eq(ct_autocast_dtype(), CT_DTYPE_BF16);
+    ct_fp8_state *st = ct_autocast_fp8_state();
+    cr_assert_not_null(st);
+    const ct_fp8_recipe *r = ct_fp8_state_recipe(st);
+    cr_expect_eq(r->format, CT_FP8_E4M3);
+    cr_expect_eq(r->amax_history_len, 16);
+    cr_expect_eq(r->amax_compute_algo, CT_FP8_AMAX_MOST_RECENT);
+    cr_expect_eq(r->margin, 2);
+    cr_expect(r->fp8_embedding_and_head);
+    ct_accelerator_free(a);
+    cr_expect_null(ct_autocast_fp8_state(), "free turns fp8 off");
+    /* the config's own fields win over the variables */
+    a = ct_accelerator_new(&(ct_accelerator_config){.fp8 = {.amax_history_len = 4}});
+    cr_assert_not_null(a, "%s", ct_last_error());
+    cr_expect_eq(ct_fp8_state_recipe(ct_autocast_fp8_state())->amax_history_len, 4);
+    ct_accelerator_free(a);
+    struct {
+        const char *var, *value, *want;
+    } bad[] = {
+        {"CTRAIN_FP8_FORMAT", "e5m2", "CTRAIN_FP8_FORMAT='e5m2' is not hybrid or e4m3"},
+        {"CTRAIN_FP8_AMAX_COMPUTE_ALGO", "mean", "CTRAIN_FP8_AMAX_COMPUTE_ALGO='mean' is not max or most_recent"},
+        {"CTRAIN_FP8_AMAX_HISTORY_LEN", "0", "CTRAIN_FP8_AMAX_HISTORY_LEN"},
+        {"CTRAIN_FP8_MARGIN", "99", "margin 99 is outside 0 .. 64"},
+        {"CTRAIN_FP8_EMBEDDING_AND_HEAD", "2", "CTRAIN_FP8_EMBEDDING_AND_HEAD='2' is not 0 or 1"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char keep[64];
+        snprintf(keep, sizeof keep, "%s", getenv(bad[i].var));
+        setenv(bad[i].var, bad[i].value, 1);
+        cr_expect_null(ct_accelerator_new(NULL));
+        cr_expect(strstr(ct_last_error(), bad[i].want) && strstr(ct_last_error(), "mixed_precision = 'fp8'"), "%s",
+                  ct_last_error());
+        setenv(bad[i].var, keep, 1);
+    }
+    const char *fp8_vars[] = {"CTRAIN_FP8_FORMAT", "CTRAIN_FP8_AMAX_HISTORY_LEN", "CTRAIN_FP8_AMAX_COMPUTE_ALGO",
+                              "CTRAIN_FP8_MARGIN", "CTRAIN_FP8_EMBEDDING_AND_HEAD"};
+    for (size_t i = 0; i < sizeof fp8_vars / sizeof *fp8_vars; i++) unsetenv(fp8_vars[i]);
     setenv("CTRAIN_MIXED_PRECISION", "half", 1);
     cr_expect_null(ct_accelerator_new(NULL));
     cr_expect(strstr(ct_last_error(), "'half' (CTRAIN_MIXED_PRECISION); allowed: no, fp16, bf16, fp8") != NULL, "%s",
@@ -155,6 +200,51 @@ Test(accel_mixed_precision, bf16_training_ends_close_to_f32, .timeout = 60)
     cr_expect(f32 < 0.5 * f32_first, "f32 learns the batch: %g -> %g", f32_first, f32);
     cr_expect(fabs(bf16 - f32) <= 0.05 * f32 + 0.01, "after 40 steps: bf16 %g, f32 %g", bf16, f32);
     cr_expect(fabs(bf16_first - f32_first) <= 0.01 * f32_first, "first loss: bf16 %g, f32 %g", bf16_first, f32_first);
+}
+
+Test(accel_mixed_precision, fp8_training_ends_close_to_f32_and_the_scales_move, .timeout = 60)
+{
+    int ov;
+    double f32_first = NAN, fp8_first = NAN;
+    double f32 = train("no", NULL, 40, &ov, &f32_first);
+    double fp8 = train("fp8", NULL, 40, &ov, &fp8_first);
+    cr_expect_eq(ov, 0);
+    cr_expect(fabs(fp8 - f32) <= 0.1 * f32 + 0.02, "after 40 steps: fp8 %g, f32 %g", fp8, f32);
+    cr_expect(fabs(fp8_first - f32_first) <= 0.02 * f32_first, "first loss: fp8 %g, f32 %g", fp8_first, f32_first);
+}
+
+Test(accel_mixed_precision, fp8_linears_quantise_and_every_step_updates_the_scales, .timeout = 60)
+{
+    run r;
+    run_init(&r);
+    ct_accelerator *acc = ct_accelerator_new(&(ct_accelerator_config){.mixed_precision = "fp8"});
+    cr_assert_not_null(acc, "%s", ct_last_error());
+    cr_assert_eq(ct_accelerator_prepare(acc, &r.m->base, r.opt, NULL, NULL), CT_OK, "%s", ct_last_error());
+    ct_fp8_state *st = ct_autocast_fp8_state();
+    for (int s = 0; s < 2; s++) CT_FRAME {
+        ct_tensor *x, *y;
+        batch(&x, &y);
+        ct_tensor *loss = ct_gpt_loss(r.m, x, y);
+        cr_assert_eq(ct_accelerator_backward(acc, loss), CT_OK, "%s", ct_last_error());
+        cr_assert_eq(ct_optimizer_step(r.opt), CT_OK, "%s", ct_last_error());
+        ct_optimizer_zero_grad(r.opt);
+    }
+    /* 4 linears per block (c_attn, attn c_proj, c_fc, mlp c_proj); the head stays bf16 */
+    cr_expect_eq(ct_fp8_state_weights(st), 4 * tiny.n_layer);
+    for (int i = 0; i < ct_fp8_state_weights(st); i++) {
+        /* every meta has stepped twice on amaxes it saw: scale = fmax / max(history) */
+        for (int k = 0; k < 3; k++) {
+            const ct_fp8_meta *m = ct_fp8_state_meta(st, i, k);
+            cr_expect_eq(m->seen, 2);
+            float a = ct_fp8_meta_amax(m);
+            cr_expect_gt(a, 0.0f);
+            cr_expect_eq(m->scale, (float)(ct_fp8_max(m->dtype) / a), "slot %d meta %d", i, k);
+            cr_expect_eq(m->pending, 0.0f);
+        }
+        cr_expect_eq(ct_fp8_state_meta(st, i, 2)->dtype, CT_DTYPE_F8_E5M2);
+    }
+    ct_accelerator_free(acc);
+    run_free(&r);
 }
 
 Test(accel_mixed_precision, fp16_overflows_are_skipped_then_training_recovers, .timeout = 60)

@@ -109,3 +109,55 @@ Test(examples, quickstart_under_mpirun_and_slurm_variables, .timeout = 90)
     cr_assert_str_eq(out, want, "Slurm variables (rank 1 prints nothing): %s", out);
     remove_tmpdir();
 }
+
+/* ---- mixed precision: 300 steps of W1 ------------------------------------------------- */
+
+/* The final validation loss the GPT example printed ("final val loss X nats/byte"). */
+static double final_val(const char *text)
+{
+    const char *p = strstr(text, "final val loss ");
+    cr_assert_not_null(p, "no final val loss in:\n%s", text);
+    return atof(p + strlen("final val loss "));
+}
+
+/* The W1 GPT (the example's defaults: vocab 256, block 256, 4 layers, 4 heads, width 256,
+ * batch 8) trained 300 steps on the default text with CTRAIN_MIXED_PRECISION=mp (what
+ * `ctrain launch --mixed_precision mp` sets), alone or under ctrain launch with 2 ranks
+ * of 4 sequences each (the same 8 per step); the final validation loss. */
+static double w1_val_loss(const char *mp, int ranks)
+{
+    const char *ctrain = bin_or_skip("CTRAIN_BIN"), *ex = bin_or_skip("CTRAIN_EXAMPLES");
+    char cmd[4096];
+    const char *common = "--steps 300 --eval_every 300 --eval_batches 8 --sample_tokens 0";
+    if (ranks == 1)
+        snprintf(cmd, sizeof cmd, "env CTRAIN_MIXED_PRECISION=%s timeout 400 %s/gpt_train %s --out_dir %s/%s1", mp, ex,
+                 common, tmpdir, mp);
+    else
+        snprintf(cmd, sizeof cmd,
+                 "env CTRAIN_MIXED_PRECISION=%s timeout 400 %s launch --num_processes 2 --main_process_port 0 "
+                 "%s/gpt_train %s --batch_size 4 --out_dir %s/%s2",
+                 mp, ctrain, ex, common, tmpdir, mp);
+    cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
+    double v = final_val(out);
+    cr_log_info("W1, %d rank(s), %s: final val loss %.4f", ranks, mp, v);
+    return v;
+}
+
+/* bf16 ends within 2% and fp8 within 5% of the f32 validation loss, same data and seed.
+ * Minutes of training: skipped under the sanitizers. */
+static void w1_precisions(int ranks)
+{
+#if defined(__SANITIZE_ADDRESS__)
+    cr_skip_test("300 training steps of W1 take too long under AddressSanitizer");
+#endif
+    make_tmpdir_with("/tmp/ct_examples_mp_");
+    double f32 = w1_val_loss("no", ranks), bf16 = w1_val_loss("bf16", ranks), fp8 = w1_val_loss("fp8", ranks);
+    cr_expect(f32 < 3.0, "%d rank(s), f32: the model trained (val loss %.4f)", ranks, f32);
+    cr_expect(fabs(bf16 - f32) <= 0.02 * f32, "%d rank(s): bf16 %.4f against f32 %.4f", ranks, bf16, f32);
+    cr_expect(fabs(fp8 - f32) <= 0.05 * f32, "%d rank(s): fp8 %.4f against f32 %.4f", ranks, fp8, f32);
+    remove_tmpdir();
+}
+
+Test(examples, gpt_w1_in_bf16_and_fp8_ends_near_f32_alone, .timeout = 900) { w1_precisions(1); }
+
+Test(examples, gpt_w1_in_bf16_and_fp8_ends_near_f32_under_ddp, .timeout = 900) { w1_precisions(2); }

@@ -19,7 +19,7 @@ Test(precision_autocast, the_default_table)
 {
     char buf[2048];
     ct_autocast_policy_str(buf, sizeof buf);
-    const char *want[] = {"matmul: low\n", "linear: low\n", "attention: low\n", "softmax: f32\n",
+    const char *want[] = {"matmul: low\n", "linear: fp8\n", "attention: low\n", "softmax: f32\n",
                           "log_softmax: f32\n", "layernorm: f32\n", "rmsnorm: f32\n", "cross_entropy: f32\n",
                           "reductions (sum, mean, var): f32\n", "(add, sub, mul, div, pow, maximum, minimum): widest\n"};
     for (size_t i = 0; i < sizeof want / sizeof *want; i++)
@@ -67,8 +67,39 @@ Test(precision_autocast, rules_can_be_changed_per_op)
     char buf[2048];
     cr_expect(strstr(ct_autocast_policy_str(buf, sizeof buf), "linear: f32\n") != NULL, "%s", buf);
     ct_autocast_reset_rules();
-    cr_expect_eq(ct_autocast_rule_of(CT_AC_LINEAR), CT_AC_LOW);
+    cr_expect_eq(ct_autocast_rule_of(CT_AC_LINEAR), CT_AC_FP8);
     cr_expect_eq(ct_autocast_rule_of(CT_AC_SOFTMAX), CT_AC_F32);
+}
+
+Test(precision_autocast, fp8_scopes_carry_their_state)
+{
+    ct_fp8_state *a = ct_fp8_state_new(NULL), *b = ct_fp8_state_new(NULL);
+    cr_assert(a && b, "%s", ct_last_error());
+    cr_expect_null(ct_autocast_fp8_state());
+    cr_assert_eq(ct_autocast_begin_fp8(a), CT_OK);
+    cr_expect_eq(ct_autocast_fp8_state(), a);
+    /* the rest of the scope is bf16; fp8 outside an fp8 scope means low */
+    cr_expect_eq(ct_autocast_dtype(), CT_DTYPE_BF16);
+    cr_expect_eq(ct_autocast_compute_dtype(CT_AC_LINEAR, CT_DTYPE_F32), CT_DTYPE_BF16);
+    CT_AUTOCAST(CT_DTYPE_BF16) cr_expect_null(ct_autocast_fp8_state()); /* a plain scope inside: no fp8 */
+    cr_assert_eq(ct_autocast_begin_fp8(b), CT_OK);
+    cr_expect_eq(ct_autocast_fp8_state(), b);
+    ct_autocast_end();
+    cr_expect_eq(ct_autocast_fp8_state(), a);
+    ct_autocast_end();
+    cr_expect_null(ct_autocast_fp8_state());
+    /* the process default */
+    ct_autocast_set_default_fp8(a);
+    cr_expect_eq(ct_autocast_fp8_state(), a);
+    cr_expect_eq(ct_autocast_dtype(), CT_DTYPE_BF16);
+    CT_AUTOCAST(CT_DTYPE_F32) cr_expect_null(ct_autocast_fp8_state());
+    cr_assert_eq(ct_autocast_set_default(CT_DTYPE_F32), CT_OK); /* off turns fp8 off too */
+    cr_expect_null(ct_autocast_fp8_state());
+    cr_expect_not(ct_autocast_enabled());
+    cr_expect_eq(ct_autocast_begin_fp8(NULL), CT_ERR_INVALID);
+    cr_expect_eq(ct_autocast_depth(), 0);
+    ct_fp8_state_free(a);
+    ct_fp8_state_free(b);
 }
 
 Test(precision_autocast, errors_name_what_is_wrong)

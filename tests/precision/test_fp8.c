@@ -139,6 +139,22 @@ Test(precision_fp8, quantize_fast_matches_the_reference)
         cr_expect_eq(a1, want);
         cr_expect_eq(a2, want);
     }
+    /* 16-bit inputs widen exactly first: the same bytes as quantising their f32 values */
+    for (int s = 0; s < 2; s++) {
+        ct_dtype src = s ? CT_DTYPE_F16 : CT_DTYPE_BF16;
+        ct_tensor *x32 = ct_tensor_randn(CT_DTYPE_F32, CT_SHAPE(5, 700), 0, 3);
+        ct_tensor *x16 = ct_tensor_cast(x32, src), *back = ct_tensor_cast(x16, CT_DTYPE_F32);
+        float a1 = 0, a2 = 0, a3 = 0;
+        ct_tensor *q1 = ct_fp8_quantize(x16, CT_DTYPE_F8_E4M3, 40.0f, &a1);
+        ct_tensor *q2 = ct_fp8_quantize_ref(x16, CT_DTYPE_F8_E4M3, 40.0f, &a2);
+        ct_tensor *q3 = ct_fp8_quantize_ref(back, CT_DTYPE_F8_E4M3, 40.0f, &a3);
+        cr_assert(q1 && q2 && q3, "%s", ct_last_error());
+        cr_expect_eq(memcmp(ct_tensor_data(q1), ct_tensor_data(q2), 3500), 0, "%s: fast and reference differ",
+                     ct_dtype_name(src));
+        cr_expect_eq(memcmp(ct_tensor_data(q2), ct_tensor_data(q3), 3500), 0, "%s: not its f32 value's bytes",
+                     ct_dtype_name(src));
+        cr_expect(a1 == a3 && a2 == a3);
+    }
     ct_tensor *y = ct_tensor_zeros(CT_DTYPE_F32, CT_SHAPE(3));
     ((float *)ct_tensor_data(y))[1] = NAN;
     float a = 0;
@@ -150,7 +166,7 @@ Test(precision_fp8, quantize_rejects_bad_arguments)
 {
     ct_tensor *x = ct_tensor_zeros(CT_DTYPE_F32, CT_SHAPE(4));
     cr_expect_null(ct_fp8_quantize(x, CT_DTYPE_BF16, 1.0f, NULL));
-    cr_expect(strstr(ct_last_error(), "want an f32 CPU tensor and f8_e4m3 or f8_e5m2") != NULL, "%s", ct_last_error());
+    cr_expect(strstr(ct_last_error(), "want an f32, bf16 or f16 CPU tensor and f8_e4m3 or f8_e5m2") != NULL, "%s", ct_last_error());
     cr_expect_null(ct_fp8_quantize(x, CT_DTYPE_F8_E4M3, 0.0f, NULL));
     cr_expect(strstr(ct_last_error(), "scale 0 is not a finite positive number") != NULL, "%s", ct_last_error());
     cr_expect_null(ct_fp8_quantize(ct_tensor_zeros(CT_DTYPE_F64, CT_SHAPE(4)), CT_DTYPE_F8_E4M3, 1.0f, NULL));

@@ -184,7 +184,8 @@ static void clean_env(void)
     const char *vars[] = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
                           "MASTER_PORT", "CTRAIN_RESTART_COUNT", "CTRAIN_USE_CPU", "OMP_NUM_THREADS",
                           "CTRAIN_NUM_THREADS", "CTRAIN_GRADIENT_ACCUMULATION_STEPS", "CTRAIN_MIXED_PRECISION",
-                          "CT_TEST_INHERITED"};
+                          "CT_TEST_INHERITED", "CTRAIN_FP8_FORMAT", "CTRAIN_FP8_AMAX_HISTORY_LEN",
+                          "CTRAIN_FP8_AMAX_COMPUTE_ALGO", "CTRAIN_FP8_MARGIN", "CTRAIN_FP8_EMBEDDING_AND_HEAD"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
 }
 
@@ -234,6 +235,26 @@ Test(launch, env_three_ranks_with_settings, .timeout = 30)
         assert_has(r.out.p, want, "settings");
     }
     cr_assert_eq(nlines(r.out.p), 6, "stdout:\n%s", r.out.p);
+    run_free(&r);
+}
+
+Test(launch, fp8_recipe_flags_reach_the_ranks, .timeout = 30)
+{
+    clean_env();
+    run_t r;
+    run(&r, ARGS("launch", "--main_process_port", "0", "--mixed_precision", "fp8", "--fp8_format", "E4M3",
+                 "--fp8_amax_history_len=16", "--fp8_amax_compute_algo", "most_recent", "--fp8_margin", "0",
+                 "--fp8_embedding_and_head", "sh", "-c",
+                 "echo \"$CTRAIN_MIXED_PRECISION $CTRAIN_FP8_FORMAT $CTRAIN_FP8_AMAX_HISTORY_LEN "
+                 "$CTRAIN_FP8_AMAX_COMPUTE_ALGO $CTRAIN_FP8_MARGIN $CTRAIN_FP8_EMBEDDING_AND_HEAD\""));
+    cr_assert_eq(r.code, 0, "stderr: %s", r.err.p);
+    assert_has(r.out.p, "[rank0] fp8 e4m3 16 most_recent 0 1\n", "fp8 recipe");
+    run_free(&r);
+    /* flags not given: the variables stay unset */
+    run(&r, ARGS("launch", "--main_process_port", "0", "--mixed_precision", "fp8", "sh", "-c",
+                 "echo \"${CTRAIN_FP8_FORMAT-unset} ${CTRAIN_FP8_MARGIN-unset} ${CTRAIN_FP8_EMBEDDING_AND_HEAD-unset}\""));
+    cr_assert_eq(r.code, 0, "stderr: %s", r.err.p);
+    assert_has(r.out.p, "[rank0] unset unset unset\n", "fp8 defaults");
     run_free(&r);
 }
 
@@ -546,6 +567,11 @@ Test(launch, bad_flags_are_usage_errors, .timeout = 30)
         {{"launch", "--num_processes", "2", "--num_machines", "2", "--main_process_port", "0", "true"}, "--main_process_port 0"},
         {{"launch", "--main_process_port", "65536", "true"}, "--main_process_port '65536'"},
         {{"launch", "--mixed_precision", "fp32", "true"}, "--mixed_precision 'fp32'"},
+        {{"launch", "--fp8_format", "E5M2", "true"}, "--fp8_format 'E5M2': expected HYBRID or E4M3"},
+        {{"launch", "--fp8_amax_compute_algo", "mean", "true"}, "--fp8_amax_compute_algo 'mean': expected max or most_recent"},
+        {{"launch", "--fp8_amax_history_len", "0", "true"}, "--fp8_amax_history_len '0'"},
+        {{"launch", "--fp8_margin", "65", "true"}, "--fp8_margin '65'"},
+        {{"launch", "--fp8_embedding_and_head=1", "true"}, "--fp8_embedding_and_head takes no value"},
         {{"launch", "--tee", "4", "--log_dir", "x", "true"}, "--tee '4'"},
         {{"launch", "--tee", "1", "true"}, "--tee 1 needs --log_dir"},
         {{"launch", "--monitor_interval", "0", "true"}, "--monitor_interval '0'"},
@@ -677,7 +703,8 @@ Test(launch, help_and_version, .timeout = 30)
     const char *flags[] = {"--num_processes", "--num_machines", "--machine_rank", "--main_process_ip",
                            "--main_process_port", "--cpu", "--num_cpu_threads_per_process",
                            "--gradient_accumulation_steps", "--mixed_precision", "--tee", "--log_dir",
-                           "--max_restarts", "--monitor_interval"};
+                           "--max_restarts", "--monitor_interval", "--fp8_format", "--fp8_amax_history_len",
+                           "--fp8_amax_compute_algo", "--fp8_margin", "--fp8_embedding_and_head"};
     for (size_t i = 0; i < sizeof flags / sizeof *flags; i++) assert_has(r.out.p, flags[i], "ctrain launch --help");
     cr_assert_str_empty(r.err.p);
     run_free(&r);

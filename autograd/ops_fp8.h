@@ -1,0 +1,33 @@
+/* ctrain — the fp8 linear: a product with a weight, both operands quantised.
+ *
+ * Under an fp8 autocast scope (precision/autocast.h) ct_linear comes here for its
+ * parameters; a model calls it directly for other products with a weight (the GPT
+ * head with recipe.fp8_embedding_and_head). With w' = w (trans_w false: w is
+ * (in, out)) or w^T (trans_w true: w is (out, in)), M the rows of x:
+ *
+ *   forward   qx = Q_f(x, s_x), qw = Q_f(w, s_w)            (Q: quantise, fp8.h)
+ *             y  = (qx @ qw') / (s_x s_w) + b                summed in f32, output in
+ *                                                            the scope's dtype (bf16)
+ *   backward  qg = Q_b(dy, s_g)
+ *             dx = (qg @ qw'^T) / (s_g s_w)                  in x's dtype
+ *             dw = (qx^T @ qg) / (s_x s_g)  (trans_w: its transpose)   f32
+ *             db = sum over rows of dy                       f32
+ *
+ * Q_f is the recipe's forward format (E4M3), Q_b its backward one (E5M2 under
+ * HYBRID). The scales are the delayed ones of the weight's slot in st; the amaxes
+ * seen here (x, w once per weight generation, dy) go back to it for the next step.
+ * Saved for backward: qx (one byte per element) and qw (shared with the state).
+ */
+#ifndef CT_AUTOGRAD_OPS_FP8_H
+#define CT_AUTOGRAD_OPS_FP8_H
+
+#include <stdbool.h>
+
+#include "core/tensor.h"
+#include "precision/fp8_state.h"
+
+/* x (..., in) f32/bf16/f16; w a 2-D f32 parameter; b (out) f32 or NULL. New
+ * reference in the current frame; NULL with the error set (naming the shapes). */
+ct_tensor *ct_fp8_linear(ct_fp8_state *st, ct_tensor *x, ct_tensor *w, ct_tensor *b, bool trans_w);
+
+#endif
