@@ -136,6 +136,9 @@ static const char *why_default(ct_dtype dt)
         return ct_cpu_has_bf16_gemm() ? "the CPU has AVX512-BF16 or AMX-BF16" : "no AVX512-BF16 or AMX-BF16 here";
     if (dt == CT_DTYPE_F16)
         return ct_cpu_has_f16_gemm() ? "the CPU has AVX512-FP16 or AMX-FP16" : "no AVX512-FP16 or AMX-FP16 here";
+    if (dt == CT_DTYPE_F32)
+        return ct_cpu_features_get()->avx512f ? "the CPU has AVX-512: oneDNN's sgemm is the faster there"
+                                              : "no AVX-512 here: OpenBLAS's sgemm is the faster there";
     return "the default";
 }
 

@@ -16,10 +16,17 @@
  *    1024           74.3 (82.0)  63.8 (68.8)               52.5 (56.0)  57.0 (64.3)
  *    1536           70.9 (74.8)  68.4 (71.4)               63.8 (72.0)  62.9 (70.1)
  *    2048           72.2 (72.9)  67.2 (69.0)               67.0 (70.9)  65.4 (71.5)
- * OpenBLAS wins on one thread (by 45% at 512), so it is the default;
- * CTRAIN_SGEMM=onednn selects dnnl_sgemm. On more threads ctrain splits the GEMM
- * into panels itself and runs OpenBLAS single-threaded on each (see
- * openblas_single_thread below; bench/README.md has the figures).
+ * OpenBLAS wins on one thread there (by 45% at 512). On a Zen 4 (AVX-512) VM the same
+ * program (bench/kernels/matmul.c, median of 15) gave the other answer:
+ *       n   1 thread  openblas  onednn        2 threads  ctrain's openblas panels  onednn
+ *     512             81.5      85.7                     196.3                     215.0
+ *     768             99.2     109.6                     181.3                     208.4
+ *    1024            102.2     108.8                     199.2                     207.3
+ * and the GPT training steps of bench/gpt_cpu ran 1-6% (W1) and 8-14% (GPT-2 124M)
+ * faster with dnnl_sgemm. So the default is oneDNN where the CPU has AVX-512 and
+ * OpenBLAS elsewhere; CTRAIN_SGEMM=openblas|onednn chooses. On more threads ctrain
+ * splits an OpenBLAS GEMM into panels itself and runs OpenBLAS single-threaded on
+ * each (see openblas_single_thread below; bench/README.md has the figures).
  */
 #include "kernels/cpu/matmul.h"
 
@@ -40,8 +47,6 @@
 /* Declared by OpenBLAS's cblas.h; repeated so another cblas.h still compiles. */
 void openblas_set_num_threads(int num_threads);
 int openblas_get_num_threads(void);
-
-#define SGEMM_DEFAULT CT_GEMM_OPENBLAS
 
 /* Below this M*N*K OpenBLAS runs a GEMM on one thread anyway (its interface/gemm.c
  * threshold, 65536 * GEMM_MULTITHREAD_THRESHOLD 4), so a batch of such GEMMs is
@@ -204,7 +209,7 @@ static void env_parse(void)
 static ct_gemm_backend default_backend(ct_dtype dt)
 {
     switch (dt) {
-    case CT_DTYPE_F32: return SGEMM_DEFAULT;
+    case CT_DTYPE_F32: return ct_cpu_features_get()->avx512f ? CT_GEMM_ONEDNN : CT_GEMM_OPENBLAS;
     case CT_DTYPE_F64: return CT_GEMM_OPENBLAS;
     case CT_DTYPE_BF16: return ct_cpu_has_bf16_gemm() ? CT_GEMM_ONEDNN : CT_GEMM_CONVERT;
     case CT_DTYPE_F16: return ct_cpu_has_f16_gemm() ? CT_GEMM_ONEDNN : CT_GEMM_CONVERT;

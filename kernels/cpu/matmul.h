@@ -7,7 +7,8 @@
  * reads out.
  *
  * Library per dtype ("backend"), chosen at run time:
- *   f32   OpenBLAS cblas_sgemm or oneDNN dnnl_sgemm       env CTRAIN_SGEMM=openblas|onednn
+ *   f32   oneDNN dnnl_sgemm where the CPU has AVX-512, else OpenBLAS cblas_sgemm
+ *                                                          env CTRAIN_SGEMM=openblas|onednn
  *   f64   OpenBLAS cblas_dgemm
  *   bf16  oneDNN matmul primitive (bf16 in, f32 accumulation) where the CPU has
  *         AVX512-BF16 or AMX-BF16, else convert to f32 + sgemm + round
