@@ -21,9 +21,9 @@ static ct_status fp8_linear_backward(ct_node *n, ct_tensor *gy, ct_tensor **gx)
     const ct_tensor *mx = ct_node_input_meta(n, 0);
     int64_t out = gy->shape[gy->ndim - 1];
     ct_tensor *g2 = ct_tensor_reshape(gy, CT_SHAPE(-1, out));
-    ct_tensor *g32 = g2 ? as_f32(g2) : NULL;
     float amax = 0.0f;
-    ct_tensor *qg = g32 ? ct_fp8_quantize(g32, c->g_dtype, c->g_scale, &amax) : NULL;
+    /* quantise widens a 16-bit gradient itself (exactly); no f32 copy */
+    ct_tensor *qg = g2 ? ct_fp8_quantize(g2, c->g_dtype, c->g_scale, &amax) : NULL;
     if (!qg) return ct_last_status();
     ct_fp8_amax_cell_raise(ct_node_saved(n, c->icell), amax);
     if (ct_node_input_needs_grad(n, 0)) {
@@ -36,7 +36,10 @@ static ct_status fp8_linear_backward(ct_node *n, ct_tensor *gy, ct_tensor **gx)
         gx[1] = c->trans_w ? ct_fp8_matmul(qg, qx, true, false) : ct_fp8_matmul(qx, qg, true, false);
         if (!gx[1]) return ct_last_status();
     }
-    if (ct_node_input_needs_grad(n, 2) && !(gx[2] = ct_kernel_sum(g32, (int[]){0}, 1, false))) return ct_last_status();
+    if (ct_node_input_needs_grad(n, 2)) { /* the bias gradient sums in f32 and is f32, as b */
+        ct_tensor *g32 = as_f32(g2);
+        if (!(gx[2] = g32 ? ct_kernel_sum(g32, (int[]){0}, 1, false) : NULL)) return ct_last_status();
+    }
     return CT_OK;
 }
 
@@ -76,9 +79,8 @@ ct_tensor *ct_fp8_linear(ct_fp8_state *st, ct_tensor *x, ct_tensor *w, ct_tensor
         return NULL;
     }
     ct_tensor *x2 = ct_tensor_reshape(x, CT_SHAPE(-1, in));
-    ct_tensor *x32 = x2 ? as_f32(x2) : NULL;
     float amax = 0.0f;
-    ct_tensor *qx = x32 ? ct_fp8_quantize(x32, u.x_dtype, u.x_scale, &amax) : NULL;
+    ct_tensor *qx = x2 ? ct_fp8_quantize(x2, u.x_dtype, u.x_scale, &amax) : NULL;
     if (!qx) {
         ct_error_prefix("fp8_linear: x %s: ", ct_tensor_describe(x, dx, sizeof dx));
         return NULL;
