@@ -20,6 +20,7 @@
 #include "core/tensor.h"
 #include "core/threads.h"
 #include "dist/env.h"
+#include "kernels/cpu/attention.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/matmul.h"
@@ -195,6 +196,27 @@ static void matmul_section(problems *p)
     row("f8_e4m3, f8_e5m2", "storage only: no matmul takes them; convert to bf16 or f32 first");
 }
 
+/* Which attention kernels bf16 takes (kernels/cpu/attention.h). */
+static void attention_section(problems *p)
+{
+    puts("attention by dtype");
+    const char *bad = ct_cpu_attention_bf16_env_error();
+    const char *set = getenv("CTRAIN_BF16_ATTENTION");
+    if (bad) {
+        row("bf16", "%s: every bf16 attention fails (unset it, or see docs/launch.md)", bad);
+        problem(p, "%s: every bf16 attention fails", bad, NULL);
+    } else if (ct_cpu_attention_bf16_dot()) {
+        row("bf16", "dot: bf16 dot products (vdpbf16ps) on bf16 tiles, f32 softmax and sums [%s]",
+            set && *set ? "forced by CTRAIN_BF16_ATTENTION=dot" : "the CPU has AVX512-BF16");
+    } else {
+        row("bf16", "widen: bf16 rows widened to f32 as packed, f32 tile products [%s]",
+            set && *set ? "forced by CTRAIN_BF16_ATTENTION=widen"
+                        : ct_cpu_features_get()->avx512_bf16 ? "this build has no AVX512-BF16 (PORTABLE=1?)"
+                                                             : "no AVX512-BF16 here");
+    }
+    row("f32, f64, f16", "f32 (f64 in f64) tile products on rows packed (f16 widened) per tile");
+}
+
 /* ---- threads and distributed ----------------------------------------------------------- */
 
 static void threads_section(void)
@@ -248,6 +270,7 @@ int ct_env_main(int argc, char **argv)
     system_section();
     libraries_section();
     matmul_section(&p);
+    attention_section(&p);
     threads_section();
     dist_section(&p);
     if (p.n) {

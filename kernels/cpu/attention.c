@@ -21,6 +21,7 @@
 
 #include "core/convert.h"
 #include "core/threads.h"
+#include "kernels/cpu/attention_internal.h"
 #include "kernels/cpu/vmath.h"
 
 #if defined(__FMA__) || defined(__AVX__)
@@ -38,100 +39,6 @@
 #define CT_ATTN_VBYTES 16
 #endif
 #define PAR_MIN_WORK 32768
-
-/* An operand: element (b,h,t,d) lives at base + (b*st[0] + h*st[1] + t*st[2] + d*st[3]) * esz.
- * 3-d tensors (lse) leave st[3] = 0. */
-typedef struct attn_op {
-    char *base;
-    ct_dtype dt;
-    int64_t esz;
-    int64_t st[4];
-} attn_op;
-
-typedef struct attn_dims {
-    int64_t B, H, T, S, D, Dv;
-    bool causal;
-    double scale;
-} attn_dims;
-
-static attn_op attn_op_of(const ct_tensor *t)
-{
-    attn_op o = {.base = ct_tensor_data(t), .dt = t->dtype, .esz = (int64_t)ct_dtype_size(t->dtype)};
-    for (int i = 0; i < t->ndim && i < 4; i++) o.st[i] = t->strides[i];
-    return o;
-}
-
-static attn_dims attn_dims_of(const ct_tensor *q, const ct_tensor *k, const ct_tensor *v, bool causal,
-                              double scale)
-{
-    attn_dims d = {q->shape[0], q->shape[1], q->shape[2], k->shape[2], q->shape[3], v->shape[3], causal, scale};
-    if (!(d.scale > 0)) d.scale = 1.0 / sqrt((double)d.D);
-    return d;
-}
-
-static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-static inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
-static inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-
-/* Keys [0, kend) are visible to query row i. */
-static inline int64_t attn_kend(const attn_dims *dm, int64_t i)
-{
-    if (!dm->causal) return dm->S;
-    return max64(0, min64(dm->S, i + (dm->S - dm->T) + 1));
-}
-
-/* A causal tile on the diagonal (query rows i0.., nqp of them padded, keys j0.., nk
- * of them) is half masked: its first h rows see only keys [0, *k1) of the tile. The
- * tile products then skip that masked corner, a quarter of the tile; the skipped
- * terms are exact zeros of P and dS (or never read), so every result keeps its bits.
- * Returns h, even and <= the real rows; 0 when nothing can be skipped. */
-static inline int64_t attn_tile_split(const attn_dims *dm, int64_t i0, int64_t nq, int64_t nqp, int64_t j0,
-                                      int64_t nk, int64_t nr, int64_t *k1)
-{
-    if (!dm->causal) return 0;
-    const int64_t h = (nqp / 2) & ~(int64_t)1;
-    if (h < 2 || h > nq) return 0;
-    const int64_t vis = min64(nk, max64(0, attn_kend(dm, i0 + h - 1) - j0));
-    *k1 = round_up(vis, nr);
-    return *k1 < round_up(nk, nr) ? h : 0;
-}
-
-/* bf16 -> f32 is the top half of the f32 (a NaN comes back quiet, as ct_bf16_to_f32
- * gives it): inline, since the packing loops call it per element. */
-static inline float attn_bf16(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) u |= 0x00400000u;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static inline double attn_load(ct_dtype dt, const char *p, int64_t i)
-{
-    switch (dt) {
-    case CT_DTYPE_F32: return ((const float *)p)[i];
-    case CT_DTYPE_F64: return ((const double *)p)[i];
-    case CT_DTYPE_BF16: return attn_bf16(((const uint16_t *)p)[i]);
-    default: return ct_f16_to_f32(((const uint16_t *)p)[i]);
-    }
-}
-
-/* Rounds once from v (exact for a float v, so float results are rounded once too). */
-static inline void attn_store(ct_dtype dt, char *p, int64_t i, double v)
-{
-    switch (dt) {
-    case CT_DTYPE_F32: ((float *)p)[i] = (float)v; break;
-    case CT_DTYPE_F64: ((double *)p)[i] = v; break;
-    case CT_DTYPE_BF16: ((uint16_t *)p)[i] = ct_f64_to_bf16(v); break;
-    default: ((uint16_t *)p)[i] = ct_f64_to_f16(v); break;
-    }
-}
-
-static inline const char *attn_row(const attn_op *o, int64_t b, int64_t h, int64_t t)
-{
-    return o->base + (b * o->st[0] + h * o->st[1] + t * o->st[2]) * o->esz;
-}
 
 /* Element counts of the two workspaces (each slice padded to 16 elements so every
  * slice of a 64-byte aligned block stays 32-byte aligned for doubles, 64 for floats).
@@ -154,12 +61,6 @@ static int64_t attn_bwd_ws_elems(int64_t head_rows, int64_t D, int64_t Dv, int64
            round_up(Dv * BK, 16) + 2 * round_up(BQ * BK, 16) + round_up(BK * Dp, 16) + round_up(BK * Dvp, 16) +
            2 * round_up(BQ, 16) + round_up(hr * Dp, 16) + round_up(hr * Dvp, 16) + round_up(hr, 16) +
            round_up(dq_rows * Dp, 16);
-}
-
-static void *attn_alloc(int64_t elems, size_t esz)
-{
-    size_t bytes = (size_t)round_up(elems * (int64_t)esz, 64);
-    return aligned_alloc(64, bytes ? bytes : 64);
 }
 
 /* Backward scheduling. Mode "heads": one task per head does every tile of it, key
@@ -192,6 +93,16 @@ static bool attn_bwd_by_heads(int64_t heads, int nt) { return nt <= 1 || heads %
 #undef CT_ATTN_VEXP
 #undef NR
 
+float ct_cpu_attn_fwd_row_f32(float *s, int64_t lim, int64_t n, float scale, float *m, double *l)
+{
+    return attn_fwd_row_f32(s, lim, n, scale, m, l);
+}
+
+void ct_cpu_attn_bwd_row_f32(float *p, float *ds, int64_t lim, int64_t n, float scale, float lse, float drow)
+{
+    attn_bwd_row_f32(p, ds, lim, n, scale, lse, drow);
+}
+
 #define CT_ATTN_REAL double
 #define CT_ATTN_DTYPE CT_DTYPE_F64
 #define CT_ATTN_SFX _f64
@@ -211,6 +122,9 @@ ct_status ct_cpu_attention(const ct_tensor *q, const ct_tensor *k, const ct_tens
     attn_dims dm = attn_dims_of(q, k, v, causal, scale);
     attn_op oq = attn_op_of(q), ok = attn_op_of(k), ov = attn_op_of(v), oo = attn_op_of(out);
     attn_op ol = lse ? attn_op_of(lse) : (attn_op){0};
+    ct_status st;
+    if (ct_cpu_attention_bf16_takes(q, k, v, NULL, NULL, &st)) return ct_cpu_attention_bf16(q, k, v, causal, scale, out, lse);
+    if (st) return st;
     if (q->dtype == CT_DTYPE_F64) return attn_forward_f64(&dm, &oq, &ok, &ov, &oo, lse ? &ol : NULL);
     return attn_forward_f32(&dm, &oq, &ok, &ov, &oo, lse ? &ol : NULL);
 }
@@ -223,6 +137,10 @@ ct_status ct_cpu_attention_backward(const ct_tensor *dout, const ct_tensor *q, c
     attn_dims dm = attn_dims_of(q, k, v, causal, scale);
     attn_op o[9] = {attn_op_of(dout), attn_op_of(q), attn_op_of(k), attn_op_of(v), attn_op_of(out),
                     attn_op_of(lse),  attn_op_of(dq), attn_op_of(dk), attn_op_of(dv)};
+    ct_status st;
+    if (ct_cpu_attention_bf16_takes(q, k, v, dout, out, &st))
+        return ct_cpu_attention_backward_bf16(dout, q, k, v, out, lse, causal, scale, dq, dk, dv);
+    if (st) return st;
     if (q->dtype == CT_DTYPE_F64) return attn_backward_f64(&dm, o);
     return attn_backward_f32(&dm, o);
 }
@@ -518,8 +436,8 @@ static void FN(attn_pack_cols)(const attn_op *o, int64_t b, int64_t h, int64_t t
 {
     int64_t r = 0;
 #if defined(__AVX__)
-    /* f32 rows with unit stride: 8 x 8 blocks transposed in registers (unpack and
-     * shuffle), four times the scalar loop's speed; the scalar loop does the edges.
+    /* f32 rows with unit stride: 8 x 8 blocks transposed in registers, four times
+     * the scalar loop's speed; the scalar loop does the edges.
      * 16-bit rows are widened 8 at a time into wide[] first (exact). */
     bool half = (o->dt == CT_DTYPE_BF16 || o->dt == CT_DTYPE_F16) && ncols <= 256;
     if (sizeof(real) == 4 && (o->dt == CT_DTYPE_F32 || half) && o->st[3] == 1 && ncols % 8 == 0) {
@@ -534,27 +452,9 @@ static void FN(attn_pack_cols)(const attn_op *o, int64_t b, int64_t h, int64_t t
                 }
             }
             for (int64_t c = 0; c < ncols; c += 8) {
-                __m256 x0 = _mm256_loadu_ps(src[0] + c), x1 = _mm256_loadu_ps(src[1] + c);
-                __m256 x2 = _mm256_loadu_ps(src[2] + c), x3 = _mm256_loadu_ps(src[3] + c);
-                __m256 x4 = _mm256_loadu_ps(src[4] + c), x5 = _mm256_loadu_ps(src[5] + c);
-                __m256 x6 = _mm256_loadu_ps(src[6] + c), x7 = _mm256_loadu_ps(src[7] + c);
-                __m256 t0v = _mm256_unpacklo_ps(x0, x1), t1v = _mm256_unpackhi_ps(x0, x1);
-                __m256 t2v = _mm256_unpacklo_ps(x2, x3), t3v = _mm256_unpackhi_ps(x2, x3);
-                __m256 t4v = _mm256_unpacklo_ps(x4, x5), t5v = _mm256_unpackhi_ps(x4, x5);
-                __m256 t6v = _mm256_unpacklo_ps(x6, x7), t7v = _mm256_unpackhi_ps(x6, x7);
-                __m256 u0 = _mm256_shuffle_ps(t0v, t2v, 0x44), u1 = _mm256_shuffle_ps(t0v, t2v, 0xEE);
-                __m256 u2 = _mm256_shuffle_ps(t1v, t3v, 0x44), u3 = _mm256_shuffle_ps(t1v, t3v, 0xEE);
-                __m256 u4 = _mm256_shuffle_ps(t4v, t6v, 0x44), u5 = _mm256_shuffle_ps(t4v, t6v, 0xEE);
-                __m256 u6 = _mm256_shuffle_ps(t5v, t7v, 0x44), u7 = _mm256_shuffle_ps(t5v, t7v, 0xEE);
-                float *d = (float *)dst + c * ld + r;
-                _mm256_storeu_ps(d + 0 * ld, _mm256_permute2f128_ps(u0, u4, 0x20));
-                _mm256_storeu_ps(d + 1 * ld, _mm256_permute2f128_ps(u1, u5, 0x20));
-                _mm256_storeu_ps(d + 2 * ld, _mm256_permute2f128_ps(u2, u6, 0x20));
-                _mm256_storeu_ps(d + 3 * ld, _mm256_permute2f128_ps(u3, u7, 0x20));
-                _mm256_storeu_ps(d + 4 * ld, _mm256_permute2f128_ps(u0, u4, 0x31));
-                _mm256_storeu_ps(d + 5 * ld, _mm256_permute2f128_ps(u1, u5, 0x31));
-                _mm256_storeu_ps(d + 6 * ld, _mm256_permute2f128_ps(u2, u6, 0x31));
-                _mm256_storeu_ps(d + 7 * ld, _mm256_permute2f128_ps(u3, u7, 0x31));
+                const float *blk[8];
+                for (int i = 0; i < 8; i++) blk[i] = src[i] + c;
+                attn_transpose8x8(blk, (float *)dst + c * ld + r, ld);
             }
         }
     }
@@ -570,6 +470,36 @@ static void FN(attn_pack_cols)(const attn_op *o, int64_t b, int64_t h, int64_t t
     }
     for (int64_t c = 0; c < ncols; c++)
         for (int64_t r = n; r < ld; r++) dst[c * ld + r] = 0;
+}
+
+/* One score row of a key block into the online softmax (see ct_cpu_attn_fwd_row_f32 in
+ * kernels/cpu/attention_internal.h): returns the factor for the row's output. A row
+ * that sees none of the block (lim <= 0) gets P = 0 and factor 1. */
+static real FN(attn_fwd_row)(real *s, int64_t lim, int64_t n, real scale, real *m, double *l)
+{
+    if (lim <= 0) {
+        memset(s, 0, (size_t)n * sizeof(real));
+        return 1;
+    }
+    const real mx = FN(attn_rowmax)(s, lim) * scale; /* scale > 0 keeps the argmax */
+    const real mnew = mx > *m ? mx : *m;
+    const real corr = EXP(*m - mnew); /* 0 on the first visible block (m = -inf) */
+    FN(attn_exp_row)(s, lim, scale, mnew);
+    const double sum = FN(attn_row_sum)(s, lim);
+    for (int64_t c = lim; c < n; c++) s[c] = 0;
+    *l = *l * corr + sum;
+    *m = mnew;
+    return corr;
+}
+
+/* p = exp(S*scale - lse) and dS = P * (dP - rowsum(dO*O)) * scale over keys [0, lim)
+ * of one row; both 0 in [lim, n). */
+static void FN(attn_bwd_row)(real *p, real *ds, int64_t lim, int64_t n, real scale, real lse, real drow)
+{
+    lim = max64(0, lim);
+    FN(attn_exp_row)(p, lim, scale, lse);
+    for (int64_t c = 0; c < lim; c++) ds[c] = p[c] * (ds[c] - drow) * scale;
+    for (int64_t c = lim; c < n; c++) p[c] = 0, ds[c] = 0;
 }
 
 /* rows [t0, t0+n) of head (b,h) <- src (n, ld), first ncols columns. */
@@ -654,20 +584,8 @@ static void FN(attn_fwd_block)(const attn_dims *dm, const attn_op *q, const attn
             FN(attn_gemm)(nqp, nkp, D, Qi, D, 1, w->Kt + j0, Sp, Sc, nkp, false);
         }
         for (int64_t r = 0; r < nq; r++) {
-            real *s = Sc + r * nkp;
-            const int64_t lim = min64(nk, attn_kend(dm, i0 + r) - j0);
-            if (lim <= 0) { /* row r sees none of this block: P row = 0, O untouched */
-                memset(s, 0, (size_t)nk * sizeof(real));
-                continue;
-            }
-            const real mx = FN(attn_rowmax)(s, lim) * scale; /* scale > 0 keeps the argmax */
-            const real mnew = mx > m[r] ? mx : m[r];
-            const real corr = EXP(m[r] - mnew); /* 0 on the first visible block (m = -inf) */
-            FN(attn_exp_row)(s, lim, scale, mnew);
-            const double sum = FN(attn_row_sum)(s, lim);
-            for (int64_t c = lim; c < nk; c++) s[c] = 0;
-            l[r] = l[r] * corr + sum;
-            m[r] = mnew;
+            const real corr = FN(attn_fwd_row)(Sc + r * nkp, min64(nk, attn_kend(dm, i0 + r) - j0), nk, scale,
+                                               &m[r], &l[r]);
             if (corr != 1)
                 for (int64_t c = 0; c < Dvp; c++) O[r * Dvp + c] *= corr;
         }
@@ -816,11 +734,8 @@ static void FN(attn_bwd_tile)(const attn_dims *dm, int64_t i0, int64_t nq, int64
         FN(attn_gemm)(nqp, nkp, Dv, w->dOi, Dvp, 1, w->Vt, nkp, w->dS, nkp, false);
     }
     for (int64_t r = 0; r < nqp; r++) {
-        real *p = w->Sc + r * nkp, *ds = w->dS + r * nkp;
-        const int64_t lim = r < nq ? max64(0, min64(nk, attn_kend(dm, i0 + r) - j0)) : 0;
-        FN(attn_exp_row)(p, lim, scale, w->lse_i[r]);
-        for (int64_t c = 0; c < lim; c++) ds[c] = p[c] * (ds[c] - w->drow_i[r]) * scale;
-        for (int64_t c = lim; c < nkp; c++) p[c] = 0, ds[c] = 0;
+        const int64_t lim = r < nq ? min64(nk, attn_kend(dm, i0 + r) - j0) : 0;
+        FN(attn_bwd_row)(w->Sc + r * nkp, w->dS + r * nkp, lim, nkp, scale, w->lse_i[r], w->drow_i[r]);
     }
     /* with a split, keys [k1, nkp) get nothing from queries [0, h) (P = dS = 0 there)
      * and queries [0, h) nothing from keys past k1 */

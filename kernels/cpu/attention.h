@@ -3,6 +3,9 @@
  * ct_cpu_attention / ct_cpu_attention_backward: blockwise, 64 queries x 64 keys
  * per tile, OpenMP over (batch*head, query block) in the forward and over
  * (batch*head) or (batch*head, block) in the backward; no T x S buffer.
+ * bf16 inputs on a CPU with AVX512-BF16 take the bf16 dot-product kernels
+ * (kernels/cpu/attention_bf16.c): the same tiles, with P and dS rounded to bf16
+ * before their products; elsewhere bf16 and f16 rows are widened to f32 as packed.
  * ct_cpu_attention_ref / ct_cpu_attention_backward_ref: full score matrix per
  * head in double, plain loops; for tests only. The ref backward recomputes the
  * softmax itself and ignores out and lse, so it does not trust the forward.
@@ -32,6 +35,16 @@ ct_status ct_cpu_attention_backward_ref(const ct_tensor *dout, const ct_tensor *
                                         const ct_tensor *out, const ct_tensor *lse, bool causal,
                                         double scale, ct_tensor *dq, ct_tensor *dk,
                                         ct_tensor *dv);
+
+/* Whether bf16 attention takes the dot-product kernels: the build and the CPU have
+ * AVX512-BF16, and neither CTRAIN_BF16_ATTENTION=widen nor the setter below turned
+ * them off. Off, bf16 widens to f32 as on other CPUs (tests check that path here
+ * too). The setter overrides the variable for the whole process. */
+bool ct_cpu_attention_bf16_dot(void);
+void ct_cpu_attention_set_bf16_dot(bool on);
+/* What is wrong with CTRAIN_BF16_ATTENTION (a value other than dot or widen, or dot
+ * without AVX512-BF16), or NULL. While it is wrong, bf16 attention fails with it. */
+const char *ct_cpu_attention_bf16_env_error(void);
 
 /* Bytes of scratch one thread of ct_cpu_attention / ct_cpu_attention_backward
  * allocates for one head with T queries, S keys, head dims D and Dv, computing in

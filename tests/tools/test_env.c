@@ -99,6 +99,13 @@ Test(tools_env, the_report_matches_this_cpu, .timeout = 60)
               "bf16 path with%s bf16 hardware: %s", bf16_hw ? "" : "out", line);
     line_of(out, "f16:", line, sizeof line);
     cr_expect(strstr(line, f16_hw ? "onednn" : "convert") != NULL, "f16: %s", line);
+    /* attention: the first "bf16:" line after the attention heading */
+    const char *att = strstr(out, "attention by dtype");
+    cr_assert_not_null(att, "%s", out);
+    line_of(att, "bf16:", line, sizeof line);
+    bool dot_hw = has_flag(flags, "avx512_bf16");
+    cr_expect(strstr(line, dot_hw ? "bf16:                  dot:" : "bf16:                  widen:") != NULL,
+              "bf16 attention with%s avx512_bf16: %s", dot_hw ? "" : "out", line);
     static const char *const dts[] = {"f32:", "f64:", "bf16:", "f16:"};
     for (int i = 0; i < 4; i++) {
         line_of(out, dts[i], line, sizeof line);
@@ -113,7 +120,7 @@ Test(tools_env, the_report_matches_this_cpu, .timeout = 60)
 
 Test(tools_env, settings_from_the_environment_show, .timeout = 60)
 {
-    char *out = run_env("OMP_NUM_THREADS=3 CTRAIN_BF16_GEMM=convert RANK=2 WORLD_SIZE=4", "env");
+    char *out = run_env("OMP_NUM_THREADS=3 CTRAIN_BF16_GEMM=convert CTRAIN_BF16_ATTENTION=widen RANK=2 WORLD_SIZE=4", "env");
     cr_expect_eq(rc_of(out), 0, "%s", out);
     char line[2048];
     line_of(out, "ctrain threads:", line, sizeof line);
@@ -123,17 +130,22 @@ Test(tools_env, settings_from_the_environment_show, .timeout = 60)
                   strstr(line, "; checked ("),
               "%s", line);
     cr_expect(strstr(out, "rank 2 of 4") != NULL && strstr(out, "rule \"launcher\""), "%s", out);
+    cr_expect(strstr(out, "widen: bf16 rows widened to f32 as packed, f32 tile products [forced by "
+                          "CTRAIN_BF16_ATTENTION=widen]") != NULL,
+              "%s", out);
     free(out);
 }
 
 Test(tools_env, invalid_settings_are_problems, .timeout = 60)
 {
-    char *out = run_env("CTRAIN_BF16_GEMM=fast RANK=1", "env");
+    char *out = run_env("CTRAIN_BF16_GEMM=fast CTRAIN_BF16_ATTENTION=fast RANK=1", "env");
     cr_expect_eq(rc_of(out), 1, "%s", out);
     const char *p = strstr(out, "problems");
     cr_assert_not_null(p, "%s", out);
     cr_expect(strstr(p, "CTRAIN_BF16_GEMM='fast' is not a GEMM backend") != NULL, "%s", p);
     cr_expect(strstr(p, "WORLD_SIZE is not set") != NULL, "%s", p);
+    cr_expect(strstr(p, "CTRAIN_BF16_ATTENTION='fast': expected dot or widen: every bf16 attention fails") != NULL, "%s",
+              p);
     free(out);
 }
 
