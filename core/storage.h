@@ -39,8 +39,9 @@ void ct_storage_release(ct_storage *s);
 /* Bytes of CPU storage currently allocated by ctrain and in use (not wrapped
  * buffers, not the cache): for leak tests. */
 int64_t ct_storage_live_bytes(void);
-/* Freed blocks of 128 KiB and more are cached for reuse (at most 1 GiB, or
- * CTRAIN_CPU_CACHE_BYTES; 0 turns the cache off). Bytes held now / release all. */
+/* Freed blocks of 128 KiB and more are cached for reuse (at most a quarter of physical
+ * memory and at least 1 GiB, or CTRAIN_CPU_CACHE_BYTES; 0 turns the cache off). Bytes
+ * held now / release all. */
 int64_t ct_storage_cache_bytes(void);
 void ct_storage_cache_clear(void);
 
