@@ -115,6 +115,12 @@ ct_tensor *ct_tensor_scalar(ct_dtype dt, double value);
 /* Same elements, new shape; one entry may be -1 (inferred). Fails unless the
  * layout allows a view (use ct_tensor_reshape to copy when needed). */
 ct_tensor *ct_tensor_view(ct_tensor *t, int ndim, const int64_t *shape);
+/* Moves t's elements into base's storage: t becomes a contiguous view of base at
+ * element offset, holding the values it held, and lets go of its old storage; the
+ * header (and so every pointer to t, its grad and autograd state) stays. Views made
+ * of t before keep the old storage. base must be contiguous, with t's dtype and
+ * device and room for t's elements at offset. For flat parameter buffers. */
+ct_status ct_tensor_rebind(ct_tensor *t, ct_tensor *base, int64_t offset);
 /* A view when possible, else a contiguous copy. */
 ct_tensor *ct_tensor_reshape(ct_tensor *t, int ndim, const int64_t *shape);
 ct_tensor *ct_tensor_flatten(ct_tensor *t);

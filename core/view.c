@@ -333,3 +333,32 @@ ct_tensor *ct_tensor_unsqueeze(ct_tensor *t, int dim)
     }
     return ct_tensor_alias(t, t->ndim + 1, sh, st, t->offset);
 }
+
+ct_status ct_tensor_rebind(ct_tensor *t, ct_tensor *base, int64_t offset)
+{
+    char a[200], b[200];
+    if (!t || !base) return ct_error_set(CT_ERR_INVALID, "tensor_rebind: NULL tensor");
+    const int64_t n = ct_tensor_numel(t);
+    if (t->dtype != base->dtype || !ct_device_equal(t->device, base->device) || !ct_tensor_is_contiguous(base) ||
+        offset < 0 || offset > ct_tensor_numel(base) - n)
+        return ct_error_set(CT_ERR_INVALID,
+                            "tensor_rebind: %s cannot move to element %lld of %s (needs the same dtype and device, a "
+                            "contiguous base and room for %lld elements)",
+                            ct_tensor_describe(t, a, sizeof a), (long long)offset,
+                            ct_tensor_describe(base, b, sizeof b), (long long)n);
+    /* the values first, through a view of the target region (memmove when they overlap) */
+    int64_t strides[CT_MAX_DIMS], s = 1;
+    for (int d = t->ndim - 1; d >= 0; d--) strides[d] = s, s *= t->shape[d];
+    ct_frame_push();
+    ct_tensor *region = ct_tensor_alias(base, t->ndim, t->shape, strides, base->offset + offset);
+    ct_status st = region ? ct_tensor_copy_(region, t) : ct_last_status();
+    ct_frame_pop();
+    if (st) return st;
+    ct_storage *old = t->storage;
+    ct_storage_retain(base->storage);
+    t->storage = base->storage;
+    t->offset = base->offset + offset;
+    for (int d = 0; d < t->ndim; d++) t->strides[d] = strides[d];
+    ct_storage_release(old);
+    return CT_OK;
+}

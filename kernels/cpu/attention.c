@@ -735,7 +735,8 @@ static void FN(attn_bwd_tile)(const attn_dims *dm, int64_t i0, int64_t nq, int64
     }
     for (int64_t r = 0; r < nqp; r++) {
         const int64_t lim = r < nq ? min64(nk, attn_kend(dm, i0 + r) - j0) : 0;
-        FN(attn_bwd_row)(w->Sc + r * nkp, w->dS + r * nkp, lim, nkp, scale, w->lse_i[r], w->drow_i[r]);
+        /* rows past nq are padding: drow_i may end at the head's last row there */
+        FN(attn_bwd_row)(w->Sc + r * nkp, w->dS + r * nkp, lim, nkp, scale, w->lse_i[r], r < nq ? w->drow_i[r] : 0);
     }
     /* with a split, keys [k1, nkp) get nothing from queries [0, h) (P = dS = 0 there)
      * and queries [0, h) nothing from keys past k1 */

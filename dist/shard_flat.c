@@ -1,0 +1,33 @@
+/* ctrain — flat unit buffers (see dist/shard_flat.h). */
+#include "dist/shard_flat.h"
+
+#include "core/frame.h"
+
+ct_tensor *ct_shard_unit_flatten(const ct_shard_unit *u)
+{
+    if (!u || u->nparams < 1) {
+        ct_error_set(CT_ERR_INVALID, "shard_unit_flatten: a unit with parameters is required");
+        return NULL;
+    }
+    const ct_tensor *p0 = u->params[0].param;
+    for (int i = 1; i < u->nparams; i++) {
+        const ct_tensor *p = u->params[i].param;
+        if (p->dtype != p0->dtype || !ct_device_equal(p->device, p0->device)) {
+            char a[200], b[200];
+            ct_error_set(CT_ERR_INVALID,
+                         "shard_unit_flatten: unit '%s' mixes %s (%s) and %s (%s): a flat buffer holds one dtype on "
+                         "one device",
+                         u->name, u->params[0].name, ct_tensor_describe(p0, a, sizeof a), u->params[i].name,
+                         ct_tensor_describe(p, b, sizeof b));
+            return NULL;
+        }
+    }
+    ct_tensor *flat = ct_tensor_empty_on(p0->device, p0->dtype, 1, (const int64_t[]){u->padded});
+    if (!flat || ct_tensor_fill_(flat, 0)) return NULL;
+    /* the checks above and the plan's layout leave a rebind only out of memory to fail,
+     * and then before it moved anything: earlier parameters stay in the buffer, with
+     * their values, which is still a valid state */
+    for (int i = 0; i < u->nparams; i++)
+        if (ct_tensor_rebind(u->params[i].param, flat, u->params[i].offset)) return NULL;
+    return flat;
+}

@@ -1,0 +1,20 @@
+/* ctrain — a unit's parameters in one flat buffer (the sharding engine's FlatParameter).
+ *
+ * ct_shard_unit_flatten allocates a contiguous buffer of the unit's padded size and
+ * rebinds each parameter (ct_tensor_rebind) to its slice, at the offset the plan gave
+ * it: the modules keep the same tensor objects, with the same values, now views of
+ * one buffer. The padding is zero. A collective can then gather or scatter a whole
+ * unit in one call, and rank r's slice is elements [r*shard, (r+1)*shard).
+ */
+#ifndef CT_DIST_SHARD_FLAT_H
+#define CT_DIST_SHARD_FLAT_H
+
+#include "core/tensor.h"
+#include "dist/shard_plan.h"
+
+/* The flat buffer, 1-d of u->padded elements, in the current frame (retain it to keep
+ * it). Every parameter of the unit must have one floating dtype and one device: the
+ * error names the first that differs, and no parameter has moved. */
+ct_tensor *ct_shard_unit_flatten(const ct_shard_unit *u);
+
+#endif

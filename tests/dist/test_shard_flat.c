@@ -1,0 +1,153 @@
+/* Tests for dist/shard_flat.c and core's ct_tensor_rebind: a unit's parameters moved
+ * into one flat buffer keep their values and their identity, and a GPT whose
+ * parameters were flattened trains exactly (bit for bit) like one that was not. */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "autograd/autograd.h"
+#include "core/frame.h"
+#include "core/philox.h"
+#include "dist/shard_flat.h"
+#include "nn/gpt.h"
+#include "optim/optimizer.h"
+
+static ct_gpt *small_gpt(void)
+{
+    ct_set_seed(11);
+    ct_gpt_config cfg = {.vocab_size = 61, .block_size = 13, .n_layer = 2, .n_head = 3, .n_embd = 24};
+    ct_gpt *m = ct_gpt_new(&cfg);
+    cr_assert_not_null(m, "%s", ct_last_error());
+    return m;
+}
+
+Test(shard_flat, rebind_moves_values_and_keeps_the_tensor)
+{
+    CT_FRAME {
+        ct_tensor *t = ct_tensor_randn(CT_DTYPE_F32, CT_SHAPE(3, 4), 0, 1);
+        ct_tensor *before = ct_tensor_clone(t);
+        ct_tensor *base = ct_tensor_zeros(CT_DTYPE_F32, CT_SHAPE(20));
+        cr_assert_eq(ct_tensor_rebind(t, base, 5), CT_OK, "%s", ct_last_error());
+        cr_expect_eq(t->storage, base->storage);
+        cr_expect_eq(t->offset, 5);
+        cr_expect(ct_tensor_is_contiguous(t));
+        cr_expect_eq(memcmp(ct_tensor_data(t), ct_tensor_data(before), 12 * sizeof(float)), 0);
+        const float *b = ct_tensor_data(base);
+        for (int i = 0; i < 20; i++) {
+            float want = i >= 5 && i < 17 ? ((const float *)ct_tensor_data(before))[i - 5] : 0.0f;
+            cr_expect_eq(b[i], want, "base[%d]", i);
+        }
+        /* a write through t is a write into the base */
+        cr_assert_eq(ct_tensor_fill_(t, 2), CT_OK);
+        cr_expect_eq(b[5], 2.0f);
+        cr_expect_eq(b[4], 0.0f);
+        /* a transposed (non-contiguous) source rebinds with its logical order */
+        ct_tensor *src = ct_tensor_transpose(ct_tensor_clone(before), 0, 1); /* (4, 3) */
+        ct_tensor *want = ct_tensor_contiguous(src);
+        cr_assert_eq(ct_tensor_rebind(src, base, 0), CT_OK, "%s", ct_last_error());
+        cr_expect_eq(memcmp(ct_tensor_data(src), ct_tensor_data(want), 12 * sizeof(float)), 0);
+        /* errors: dtype, room, offset */
+        ct_tensor *d = ct_tensor_zeros(CT_DTYPE_F64, CT_SHAPE(3));
+        cr_expect_neq(ct_tensor_rebind(d, base, 0), CT_OK);
+        cr_expect(strstr(ct_last_error(), "tensor_rebind") && strstr(ct_last_error(), "f64"), "%s", ct_last_error());
+        cr_expect_neq(ct_tensor_rebind(t, base, 9), CT_OK, "12 elements do not fit at 9 of 20");
+        cr_expect_neq(ct_tensor_rebind(t, base, -1), CT_OK);
+        cr_expect_eq(t->offset, 5, "a refused rebind changes nothing");
+    }
+}
+
+Test(shard_flat, a_unit_becomes_one_padded_buffer)
+{
+    ct_gpt *m = small_gpt();
+    const char *cls[] = {"Block"};
+    ct_shard_plan p;
+    cr_assert_eq(ct_shard_plan_build(&m->base, &(ct_wrap_config){.policy = CT_WRAP_TRANSFORMER, .classes = cls, .nclasses = 1},
+                                     4, &p),
+                 CT_OK, "%s", ct_last_error());
+    CT_FRAME {
+        for (int u = 0; u < p.nunits; u++) {
+            const ct_shard_unit *x = &p.units[u];
+            ct_tensor *saved[32];
+            cr_assert(x->nparams <= 32);
+            for (int i = 0; i < x->nparams; i++) saved[i] = ct_tensor_clone(x->params[i].param);
+            ct_tensor *flat = ct_shard_unit_flatten(x);
+            cr_assert_not_null(flat, "%s", ct_last_error());
+            cr_expect_eq(ct_tensor_numel(flat), x->padded);
+            for (int i = 0; i < x->nparams; i++) {
+                ct_tensor *q = x->params[i].param;
+                cr_expect_eq(q->storage, flat->storage, "%s lives in the flat buffer", x->params[i].name);
+                cr_expect_eq(q->offset, x->params[i].offset);
+                cr_expect_eq(memcmp(ct_tensor_data(q), ct_tensor_data(saved[i]), ct_tensor_nbytes(q)), 0,
+                             "%s kept its values", x->params[i].name);
+                cr_expect(q->requires_grad);
+            }
+            const float *f = ct_tensor_data(flat);
+            for (int64_t e = x->numel; e < x->padded; e++) cr_expect_eq(f[e], 0.0f, "padding element %lld", (long long)e);
+            cr_expect_eq(ct_module_find(&m->base, x->params[0].name), x->params[0].param, "the module holds the same tensor");
+        }
+    }
+    ct_shard_plan_free(&p);
+    ct_module_free(&m->base);
+}
+
+/* Two steps of forward, backward and AdamW; the losses and the parameters after. */
+static void train(ct_gpt *m, double loss[2], ct_tensor **params_out, int *n_out)
+{
+    ct_param_list l;
+    cr_assert_eq(ct_module_named_tensors(&m->base, false, &l), CT_OK);
+    ct_optimizer *opt = ct_adamw_new(l.n, l.tensors, &(ct_adamw_config){.lr = 1e-2, .weight_decay = 0.1});
+    cr_assert_not_null(opt, "%s", ct_last_error());
+    for (int s = 0; s < 2; s++) {
+        int64_t xd[26], yd[26];
+        for (int i = 0; i < 26; i++) xd[i] = (i * 7 + s * 3) % 61, yd[i] = (i * 5 + s + 1) % 61;
+        CT_FRAME {
+            ct_tensor *x = ct_tensor_from_data(CT_DTYPE_I64, CT_SHAPE(2, 13), xd);
+            ct_tensor *y = ct_tensor_from_data(CT_DTYPE_I64, CT_SHAPE(2, 13), yd);
+            ct_tensor *lo = ct_gpt_loss(m, x, y);
+            cr_assert_not_null(lo, "%s", ct_last_error());
+            loss[s] = ct_tensor_item(lo);
+            cr_assert_eq(ct_backward(lo), CT_OK, "%s", ct_last_error());
+            cr_assert_eq(ct_optimizer_step(opt), CT_OK, "%s", ct_last_error());
+            ct_optimizer_zero_grad(opt);
+        }
+    }
+    for (int i = 0; i < l.n; i++) params_out[i] = ct_tensor_retain(ct_tensor_clone(l.tensors[i]));
+    *n_out = l.n;
+    ct_optimizer_free(opt);
+    ct_param_list_free(&l);
+}
+
+Test(shard_flat, a_flattened_gpt_trains_bit_for_bit_like_the_original)
+{
+    ct_gpt *a = small_gpt(), *b = small_gpt();
+    const char *cls[] = {"Block"};
+    ct_shard_plan p;
+    cr_assert_eq(ct_shard_plan_build(&b->base, &(ct_wrap_config){.policy = CT_WRAP_TRANSFORMER, .classes = cls, .nclasses = 1},
+                                     3, &p),
+                 CT_OK);
+    ct_tensor *flats[8];
+    cr_assert(p.nunits <= 8);
+    for (int u = 0; u < p.nunits; u++) {
+        CT_FRAME {
+            ct_tensor *f = ct_shard_unit_flatten(&p.units[u]);
+            cr_assert_not_null(f, "%s", ct_last_error());
+            flats[u] = ct_tensor_retain(f);
+        }
+    }
+    double la[2], lb[2];
+    ct_tensor *pa[64], *pb[64];
+    int na, nb;
+    train(a, la, pa, &na);
+    train(b, lb, pb, &nb);
+    cr_assert_eq(na, nb);
+    for (int s = 0; s < 2; s++) cr_expect_eq(la[s], lb[s], "step %d loss %.17g vs %.17g", s, la[s], lb[s]);
+    for (int i = 0; i < na; i++) {
+        cr_expect_eq(memcmp(ct_tensor_data(pa[i]), ct_tensor_data(pb[i]), ct_tensor_nbytes(pa[i])), 0, "parameter %d", i);
+        ct_tensor_release(pa[i]), ct_tensor_release(pb[i]);
+    }
+    /* the flat buffers saw the optimizer's updates: they are the parameters' storage */
+    cr_expect_eq(p.units[0].params[0].param->storage, flats[0]->storage);
+    for (int u = 0; u < p.nunits; u++) ct_tensor_release(flats[u]);
+    ct_shard_plan_free(&p);
+    ct_module_free(&a->base);
+    ct_module_free(&b->base);
+}
