@@ -56,6 +56,11 @@ bool ct_tensor_is_leaf(const ct_tensor *t);
 /* Releases t->grad (the next backward starts from zero), as PyTorch's
  * zero_grad(set_to_none=True). */
 void ct_tensor_zero_grad(ct_tensor *t);
+/* Makes grad t's .grad (a reference is taken; the old .grad is released): backward
+ * then adds into it in place, so a gradient can live in a buffer of the caller's
+ * choosing (a view of a flat bucket, say). grad must have t's shape, dtype and device
+ * and must not require grad itself; t must be a leaf that requires grad. */
+ct_status ct_tensor_set_grad(ct_tensor *t, ct_tensor *grad);
 /* The same data without history: a new view that does not require grad.
  * New reference owned by the current frame. */
 ct_tensor *ct_detach(ct_tensor *t);

@@ -192,6 +192,25 @@ void ct_tensor_zero_grad(ct_tensor *t)
     t->grad = NULL;
 }
 
+ct_status ct_tensor_set_grad(ct_tensor *t, ct_tensor *grad)
+{
+    char a[200], b[200];
+    if (!t || !grad) return ct_error_set(CT_ERR_INVALID, "tensor_set_grad: NULL tensor");
+    if (!t->requires_grad || t->grad_fn)
+        return ct_error_set(CT_ERR_INVALID, "tensor_set_grad: %s is not a leaf that requires grad",
+                            ct_tensor_describe(t, a, sizeof a));
+    if (!ct_tensor_same_shape(t, grad) || t->dtype != grad->dtype || !ct_device_equal(t->device, grad->device) ||
+        grad->requires_grad || grad == t)
+        return ct_error_set(CT_ERR_INVALID,
+                            "tensor_set_grad: %s cannot be the gradient of %s (needs the same shape, dtype and device, "
+                            "and no grad of its own)",
+                            ct_tensor_describe(grad, b, sizeof b), ct_tensor_describe(t, a, sizeof a));
+    ct_tensor_retain(grad);
+    ct_tensor_release(t->grad);
+    t->grad = grad;
+    return CT_OK;
+}
+
 ct_tensor *ct_detach(ct_tensor *t)
 {
     if (!t) return NULL;

@@ -1,6 +1,7 @@
 /* ctrain — flat unit buffers (see dist/shard_flat.h). */
 #include "dist/shard_flat.h"
 
+#include "autograd/autograd.h"
 #include "core/frame.h"
 
 ct_tensor *ct_shard_unit_flatten(const ct_shard_unit *u)
@@ -29,5 +30,36 @@ ct_tensor *ct_shard_unit_flatten(const ct_shard_unit *u)
      * their values, which is still a valid state */
     for (int i = 0; i < u->nparams; i++)
         if (ct_tensor_rebind(u->params[i].param, flat, u->params[i].offset)) return NULL;
+    return flat;
+}
+
+ct_tensor *ct_shard_unit_flat_grads(const ct_shard_unit *u)
+{
+    if (!u || u->nparams < 1) {
+        ct_error_set(CT_ERR_INVALID, "shard_unit_flat_grads: a unit with parameters is required");
+        return NULL;
+    }
+    const ct_tensor *p0 = u->params[0].param;
+    for (int i = 0; i < u->nparams; i++) {
+        const ct_tensor *p = u->params[i].param;
+        if (p->dtype != p0->dtype || !ct_device_equal(p->device, p0->device) || !p->requires_grad) {
+            char a[200];
+            ct_error_set(CT_ERR_INVALID,
+                         "shard_unit_flat_grads: unit '%s': parameter %s (%s) %s", u->name, u->params[i].name,
+                         ct_tensor_describe(p, a, sizeof a),
+                         p->requires_grad ? "differs in dtype or device from the unit's first: one buffer holds one "
+                                            "dtype on one device"
+                                          : "does not require grad");
+            return NULL;
+        }
+    }
+    ct_tensor *flat = ct_tensor_empty_on(p0->device, p0->dtype, 1, (const int64_t[]){u->padded});
+    if (!flat || ct_tensor_fill_(flat, 0)) return NULL;
+    for (int i = 0; i < u->nparams; i++) {
+        ct_tensor *p = u->params[i].param;
+        ct_tensor *g = ct_tensor_from_storage(flat->storage, flat->dtype, p->ndim, p->shape, NULL,
+                                              flat->offset + u->params[i].offset);
+        if (!g || (p->grad && ct_tensor_copy_(g, p->grad)) || ct_tensor_set_grad(p, g)) return NULL;
+    }
     return flat;
 }

@@ -17,4 +17,13 @@
  * error names the first that differs, and no parameter has moved. */
 ct_tensor *ct_shard_unit_flatten(const ct_shard_unit *u);
 
+/* A flat gradient buffer for the unit, laid out as its parameters (1-d, u->padded
+ * elements, padding zero, in the current frame): each parameter's .grad becomes its
+ * slice (ct_tensor_set_grad), holding the gradient it had or zeros, so backward
+ * accumulates every gradient of the unit in place, ready for one reduce-scatter or
+ * all-reduce. Filling the buffer with zeros clears them all; ct_tensor_zero_grad (an
+ * optimizer's zero_grad) drops the views instead, and the next backward allocates
+ * gradients of its own again. */
+ct_tensor *ct_shard_unit_flat_grads(const ct_shard_unit *u);
+
 #endif

@@ -2,9 +2,11 @@
  * into one flat buffer keep their values and their identity, and a GPT whose
  * parameters were flattened trains exactly (bit for bit) like one that was not. */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <string.h>
 
 #include "autograd/autograd.h"
+#include "autograd/ops_math.h"
 #include "core/frame.h"
 #include "core/philox.h"
 #include "dist/shard_flat.h"
@@ -150,4 +152,108 @@ Test(shard_flat, a_flattened_gpt_trains_bit_for_bit_like_the_original)
     ct_shard_plan_free(&p);
     ct_module_free(&a->base);
     ct_module_free(&b->base);
+}
+
+/* One forward and backward of the same batch. */
+static void backward_once(ct_gpt *m)
+{
+    int64_t xd[26], yd[26];
+    for (int i = 0; i < 26; i++) xd[i] = (i * 7 + 3) % 61, yd[i] = (i * 5 + 1) % 61;
+    CT_FRAME {
+        ct_tensor *x = ct_tensor_from_data(CT_DTYPE_I64, CT_SHAPE(2, 13), xd);
+        ct_tensor *y = ct_tensor_from_data(CT_DTYPE_I64, CT_SHAPE(2, 13), yd);
+        ct_tensor *lo = ct_gpt_loss(m, x, y);
+        cr_assert_not_null(lo, "%s", ct_last_error());
+        cr_assert_eq(ct_backward(lo), CT_OK, "%s", ct_last_error());
+    }
+}
+
+/* Each parameter's grad in a equals factor x b's: exactly for factor 1, else to within
+ * 1e-5 of the tensor's largest element (a second backward adds each contribution
+ * again: ((g1 + g2) + g1) + g2 for the tied wte, which rounds unlike 2 (g1 + g2)). */
+static void expect_same_grads(ct_gpt *a, ct_gpt *b, double factor)
+{
+    ct_param_list la, lb;
+    cr_assert_eq(ct_module_named_tensors(&a->base, false, &la), CT_OK);
+    cr_assert_eq(ct_module_named_tensors(&b->base, false, &lb), CT_OK);
+    for (int i = 0; i < la.n; i++) {
+        cr_assert_not_null(la.tensors[i]->grad, "%s has a grad", la.names[i]);
+        cr_assert_not_null(lb.tensors[i]->grad);
+        CT_FRAME {
+            ct_tensor *ga = ct_tensor_contiguous(la.tensors[i]->grad), *gb = ct_tensor_contiguous(lb.tensors[i]->grad);
+            const float *x = ct_tensor_data(ga), *y = ct_tensor_data(gb);
+            double big = 0;
+            for (int64_t e = 0; e < ct_tensor_numel(gb); e++) big = fmax(big, fabs(factor * y[e]));
+            for (int64_t e = 0; e < ct_tensor_numel(ga); e++)
+                cr_assert(factor == 1 ? x[e] == y[e] : fabs(x[e] - factor * y[e]) <= 1e-5 * big, "%s[%lld]: %.9g vs %.9g", la.names[i],
+                          (long long)e, x[e], factor * y[e]);
+        }
+    }
+    ct_param_list_free(&la);
+    ct_param_list_free(&lb);
+}
+
+Test(shard_flat, gradients_accumulate_in_the_flat_buffer)
+{
+    ct_gpt *a = small_gpt(), *b = small_gpt();
+    const char *cls[] = {"Block"};
+    ct_shard_plan p;
+    cr_assert_eq(ct_shard_plan_build(&a->base, &(ct_wrap_config){.policy = CT_WRAP_TRANSFORMER, .classes = cls, .nclasses = 1},
+                                     2, &p),
+                 CT_OK);
+    ct_tensor *grads[8];
+    cr_assert(p.nunits <= 8);
+    for (int u = 0; u < p.nunits; u++) {
+        CT_FRAME {
+            ct_tensor *g = ct_shard_unit_flat_grads(&p.units[u]);
+            cr_assert_not_null(g, "%s", ct_last_error());
+            grads[u] = ct_tensor_retain(g);
+        }
+        for (int i = 0; i < p.units[u].nparams; i++) {
+            const ct_tensor *q = p.units[u].params[i].param;
+            cr_expect(q->grad && q->grad->storage == grads[u]->storage && q->grad->offset == p.units[u].params[i].offset);
+        }
+    }
+    backward_once(a);
+    backward_once(b);
+    expect_same_grads(a, b, 1.0);
+    for (int u = 0; u < p.nunits; u++) {
+        for (int i = 0; i < p.units[u].nparams; i++)
+            cr_expect_eq(p.units[u].params[i].param->grad->storage, grads[u]->storage, "backward kept the view");
+        const float *f = ct_tensor_data(grads[u]);
+        for (int64_t e = p.units[u].numel; e < p.units[u].padded; e++) cr_expect_eq(f[e], 0.0f, "padding");
+    }
+    /* a second backward adds: twice the gradient */
+    backward_once(a);
+    expect_same_grads(a, b, 2.0);
+    /* zeroing the buffers clears every gradient */
+    for (int u = 0; u < p.nunits; u++) {
+        cr_assert_eq(ct_tensor_fill_(grads[u], 0), CT_OK);
+        cr_expect_eq(ct_tensor_item(ct_sum_all(ct_abs(p.units[u].params[0].param->grad))), 0.0);
+        ct_tensor_release(grads[u]);
+    }
+    ct_shard_plan_free(&p);
+    ct_module_free(&a->base);
+    ct_module_free(&b->base);
+}
+
+Test(shard_flat, set_grad_checks_its_arguments)
+{
+    CT_FRAME {
+        ct_tensor *w = ct_tensor_zeros(CT_DTYPE_F32, CT_SHAPE(2, 3));
+        ct_tensor *g = ct_tensor_ones(CT_DTYPE_F32, CT_SHAPE(2, 3));
+        cr_expect_neq(ct_tensor_set_grad(w, g), CT_OK, "w does not require grad");
+        cr_expect(strstr(ct_last_error(), "not a leaf that requires grad"), "%s", ct_last_error());
+        cr_assert_eq(ct_tensor_set_requires_grad(w, true), CT_OK);
+        cr_expect_neq(ct_tensor_set_grad(w, ct_tensor_ones(CT_DTYPE_F32, CT_SHAPE(3, 2))), CT_OK);
+        cr_expect(strstr(ct_last_error(), "f32[3, 2]") && strstr(ct_last_error(), "same shape"), "%s", ct_last_error());
+        cr_expect_neq(ct_tensor_set_grad(w, ct_tensor_ones(CT_DTYPE_F64, CT_SHAPE(2, 3))), CT_OK);
+        cr_assert_eq(ct_tensor_set_grad(w, g), CT_OK, "%s", ct_last_error());
+        cr_expect_eq(w->grad, g);
+        /* backward adds into it */
+        ct_tensor *loss = ct_sum_all(ct_mul(w, w));
+        cr_assert_eq(ct_backward(loss), CT_OK, "%s", ct_last_error());
+        cr_expect_eq(w->grad, g, "the same tensor");
+        cr_expect_eq(((const float *)ct_tensor_data(g))[0], 1.0f, "1 + d(w^2)/dw at 0 = 1");
+    }
 }
