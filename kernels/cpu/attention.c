@@ -119,12 +119,12 @@ ct_status ct_cpu_attention(const ct_tensor *q, const ct_tensor *k, const ct_tens
                            double scale, ct_tensor *out, ct_tensor *lse)
 {
     ct_threads_sync();
-    attn_dims dm = attn_dims_of(q, k, v, causal, scale);
-    attn_op oq = attn_op_of(q), ok = attn_op_of(k), ov = attn_op_of(v), oo = attn_op_of(out);
-    attn_op ol = lse ? attn_op_of(lse) : (attn_op){0};
     ct_status st;
     if (ct_cpu_attention_bf16_takes(q, k, v, NULL, NULL, &st)) return ct_cpu_attention_bf16(q, k, v, causal, scale, out, lse);
     if (st) return st;
+    attn_dims dm = attn_dims_of(q, k, v, causal, scale);
+    attn_op oq = attn_op_of(q), ok = attn_op_of(k), ov = attn_op_of(v), oo = attn_op_of(out);
+    attn_op ol = lse ? attn_op_of(lse) : (attn_op){0};
     if (q->dtype == CT_DTYPE_F64) return attn_forward_f64(&dm, &oq, &ok, &ov, &oo, lse ? &ol : NULL);
     return attn_forward_f32(&dm, &oq, &ok, &ov, &oo, lse ? &ol : NULL);
 }
@@ -134,13 +134,13 @@ ct_status ct_cpu_attention_backward(const ct_tensor *dout, const ct_tensor *q, c
                                     bool causal, double scale, ct_tensor *dq, ct_tensor *dk, ct_tensor *dv)
 {
     ct_threads_sync();
-    attn_dims dm = attn_dims_of(q, k, v, causal, scale);
-    attn_op o[9] = {attn_op_of(dout), attn_op_of(q), attn_op_of(k), attn_op_of(v), attn_op_of(out),
-                    attn_op_of(lse),  attn_op_of(dq), attn_op_of(dk), attn_op_of(dv)};
     ct_status st;
     if (ct_cpu_attention_bf16_takes(q, k, v, dout, out, &st))
         return ct_cpu_attention_backward_bf16(dout, q, k, v, out, lse, causal, scale, dq, dk, dv);
     if (st) return st;
+    attn_dims dm = attn_dims_of(q, k, v, causal, scale);
+    attn_op o[9] = {attn_op_of(dout), attn_op_of(q), attn_op_of(k), attn_op_of(v), attn_op_of(out),
+                    attn_op_of(lse),  attn_op_of(dq), attn_op_of(dk), attn_op_of(dv)};
     if (q->dtype == CT_DTYPE_F64) return attn_backward_f64(&dm, o);
     return attn_backward_f32(&dm, o);
 }

@@ -22,6 +22,28 @@ static ct_gpt *small_gpt(void)
     return m;
 }
 
+/* The plan with one unit per Block, for world ranks. */
+static void block_plan(ct_gpt *m, int world, ct_shard_plan *p)
+{
+    const char *cls[] = {"Block"};
+    cr_assert_eq(ct_shard_plan_build(&m->base, &(ct_wrap_config){.policy = CT_WRAP_TRANSFORMER, .classes = cls, .nclasses = 1},
+                                     world, p),
+                 CT_OK, "%s", ct_last_error());
+}
+
+/* make(unit) for every unit of p, each result retained into out (at most 8 units). */
+static void unit_buffers(const ct_shard_plan *p, ct_tensor *(*make)(const ct_shard_unit *), ct_tensor **out)
+{
+    cr_assert(p->nunits <= 8);
+    for (int u = 0; u < p->nunits; u++) {
+        CT_FRAME {
+            ct_tensor *t = make(&p->units[u]);
+            cr_assert_not_null(t, "%s", ct_last_error());
+            out[u] = ct_tensor_retain(t);
+        }
+    }
+}
+
 Test(shard_flat, rebind_moves_values_and_keeps_the_tensor)
 {
     CT_FRAME {
@@ -60,11 +82,8 @@ Test(shard_flat, rebind_moves_values_and_keeps_the_tensor)
 Test(shard_flat, a_unit_becomes_one_padded_buffer)
 {
     ct_gpt *m = small_gpt();
-    const char *cls[] = {"Block"};
     ct_shard_plan p;
-    cr_assert_eq(ct_shard_plan_build(&m->base, &(ct_wrap_config){.policy = CT_WRAP_TRANSFORMER, .classes = cls, .nclasses = 1},
-                                     4, &p),
-                 CT_OK, "%s", ct_last_error());
+    block_plan(m, 4, &p);
     CT_FRAME {
         for (int u = 0; u < p.nunits; u++) {
             const ct_shard_unit *x = &p.units[u];
@@ -121,20 +140,10 @@ static void train(ct_gpt *m, double loss[2], ct_tensor **params_out, int *n_out)
 Test(shard_flat, a_flattened_gpt_trains_bit_for_bit_like_the_original)
 {
     ct_gpt *a = small_gpt(), *b = small_gpt();
-    const char *cls[] = {"Block"};
     ct_shard_plan p;
-    cr_assert_eq(ct_shard_plan_build(&b->base, &(ct_wrap_config){.policy = CT_WRAP_TRANSFORMER, .classes = cls, .nclasses = 1},
-                                     3, &p),
-                 CT_OK);
+    block_plan(b, 3, &p);
     ct_tensor *flats[8];
-    cr_assert(p.nunits <= 8);
-    for (int u = 0; u < p.nunits; u++) {
-        CT_FRAME {
-            ct_tensor *f = ct_shard_unit_flatten(&p.units[u]);
-            cr_assert_not_null(f, "%s", ct_last_error());
-            flats[u] = ct_tensor_retain(f);
-        }
-    }
+    unit_buffers(&p, ct_shard_unit_flatten, flats);
     double la[2], lb[2];
     ct_tensor *pa[64], *pb[64];
     int na, nb;
@@ -196,19 +205,11 @@ static void expect_same_grads(ct_gpt *a, ct_gpt *b, double factor)
 Test(shard_flat, gradients_accumulate_in_the_flat_buffer)
 {
     ct_gpt *a = small_gpt(), *b = small_gpt();
-    const char *cls[] = {"Block"};
     ct_shard_plan p;
-    cr_assert_eq(ct_shard_plan_build(&a->base, &(ct_wrap_config){.policy = CT_WRAP_TRANSFORMER, .classes = cls, .nclasses = 1},
-                                     2, &p),
-                 CT_OK);
+    block_plan(a, 2, &p);
     ct_tensor *grads[8];
-    cr_assert(p.nunits <= 8);
+    unit_buffers(&p, ct_shard_unit_flat_grads, grads);
     for (int u = 0; u < p.nunits; u++) {
-        CT_FRAME {
-            ct_tensor *g = ct_shard_unit_flat_grads(&p.units[u]);
-            cr_assert_not_null(g, "%s", ct_last_error());
-            grads[u] = ct_tensor_retain(g);
-        }
         for (int i = 0; i < p.units[u].nparams; i++) {
             const ct_tensor *q = p.units[u].params[i].param;
             cr_expect(q->grad && q->grad->storage == grads[u]->storage && q->grad->offset == p.units[u].params[i].offset);
