@@ -42,9 +42,39 @@ typedef struct cached_block {
 static _Atomic int64_t live_bytes;
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
 static cached_block *cache_lists[CT_CACHE_CLASSES];
-static int64_t cache_bytes, cache_cap = -1;
+static _Atomic int64_t cache_bytes; /* written under cache_lock; read without it for the peak */
+static int64_t cache_cap = -1;
 
 int64_t ct_storage_live_bytes(void) { return atomic_load(&live_bytes); }
+
+/* the high-water marks of live_bytes and of live_bytes + cache_bytes since the last
+ * reset; only an allocation can raise either (a block moving between use and the cache
+ * leaves the sum alone) */
+static _Atomic int64_t peak_bytes, peak_reserved;
+
+static void raise_to(_Atomic int64_t *peak, int64_t now)
+{
+    int64_t p = atomic_load(peak);
+    while (now > p && !atomic_compare_exchange_weak(peak, &p, now)) {
+    }
+}
+
+static void live_add(int64_t n)
+{
+    int64_t now = atomic_fetch_add(&live_bytes, n) + n;
+    raise_to(&peak_bytes, now);
+    raise_to(&peak_reserved, now + atomic_load(&cache_bytes));
+}
+
+int64_t ct_storage_peak_bytes(void) { return atomic_load(&peak_bytes); }
+int64_t ct_storage_peak_reserved_bytes(void) { return atomic_load(&peak_reserved); }
+
+void ct_storage_peak_reset(void)
+{
+    int64_t live = atomic_load(&live_bytes);
+    atomic_store(&peak_bytes, live);
+    atomic_store(&peak_reserved, live + atomic_load(&cache_bytes));
+}
 
 /* Size class of a request and the capacity every block of that class has:
  * 2^e * (4 + m) / 4 for m in 0..3, the smallest such value >= n. */
@@ -158,7 +188,7 @@ ct_storage *ct_storage_new(ct_device dev, size_t nbytes)
     s->nbytes = nbytes;
     s->capacity = cap;
     s->device = dev;
-    atomic_fetch_add(&live_bytes, (int64_t)nbytes);
+    live_add((int64_t)nbytes);
     return s;
 }
 
@@ -184,13 +214,34 @@ void ct_storage_retain(ct_storage *s)
     if (s) __atomic_add_fetch(&s->refcount, 1, __ATOMIC_RELAXED);
 }
 
+ct_status ct_storage_resize(ct_storage *s, size_t nbytes)
+{
+    if (!s || !s->owned)
+        return ct_error_set(CT_ERR_INVALID, "storage_resize: %s", !s ? "storage is NULL"
+                                                                      : "the storage wraps memory it does not own");
+    if (nbytes == s->nbytes && (s->data || !nbytes)) return CT_OK;
+    void *data = NULL;
+    size_t cap = 0;
+    if (nbytes && !(data = block_alloc(nbytes, &cap)))
+        return ct_error_set(CT_ERR_NOMEM, "storage_resize: cannot allocate %zu bytes on cpu", nbytes);
+    if (s->data) {
+        block_free(s->data, s->capacity);
+        atomic_fetch_sub(&live_bytes, (int64_t)s->nbytes);
+    }
+    s->data = data;
+    s->capacity = cap;
+    s->nbytes = nbytes;
+    live_add((int64_t)nbytes);
+    return CT_OK;
+}
+
 void ct_storage_release(ct_storage *s)
 {
     if (!s) return;
     if (__atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) != 0) return;
     if (s->release) {
         s->release(s->release_ctx, s->data, s->nbytes);
-    } else if (s->owned) {
+    } else if (s->owned && s->data) {
         block_free(s->data, s->capacity);
         atomic_fetch_sub(&live_bytes, (int64_t)s->nbytes);
     }

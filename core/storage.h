@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "core/device.h"
+#include "core/error.h"
 
 typedef void (*ct_storage_release_fn)(void *ctx, void *data, size_t nbytes);
 
@@ -36,9 +37,24 @@ ct_storage *ct_storage_wrap(ct_device dev, void *data, size_t nbytes, ct_storage
 void ct_storage_retain(ct_storage *s);
 void ct_storage_release(ct_storage *s);
 
+/* Gives an owned storage nbytes of fresh, uninitialised memory in place of what it
+ * had, or with 0 no memory at all (data NULL): the object, and every tensor viewing
+ * it, stays. How the sharding engine frees a unit's gathered parameters between uses
+ * and gathers them again into the same tensors (FSDP's storage resize). A tensor of a
+ * storage without memory has no data (ct_tensor_data is NULL); do not compute with it.
+ * Errors: NULL, a wrapped storage, no memory (the old memory is then kept). */
+ct_status ct_storage_resize(ct_storage *s, size_t nbytes);
+
 /* Bytes of CPU storage currently allocated by ctrain and in use (not wrapped
  * buffers, not the cache): for leak tests. */
 int64_t ct_storage_live_bytes(void);
+/* The largest ct_storage_live_bytes since the last ct_storage_peak_reset (which sets
+ * it to the current live bytes): a step's peak, for memory accounting. The reserved
+ * peak counts the cache too (live + cached bytes, what ctrain holds from the system,
+ * as PyTorch's max_memory_reserved beside max_memory_allocated). */
+int64_t ct_storage_peak_bytes(void);
+int64_t ct_storage_peak_reserved_bytes(void);
+void ct_storage_peak_reset(void);
 /* Freed blocks of 128 KiB and more are cached for reuse (at most a quarter of physical
  * memory and at least 1 GiB, or CTRAIN_CPU_CACHE_BYTES; 0 turns the cache off). Bytes
  * held now / release all. */

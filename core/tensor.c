@@ -39,7 +39,7 @@ bool ct_tensor_is_contiguous(const ct_tensor *t)
 
 void *ct_tensor_data(const ct_tensor *t)
 {
-    if (!t || !t->storage) return NULL;
+    if (!t || !t->storage || !t->storage->data) return NULL;
     return (char *)t->storage->data + t->offset * (int64_t)ct_dtype_size(t->dtype);
 }
 
