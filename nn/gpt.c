@@ -115,24 +115,25 @@ ct_gpt *ct_gpt_new(const ct_gpt_config *cfg)
 /* x (B, T, C) -> (B, T, C) */
 ct_tensor *ct_gpt_attention_forward(ct_gpt_attention *m, ct_tensor *x)
 {
-    if (!m || !x) return NULL;
+    if (!m || !x || ct_module_forward_begin(&m->base)) return NULL;
     /* (B, T, 3C) -> causal attention over n_head heads, read and written in place -> (B, T, C) */
     ct_tensor *y = ct_attention_qkv(ct_linear_layer_forward(m->c_attn, x), m->n_head, true, 0.0);
-    return ct_dropout_layer_forward(m->resid_dropout, ct_linear_layer_forward(m->c_proj, y));
+    return ct_module_forward_end(&m->base,
+                                 ct_dropout_layer_forward(m->resid_dropout, ct_linear_layer_forward(m->c_proj, y)));
 }
 
 ct_tensor *ct_gpt_mlp_forward(ct_gpt_mlp *m, ct_tensor *x)
 {
-    if (!m || !x) return NULL;
+    if (!m || !x || ct_module_forward_begin(&m->base)) return NULL;
     ct_tensor *h = ct_gelu(ct_linear_layer_forward(m->c_fc, x));
-    return ct_dropout_layer_forward(m->dropout, ct_linear_layer_forward(m->c_proj, h));
+    return ct_module_forward_end(&m->base, ct_dropout_layer_forward(m->dropout, ct_linear_layer_forward(m->c_proj, h)));
 }
 
 ct_tensor *ct_gpt_block_forward(ct_gpt_block *m, ct_tensor *x)
 {
-    if (!m || !x) return NULL;
+    if (!m || !x || ct_module_forward_begin(&m->base)) return NULL;
     x = ct_add(x, ct_gpt_attention_forward(m->attn, ct_layernorm_layer_forward(m->ln_1, x)));
-    return ct_add(x, ct_gpt_mlp_forward(m->mlp, ct_layernorm_layer_forward(m->ln_2, x)));
+    return ct_module_forward_end(&m->base, ct_add(x, ct_gpt_mlp_forward(m->mlp, ct_layernorm_layer_forward(m->ln_2, x))));
 }
 
 ct_tensor *ct_gpt_forward(ct_gpt *m, ct_tensor *idx)
@@ -144,6 +145,7 @@ ct_tensor *ct_gpt_forward(ct_gpt *m, ct_tensor *idx)
                      ct_tensor_describe(idx, d, sizeof d), (long long)m->cfg.block_size);
         return NULL;
     }
+    if (ct_module_forward_begin(&m->base)) return NULL;
     int64_t T = idx->shape[1];
     ct_tensor *pos = ct_tensor_arange(CT_DTYPE_I64, 0, (double)T, 1);
     ct_tensor *x = ct_add(ct_embedding_layer_forward(m->wte, idx), ct_embedding_layer_forward(m->wpe, pos));
@@ -160,7 +162,7 @@ ct_tensor *ct_gpt_forward(ct_gpt *m, ct_tensor *idx)
     if (logits && logits->dtype != CT_DTYPE_F32 && ct_dtype_is_float(logits->dtype) && logits->dtype != CT_DTYPE_F64)
         logits = ct_cast(logits, CT_DTYPE_F32);
     if (!logits) ct_error_prefix("gpt_forward: ");
-    return logits;
+    return ct_module_forward_end(&m->base, logits);
 }
 
 ct_tensor *ct_gpt_loss(ct_gpt *m, ct_tensor *idx, ct_tensor *targets)

@@ -62,8 +62,8 @@ ct_linear_layer *ct_linear_layer_new(int64_t in, int64_t out, bool bias, double 
 
 ct_tensor *ct_linear_layer_forward(ct_linear_layer *m, ct_tensor *x)
 {
-    if (!m || !x) return NULL;
-    return ct_linear(x, m->weight, m->bias);
+    if (!m || !x || ct_module_forward_begin(&m->base)) return NULL;
+    return ct_module_forward_end(&m->base, ct_linear(x, m->weight, m->bias));
 }
 
 ct_embedding_layer *ct_embedding_layer_new(int64_t num, int64_t dim, double init_std)
@@ -86,8 +86,8 @@ ct_embedding_layer *ct_embedding_layer_new(int64_t num, int64_t dim, double init
 
 ct_tensor *ct_embedding_layer_forward(ct_embedding_layer *m, ct_tensor *ids)
 {
-    if (!m || !ids) return NULL;
-    return ct_embedding(m->weight, ids);
+    if (!m || !ids || ct_module_forward_begin(&m->base)) return NULL;
+    return ct_module_forward_end(&m->base, ct_embedding(m->weight, ids));
 }
 
 ct_layernorm_layer *ct_layernorm_layer_new(int64_t dim, double eps, bool bias)
@@ -111,8 +111,8 @@ ct_layernorm_layer *ct_layernorm_layer_new(int64_t dim, double eps, bool bias)
 
 ct_tensor *ct_layernorm_layer_forward(ct_layernorm_layer *m, ct_tensor *x)
 {
-    if (!m || !x) return NULL;
-    return ct_layernorm(x, m->weight, m->bias, m->eps);
+    if (!m || !x || ct_module_forward_begin(&m->base)) return NULL;
+    return ct_module_forward_end(&m->base, ct_layernorm(x, m->weight, m->bias, m->eps));
 }
 
 ct_rmsnorm_layer *ct_rmsnorm_layer_new(int64_t dim, double eps)
@@ -135,8 +135,8 @@ ct_rmsnorm_layer *ct_rmsnorm_layer_new(int64_t dim, double eps)
 
 ct_tensor *ct_rmsnorm_layer_forward(ct_rmsnorm_layer *m, ct_tensor *x)
 {
-    if (!m || !x) return NULL;
-    return ct_rmsnorm(x, m->weight, m->eps);
+    if (!m || !x || ct_module_forward_begin(&m->base)) return NULL;
+    return ct_module_forward_end(&m->base, ct_rmsnorm(x, m->weight, m->eps));
 }
 
 ct_dropout_layer *ct_dropout_layer_new(double p)
@@ -152,6 +152,6 @@ ct_dropout_layer *ct_dropout_layer_new(double p)
 
 ct_tensor *ct_dropout_layer_forward(ct_dropout_layer *m, ct_tensor *x)
 {
-    if (!m || !x) return NULL;
-    return ct_dropout(x, m->p, m->base.training, m->rng);
+    if (!m || !x || ct_module_forward_begin(&m->base)) return NULL;
+    return ct_module_forward_end(&m->base, ct_dropout(x, m->p, m->base.training, m->rng));
 }

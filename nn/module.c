@@ -49,6 +49,21 @@ void ct_module_free(ct_module *m)
     free(m);
 }
 
+void ct_module_set_hooks(ct_module *m, const ct_module_hooks *h)
+{
+    if (m) m->hooks = h ? *h : (ct_module_hooks){0};
+}
+
+ct_status ct_module_forward_begin(ct_module *m)
+{
+    return m && m->hooks.pre ? m->hooks.pre(m, m->hooks.data) : CT_OK;
+}
+
+ct_tensor *ct_module_forward_end(ct_module *m, ct_tensor *out)
+{
+    return m && m->hooks.post ? m->hooks.post(m, out, m->hooks.data) : out;
+}
+
 static bool name_taken(const ct_module *m, const char *name)
 {
     for (int i = 0; i < m->nparams; i++)

@@ -25,6 +25,16 @@ typedef struct ct_module ct_module;
  * ct_module_free releases). May be NULL. */
 typedef void (*ct_module_destroy_fn)(ct_module *m);
 
+/* Forward hooks: what a wrapper (the sharding engine) runs around a module's forward.
+ * pre runs before the module computes (non-zero fails the forward); post gets the
+ * output (NULL when the forward failed) and returns what the forward returns: out
+ * itself or a tensor standing for it (a new reference in the current frame). */
+typedef struct ct_module_hooks {
+    ct_status (*pre)(ct_module *m, void *data);
+    ct_tensor *(*post)(ct_module *m, ct_tensor *out, void *data);
+    void *data;
+} ct_module_hooks;
+
 typedef struct ct_module_entry {
     char *name;
     ct_tensor *tensor; /* owned reference */
@@ -41,6 +51,7 @@ struct ct_module {
         ct_module *module; /* owned */
     } *children;
     int nchildren;
+    ct_module_hooks hooks; /* all NULL: none */
 };
 
 /* Allocates a module type of `size` bytes (zeroed) whose first member is a
@@ -58,6 +69,20 @@ ct_status ct_module_add_param(ct_module *m, const char *name, ct_tensor *t);
 ct_status ct_module_add_buffer(ct_module *m, const char *name, ct_tensor *t);
 /* Adds child under name; the parent owns it from now on (also on failure). */
 ct_status ct_module_add_child(ct_module *m, const char *name, ct_module *child);
+
+/* Installs h (copied) on m, or removes m's hooks with NULL. One set per module. */
+void ct_module_set_hooks(ct_module *m, const ct_module_hooks *h);
+/* The brackets of every module type's forward, so that hooks run whoever calls it:
+ *
+ *     ct_tensor *my_forward(my_module *m, ct_tensor *x) {
+ *         if (ct_module_forward_begin(&m->base)) return NULL;
+ *         ct_tensor *y = ...;
+ *         return ct_module_forward_end(&m->base, y);
+ *     }
+ *
+ * Without hooks they cost a branch and return CT_OK and out. */
+ct_status ct_module_forward_begin(ct_module *m);
+ct_tensor *ct_module_forward_end(ct_module *m, ct_tensor *out);
 
 /* Sets training (true) or evaluation (false) mode on the whole tree. */
 void ct_module_train(ct_module *m, bool training);
