@@ -106,6 +106,8 @@ ct_status ct_loader_set_epoch(ct_loader *l, int64_t epoch);
  * [0, world_size). */
 ct_status ct_loader_set_shard(ct_loader *l, int rank, int world_size);
 
+/* Items per batch on this rank (the configured batch_size); 0 for NULL. */
+int64_t ct_loader_batch_size(const ct_loader *l);
 /* Batches per epoch on this rank (the same in every epoch). -1 for NULL. */
 int64_t ct_loader_num_batches(const ct_loader *l);
 /* Rows of the last returned batch that repeat earlier samples to even out the

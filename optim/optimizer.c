@@ -215,7 +215,29 @@ ct_status ct_optimizer_step(ct_optimizer *o)
     if (st) return ct_error_prefix("optimizer_step: ");
     o->step++;
     ct_autocast_weights_changed(); /* low-precision copies of the old weights are stale */
-    if (o->hooks.after_step) o->hooks.after_step(o, o->hooks.data);
+    return o->hooks.after_step ? o->hooks.after_step(o, o->hooks.data) : CT_OK;
+}
+
+ct_status ct_optimizer_replace_params(ct_optimizer *o, int n, ct_tensor *const *params)
+{
+    if (!o || (n && !params)) return ct_error_set(CT_ERR_INVALID, "optimizer_replace_params: NULL argument");
+    if (n != o->nparams)
+        return ct_error_set(CT_ERR_INVALID, "optimizer_replace_params: %d parameters given for an optimizer of %d", n,
+                            o->nparams);
+    for (int i = 0; i < n; i++) {
+        const ct_param_state *s = &o->state[i];
+        if (s->exp_avg || s->exp_avg_sq || s->momentum_buffer || s->step)
+            return ct_error_set(CT_ERR_INVALID,
+                                "optimizer_replace_params: parameter %d has been stepped already; replace parameters "
+                                "before the first step", i);
+        ct_status st = check_param(&(ct_optimizer){.nparams = 0}, params[i], i, params, i);
+        if (st) return ct_error_prefix("optimizer_replace_params: ");
+    }
+    for (int i = 0; i < n; i++) {
+        ct_tensor_retain(params[i]);
+        ct_tensor_release(o->params[i]);
+        o->params[i] = params[i];
+    }
     return CT_OK;
 }
 

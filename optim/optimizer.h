@@ -111,6 +111,14 @@ ct_tensor *ct_optimizer_state(const ct_optimizer *o, int i, const char *key);
 /* Updates parameter i has received (its bias-correction step); -1 + error when out of range. */
 int64_t ct_optimizer_param_step(const ct_optimizer *o, int i);
 
+/* Puts params[i] in place of parameter i, for every i (n must be the parameter
+ * count; each keeps its group, lr scale and weight decay), before the first step
+ * (no state yet): how the sharding engine hands the optimizer the slices of the
+ * parameters this rank owns, so its moments are sharded too. Each new parameter is
+ * checked as ct_*_new checks them and retained, the old ones released. Nothing changes
+ * on error. */
+ct_status ct_optimizer_replace_params(ct_optimizer *o, int n, ct_tensor *const *params);
+
 /* Releases the parameters, the state and the handle. NULL is fine. */
 void ct_optimizer_free(ct_optimizer *o);
 
@@ -121,11 +129,12 @@ void ct_optimizer_free(ct_optimizer *o);
  *   before_step:  runs first in ct_optimizer_step. Returns CT_OK to step, a
  *                 non-zero status to fail the step (nothing changed), or sets
  *                 *skip to make the step a no-op that returns CT_OK.
- *   after_step:   runs after a step that updated the parameters.
+ *   after_step:   runs after a step that updated the parameters; its non-zero
+ *                 status is the step's (the update itself has been made).
  *   skip_zero_grad: true makes ct_optimizer_zero_grad do nothing. */
 typedef struct ct_optimizer_hooks {
     ct_status (*before_step)(ct_optimizer *o, void *data, bool *skip);
-    void (*after_step)(ct_optimizer *o, void *data);
+    ct_status (*after_step)(ct_optimizer *o, void *data);
     bool (*skip_zero_grad)(ct_optimizer *o, void *data);
     void *data;
 } ct_optimizer_hooks;

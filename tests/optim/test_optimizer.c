@@ -513,10 +513,11 @@ static ct_status hook_before(ct_optimizer *o, void *data, bool *skip)
     return h->fail ? ct_error_set(h->fail, "hook: refused") : CT_OK;
 }
 
-static void hook_after(ct_optimizer *o, void *data)
+static ct_status hook_after(ct_optimizer *o, void *data)
 {
     (void)o;
     ((hook_log *)data)->after++;
+    return CT_OK;
 }
 
 static bool hook_skip_zero(ct_optimizer *o, void *data)
