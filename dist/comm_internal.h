@@ -116,6 +116,7 @@ struct ct_work {
     ct_tensor *t_out, *t_in; /* retained references (NULL when absent) */
     void *out;               /* data of t_out, or NULL */
     const void *in;          /* data of t_in, or NULL */
+    bool in_scratch;         /* the caller gave in up: a reduction may run in it */
 
     /* a direct allreduce (dist/shm_direct_internal.h) not yet run: the group that will run it;
      * set at submit, cleared under ct_pg_direct_lock when it has run or failed */

@@ -125,6 +125,10 @@ ct_work *ct_pg_allreduce(ct_pg *g, ct_tensor *t, ct_reduce_op op);
 ct_work *ct_pg_allreduce_out(ct_pg *g, ct_tensor *out, const ct_tensor *in, ct_reduce_op op);
 /* in: size * numel(out) elements; rank r gets the reduction of block r */
 ct_work *ct_pg_reduce_scatter(ct_pg *g, ct_tensor *out, const ct_tensor *in, ct_reduce_op op);
+/* The same, with in given up: the reduction may run in in's memory (its contents are
+ * then unspecified), which saves a copy of in (f32, f64, i32, i64; 16-bit inputs are
+ * widened into a buffer of their own anyway). */
+ct_work *ct_pg_reduce_scatter_consume(ct_pg *g, ct_tensor *out, ct_tensor *in, ct_reduce_op op);
 /* out: size * numel(in) elements; block r is rank r's in */
 ct_work *ct_pg_allgather(ct_pg *g, ct_tensor *out, const ct_tensor *in);
 ct_work *ct_pg_broadcast(ct_pg *g, ct_tensor *t, int root);

@@ -160,14 +160,25 @@ ct_work *ct_pg_allreduce_out(ct_pg *g, ct_tensor *out, const ct_tensor *in, ct_r
     return w ? ct_pg_submit(g, w) : NULL;
 }
 
-ct_work *ct_pg_reduce_scatter(ct_pg *g, ct_tensor *out, const ct_tensor *in, ct_reduce_op op)
+static ct_work *reduce_scatter(ct_pg *g, ct_tensor *out, const ct_tensor *in, ct_reduce_op op, bool scratch)
 {
-    const char *name = "reduce_scatter";
+    const char *name = scratch ? "reduce_scatter_consume" : "reduce_scatter";
     if (!check_group(g, name) || !check_tensor(g, name, "out", out) || !check_tensor(g, name, "in", in) ||
         !check_reduce(g, name, in, op) || !check_pair(g, name, "in", in, "out", out, g->size))
         return NULL;
     ct_work *w = make(g, CT_OP_REDUCE_SCATTER, op, in->dtype, ct_tensor_numel(in), 0, out, in);
+    if (w) w->in_scratch = scratch; /* before the comm thread can see it */
     return w ? ct_pg_submit(g, w) : NULL;
+}
+
+ct_work *ct_pg_reduce_scatter(ct_pg *g, ct_tensor *out, const ct_tensor *in, ct_reduce_op op)
+{
+    return reduce_scatter(g, out, in, op, false);
+}
+
+ct_work *ct_pg_reduce_scatter_consume(ct_pg *g, ct_tensor *out, ct_tensor *in, ct_reduce_op op)
+{
+    return reduce_scatter(g, out, in, op, true);
 }
 
 ct_work *ct_pg_allgather(ct_pg *g, ct_tensor *out, const ct_tensor *in)

@@ -165,6 +165,8 @@ static ct_status ring_start(ct_work *w)
         }
         break;
     }
+    /* a reduce-scatter whose caller gave its input up reduces in it: no copy */
+    if (R->mode == MODE_RS && w->in_scratch && R->acc == R->dt) R->work = (uint8_t *)(uintptr_t)w->in;
     if (R->mode != MODE_AG && !R->work) {
         R->work = malloc(nbytes + 1);
         if (!R->work) return CT_ERR_NOMEM;

@@ -135,7 +135,7 @@ static bool batch(rank_ctx *c, ct_pg *g, ct_dtype dt, int64_t m, int salt, bool 
     bool ok = true;
     ct_frame_push();
 #define SUBMIT(name, expr) (names[nw] = (name), w[nw++] = (expr))
-    ct_tensor *ar_in[4] = {0}, *ar_io[4] = {0}, *ar_out[4] = {0}, *rs_out[4] = {0}, *rd[4] = {0};
+    ct_tensor *ar_in[4] = {0}, *ar_io[4] = {0}, *ar_out[4] = {0}, *rs_out[4] = {0}, *rd[4] = {0}, *rsc_out[4] = {0};
     int red_root = (int)((m + 1) % n);
     if (reductions) {
         for (int k = 0; k < 4; k++) {
@@ -147,6 +147,10 @@ static bool batch(rank_ctx *c, ct_pg *g, ct_dtype dt, int64_t m, int salt, bool 
             rs_out[k] = ct_tensor_empty(dt, 1, (int64_t[]){m});
             ct_tensor *rs_in = filled(dt, n * m, r, 0, salt + 20 + k);
             SUBMIT("reduce_scatter", ct_pg_reduce_scatter(g, rs_out[k], rs_in, OPS[k]));
+            /* the input given up: reduced in place, the same result */
+            rsc_out[k] = ct_tensor_empty(dt, 1, (int64_t[]){m});
+            SUBMIT("reduce_scatter_consume",
+                   ct_pg_reduce_scatter_consume(g, rsc_out[k], filled(dt, n * m, r, 0, salt + 50 + k), OPS[k]));
             rd[k] = filled(dt, m, r, 0, salt + 30 + k);
             SUBMIT("reduce", ct_pg_reduce(g, rd[k], red_root, OPS[k]));
         }
@@ -181,6 +185,8 @@ static bool batch(rank_ctx *c, ct_pg *g, ct_dtype dt, int64_t m, int salt, bool 
             x.salt = salt + 20 + k;
             x.i0 = r * m;
             ok &= check(c, "reduce_scatter", rs_out[k], m, want_red, &x);
+            x.salt = salt + 50 + k;
+            ok &= check(c, "reduce_scatter_consume", rsc_out[k], m, want_red, &x);
             x.salt = salt + 30 + k;
             x.i0 = 0;
             if (r == red_root) {
