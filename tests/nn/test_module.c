@@ -7,6 +7,7 @@
 
 #include "core/frame.h"
 #include "core/safetensors.h"
+#include "nn/layers.h"
 #include "nn/module.h"
 #include "tests/tmpdir.h"
 
@@ -147,4 +148,50 @@ Test(module, load_round_trip_strict_and_reports, .init = setup_dir, .fini = remo
     cr_assert(strstr(ct_last_error(), "/nonexistent/file.safetensors"), "%s", ct_last_error());
     ct_module_free(src);
     ct_module_free(dst);
+}
+
+/* ---- forward hooks ------------------------------------------------------------------ */
+
+typedef struct hook_log {
+    int pre, post;
+    bool fail;
+} hook_log;
+
+static ct_status log_pre(ct_module *m, void *data)
+{
+    (void)m;
+    hook_log *h = data;
+    h->pre++;
+    return h->fail ? ct_error_set(CT_ERR_INVALID, "pre hook refused") : CT_OK;
+}
+
+static ct_tensor *log_post(ct_module *m, ct_tensor *out, void *data)
+{
+    (void)m;
+    ((hook_log *)data)->post++;
+    return out ? ct_tensor_full(out->dtype, out->ndim, out->shape, 7.0) : NULL; /* stands for out */
+}
+
+Test(module, forward_hooks_run_around_a_layers_forward)
+{
+    ct_linear_layer *l = ct_linear_layer_new(3, 2, true, 0.1);
+    hook_log h = {0};
+    CT_FRAME {
+        ct_tensor *x = ct_tensor_ones(CT_DTYPE_F32, CT_SHAPE(4, 3));
+        ct_tensor *y = ct_linear_layer_forward(l, x);
+        cr_assert_not_null(y);
+        cr_assert_eq(h.pre + h.post, 0, "no hooks, nothing runs");
+        ct_module_set_hooks(&l->base, &(ct_module_hooks){.pre = log_pre, .post = log_post, .data = &h});
+        y = ct_linear_layer_forward(l, x);
+        cr_assert(h.pre == 1 && h.post == 1);
+        cr_assert_eq(((float *)ct_tensor_data(y))[0], 7.0f, "post's tensor is what the forward returns");
+        h.fail = true;
+        cr_assert_null(ct_linear_layer_forward(l, x), "a failing pre hook fails the forward");
+        cr_assert(strstr(ct_last_error(), "pre hook refused"));
+        cr_assert_eq(h.post, 1, "and nothing ran after it");
+        ct_module_set_hooks(&l->base, NULL);
+        cr_assert_not_null(ct_linear_layer_forward(l, x));
+        cr_assert_eq(h.pre, 2);
+    }
+    ct_module_free(&l->base);
 }

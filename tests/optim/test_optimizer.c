@@ -585,3 +585,34 @@ Test(optimizer, hooks_skip_steps_and_zero_grad_and_hold_the_scheduler)
         ct_optimizer_free(o);
     }
 }
+
+Test(optimizer, replace_params_swaps_each_parameter_before_the_first_step)
+{
+    CT_FRAME {
+        ct_tensor *a = ct_tensor_full(CT_DTYPE_F32, CT_SHAPE(4), 1.0), *b = ct_tensor_full(CT_DTYPE_F32, CT_SHAPE(2), 2.0);
+        ct_optimizer *o = ct_sgd_new(1, &a, &(ct_sgd_config){.lr = 0.5});
+        cr_assert_not_null(o);
+        ct_optimizer_add_group(o, 1, &b, &(ct_param_group_config){.lr_scale = 2});
+        /* slices: a's first two elements, b's last one */
+        ct_tensor *sa = ct_tensor_narrow(a, 0, 0, 2), *sb = ct_tensor_narrow(b, 0, 1, 1);
+        cr_assert_eq(ct_optimizer_replace_params(o, 1, (ct_tensor *[]){sa}), CT_ERR_INVALID, "the count must match");
+        cr_assert_eq(ct_optimizer_replace_params(o, 2, (ct_tensor *[]){sa, sa}), CT_ERR_INVALID, "twice");
+        cr_assert_eq(ct_optimizer_replace_params(o, 2, (ct_tensor *[]){sa, sb}), CT_OK, "%s", ct_last_error());
+        cr_assert_eq(ct_optimizer_param(o, 1), sb);
+        sa->grad = ct_tensor_retain(ct_tensor_full(CT_DTYPE_F32, CT_SHAPE(2), 1.0));
+        sb->grad = ct_tensor_retain(ct_tensor_full(CT_DTYPE_F32, CT_SHAPE(1), 1.0));
+        cr_assert_eq(ct_optimizer_step(o), CT_OK);
+        /* a: 1 - 0.5 on the slice only; b: 2 - 2 * 0.5 on its last element (group lr x2) */
+        const float *pa = ct_tensor_data(a), *pb = ct_tensor_data(b);
+        cr_assert(pa[0] == 0.5f && pa[1] == 0.5f && pa[2] == 1.0f && pa[3] == 1.0f);
+        cr_assert(pb[0] == 2.0f && pb[1] == 1.0f);
+        cr_assert_eq(ct_optimizer_replace_params(o, 2, (ct_tensor *[]){a, b}), CT_ERR_INVALID, "after a step");
+        ct_optimizer *m = ct_adamw_new(1, &a, NULL);
+        a->grad = ct_tensor_retain(ct_tensor_full(CT_DTYPE_F32, CT_SHAPE(4), 1.0));
+        cr_assert_eq(ct_optimizer_step(m), CT_OK);
+        cr_assert_eq(ct_optimizer_replace_params(m, 1, &sa), CT_ERR_INVALID, "after a step");
+        cr_assert(strstr(ct_last_error(), "before the first step"), "%s", ct_last_error());
+        ct_optimizer_free(m);
+        ct_optimizer_free(o);
+    }
+}
