@@ -1,0 +1,409 @@
+/* ctrain — the sharding engine: set-up, the optimizer's slices, accounting (see
+ * dist/shard.h; gathering in dist/shard_params.c, reductions in dist/shard_grads.c). */
+#include "dist/shard_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+#include "autograd/autograd.h"
+#include "core/frame.h"
+#include "core/storage.h"
+#include "dist/env.h"
+#include "dist/shard_flat.h"
+
+double ct_shard_now(void) { return (double)uv_hrtime() * 1e-9; }
+
+const char *ct_shard_strategy_name(ct_shard_strategy st)
+{
+    static const char *const names[] = {"NO_SHARD", "OPTIMIZER", "GRAD_OP", "FULL", "HYBRID"};
+    return st >= CT_SHARD_NO_SHARD && st <= CT_SHARD_HYBRID ? names[st] : "invalid";
+}
+
+void ct_shard_count_sent(ct_shard *s, int64_t nbytes, int g, int factor)
+{
+    if (g > 1) s->run_sent += factor * (nbytes / g) * (g - 1);
+}
+
+ct_status ct_shard_op_wait(ct_shard *s, shard_op *op)
+{
+    if (!op->work) return CT_OK;
+    double t = ct_shard_now();
+    ct_status st = ct_work_wait(op->work);
+    s->run_exposed += ct_shard_now() - t;
+    double t1 = ct_work_end_time(op->work);
+    if (s->niv == s->cap_iv) {
+        int cap = s->cap_iv ? 2 * s->cap_iv : 64;
+        shard_interval *iv = realloc(s->iv, (size_t)cap * sizeof *iv);
+        if (iv) s->iv = iv, s->cap_iv = cap;
+    }
+    if (s->niv < s->cap_iv) s->iv[s->niv++] = (shard_interval){op->t_submit, t1 > 0 ? t1 : ct_shard_now()};
+    ct_work_free(op->work);
+    ct_tensor_release(op->keep);
+    *op = (shard_op){0};
+    if (st) s->failed = true;
+    return st;
+}
+
+ct_status ct_shard_drain(ct_shard *s)
+{
+    ct_status first = CT_OK;
+    for (int i = 0; i < s->plan.nunits; i++) {
+        ct_status a = ct_shard_op_wait(s, &s->units[i].gather);
+        if (a == CT_OK && !s->units[i].gathered && s->units[i].flat && ct_tensor_data(s->units[i].flat))
+            s->units[i].gathered = true; /* a prefetch that completed */
+        ct_status b = ct_shard_op_wait(s, &s->units[i].reduce);
+        ct_status c = ct_shard_op_wait(s, &s->units[i].replica);
+        if (!first) first = a ? a : b ? b : c;
+    }
+    return first;
+}
+
+static int cmp_interval(const void *a, const void *b)
+{
+    double x = ((const shard_interval *)a)->t0, y = ((const shard_interval *)b)->t0;
+    return (x > y) - (x < y);
+}
+
+void ct_shard_step_done(ct_shard *s)
+{
+    /* comm time: the union of the collectives' [submitted, completed] intervals */
+    qsort(s->iv, (size_t)s->niv, sizeof *s->iv, cmp_interval);
+    double comm = 0, end = -1;
+    for (int i = 0; i < s->niv; i++) {
+        double t0 = s->iv[i].t0 > end ? s->iv[i].t0 : end;
+        if (s->iv[i].t1 > t0) comm += s->iv[i].t1 - t0;
+        if (s->iv[i].t1 > end) end = s->iv[i].t1;
+    }
+    s->stats.steps++;
+    s->stats.bytes_sent = s->run_sent;
+    s->stats.gathers = s->run_gathers;
+    s->stats.comm_s = comm;
+    s->stats.exposed_s = s->run_exposed < comm ? s->run_exposed : comm;
+    s->stats.memory.step_peak = ct_storage_peak_bytes();
+    s->stats.memory.step_peak_reserved = ct_storage_peak_reserved_bytes();
+    ct_storage_peak_reset();
+    s->run_sent = s->run_gathers = 0;
+    s->run_exposed = 0;
+    s->niv = 0;
+}
+
+/* ---- set-up ---------------------------------------------------------------------- */
+
+static ct_status check_config(const ct_shard_config *c)
+{
+    if (c->strategy == CT_SHARD_NO_SHARD)
+        return ct_error_set(CT_ERR_INVALID, "strategy NO_SHARD replicates the parameters: use DDP (dist/ddp.h)");
+    if (c->strategy < CT_SHARD_NO_SHARD || c->strategy > CT_SHARD_HYBRID)
+        return ct_error_set(CT_ERR_INVALID, "strategy %d; allowed: OPTIMIZER, GRAD_OP, FULL, HYBRID", (int)c->strategy);
+    if (c->backward_prefetch < CT_PREFETCH_BACKWARD_PRE || c->backward_prefetch > CT_PREFETCH_NONE)
+        return ct_error_set(CT_ERR_INVALID, "backward_prefetch %d; allowed: BACKWARD_PRE, BACKWARD_POST, NONE",
+                            (int)c->backward_prefetch);
+    if (c->shard_group_size < 0)
+        return ct_error_set(CT_ERR_INVALID, "shard_group_size = %d; expected >= 1 (0 = ranks per machine)",
+                            c->shard_group_size);
+    return CT_OK;
+}
+
+/* Sub-groups of consecutive blocks of S ranks (stride 1) or of ranks j, j+S, ...
+ * (stride S): every rank calls ct_pg_new_subgroup for every group, in order, and
+ * keeps the one it belongs to. */
+static ct_status make_groups(ct_shard *s, bool replica, ct_pg **out)
+{
+    const int S = s->sworld, count = replica ? S : s->world / S, size = replica ? s->world / S : S;
+    int *ranks = malloc((size_t)size * sizeof *ranks);
+    if (!ranks) return ct_error_set(CT_ERR_NOMEM, "out of memory");
+    ct_status st = CT_OK;
+    for (int g = 0; g < count && !st; g++) {
+        for (int i = 0; i < size; i++) ranks[i] = replica ? g + i * S : g * S + i;
+        ct_pg *p = ct_pg_new_subgroup(s->pg, ranks, size);
+        if (p) *out = p;
+        else st = ct_last_status();
+    }
+    free(ranks);
+    return st;
+}
+
+/* Rank 0's parameters and buffers on every rank. */
+static ct_status broadcast_state(ct_shard *s)
+{
+    ct_param_list bufs = {0};
+    ct_status st = ct_module_named_tensors(s->model, true, &bufs);
+    ct_work **w = st ? NULL : calloc((size_t)(s->plan.nunits + bufs.n + 1), sizeof *w);
+    if (!st && !w) st = ct_error_set(CT_ERR_NOMEM, "out of memory");
+    int nw = 0;
+    for (int i = 0; i < s->plan.nunits && !st; i++)
+        if (!(w[nw++] = ct_pg_broadcast(s->pg, s->units[i].flat, 0))) st = ct_last_status();
+    for (int i = 0; i < bufs.n && !st; i++) {
+        ct_tensor *t = bufs.tensors[i];
+        if (t->requires_grad && ct_tensor_is_leaf(t)) continue; /* a parameter: in its unit */
+        if (!ct_tensor_is_contiguous(t)) continue;
+        if (!(w[nw++] = ct_pg_broadcast(s->pg, t, 0))) st = ct_last_status();
+    }
+    for (int i = 0; i < nw; i++) {
+        ct_status ws = w[i] ? ct_work_wait(w[i]) : CT_OK;
+        if (!st) st = ws;
+        ct_work_free(w[i]);
+    }
+    free(w);
+    ct_param_list_free(&bufs);
+    return st;
+}
+
+static ct_status setup_unit(ct_shard *s, int i)
+{
+    shard_unit *u = &s->units[i];
+    u->engine = s;
+    u->plan = &s->plan.units[i];
+    u->index = i;
+    u->gathered = true;
+    for (int k = 0; k < u->plan->nparams; k++) u->nreq += u->plan->params[k].param->requires_grad;
+    ct_status st = CT_OK;
+    CT_FRAME {
+        ct_tensor *flat = ct_shard_unit_flatten(u->plan);
+        if (!flat) st = ct_last_status();
+        else u->flat = ct_tensor_retain(flat);
+        if (flat) s->gathered_bytes += ct_tensor_nbytes(flat);
+    }
+    return st;
+}
+
+/* The slices and gradient buffers, once the parameters are rank 0's. */
+static ct_status setup_shards(ct_shard *s, int i)
+{
+    shard_unit *u = &s->units[i];
+    const int64_t n = u->plan->shard, at = (int64_t)s->srank * n;
+    ct_status st = CT_OK;
+    CT_FRAME {
+        ct_tensor *mine = ct_tensor_narrow(u->flat, 0, at, n);
+        ct_tensor *shard = !mine ? NULL : s->free_params ? ct_tensor_clone(mine) : mine;
+        ct_tensor *g = ct_tensor_empty_on(u->flat->device, u->flat->dtype, 1, (const int64_t[]){n});
+        if (!shard || !g || ct_tensor_fill_(g, 0)) st = ct_last_status();
+        else {
+            u->shard = ct_tensor_retain(shard);
+            /* offloaded, the reduced gradient moves to the master side each step */
+            if (s->cfg.offload_optimizer) u->master_grad = ct_tensor_retain(g);
+            else u->grad_shard = ct_tensor_retain(g);
+        }
+        if (!st && s->cfg.offload_optimizer) {
+            ct_tensor *m = ct_tensor_clone(shard);
+            if (!m) st = ct_last_status();
+            else u->master = ct_tensor_retain(m);
+        }
+        if (!st && s->cfg.strategy == CT_SHARD_OPTIMIZER && u->nreq == u->plan->nparams) {
+            ct_tensor *fg = ct_shard_unit_flat_grads(u->plan);
+            if (!fg) st = ct_last_status();
+            else u->flat_grad = ct_tensor_retain(fg);
+        }
+    }
+    if (!st && s->free_params) ct_shard_reshard(s, u);
+    return st;
+}
+
+ct_shard *ct_shard_new(ct_pg *pg, ct_module *model, const ct_shard_config *cfg)
+{
+    if (!pg || !model) {
+        ct_error_set(CT_ERR_INVALID, "shard_new: %s is NULL", !pg ? "group" : "model");
+        return NULL;
+    }
+    const ct_shard_config c = cfg ? *cfg : (ct_shard_config){.strategy = CT_SHARD_FULL};
+    const int rank = ct_pg_rank(pg), world = ct_pg_size(pg);
+    ct_status st = check_config(&c);
+    if (st) {
+        ct_error_prefix("shard_new (rank %d of %d): ", rank, world);
+        return NULL;
+    }
+    ct_shard *s = calloc(1, sizeof *s);
+    if (!s) {
+        ct_error_set(CT_ERR_NOMEM, "shard_new: out of memory");
+        return NULL;
+    }
+    s->pg = pg, s->model = model, s->cfg = c;
+    s->rank = rank, s->world = world;
+    s->sync = true;
+    s->root = -1;
+    s->free_params = c.strategy == CT_SHARD_FULL || c.strategy == CT_SHARD_HYBRID;
+    s->sworld = world;
+    if (c.strategy == CT_SHARD_HYBRID) {
+        s->sworld = c.shard_group_size;
+        if (!s->sworld && (st = ct_dist_env_int("LOCAL_WORLD_SIZE", world, 1, &s->sworld))) goto fail;
+        if (s->sworld > world || world % s->sworld) {
+            st = ct_error_set(CT_ERR_INVALID, "HYBRID: a shard group of %d ranks%s does not divide the %d ranks",
+                              s->sworld, c.shard_group_size ? "" : " (LOCAL_WORLD_SIZE)", world);
+            goto fail;
+        }
+    }
+    s->srank = rank % s->sworld;
+    s->replicas = world / s->sworld;
+    /* a shard group of one holds everything: nothing to free between uses */
+    if (s->sworld == 1) s->free_params = false;
+    if ((st = ct_shard_plan_build(model, &c.wrap, s->sworld, &s->plan))) goto fail;
+    if (!(s->units = calloc((size_t)s->plan.nunits, sizeof *s->units)) ||
+        !(s->order = calloc((size_t)s->plan.nunits, sizeof *s->order)) ||
+        !(s->reduce_order = calloc((size_t)s->plan.nunits, sizeof *s->reduce_order))) {
+        st = ct_error_set(CT_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    for (int i = 0; i < s->plan.nunits && !st; i++) {
+        st = setup_unit(s, i);
+        if (s->plan.units[i].module == model) s->root = i;
+    }
+    /* the parameters' old storage, left in the allocator's cache by the flattening,
+     * goes back to the system: a sharded run is about memory */
+    ct_storage_cache_clear();
+    if (!st && !c.no_broadcast) st = broadcast_state(s);
+    if (!st) st = make_groups(s, false, &s->gather_pg);
+    if (!st) st = make_groups(s, false, &s->reduce_pg);
+    if (!st && s->replicas > 1) st = make_groups(s, true, &s->replica_pg);
+    for (int i = 0; i < s->plan.nunits && !st; i++) st = setup_shards(s, i);
+    if (st) goto fail;
+    /* reductions in the order backward finishes the units: the inner units from the
+     * last to the first, the root (whose tied and first-used parameters finish last) at
+     * the end */
+    int k = 0;
+    for (int i = s->plan.nunits - 1; i >= 0; i--)
+        if (i != s->root) s->reduce_order[k++] = i;
+    if (s->root >= 0) s->reduce_order[k++] = s->root;
+    s->shard_ready = true;
+    if ((st = ct_shard_grad_hooks_install(s))) goto fail;
+    ct_shard_hooks_install(s);
+    s->stats.memory.gathered_peak = s->gathered_bytes;
+    s->stats.strategy = c.strategy;
+    s->stats.units = s->plan.nunits;
+    s->stats.numel = s->plan.numel;
+    s->stats.padded = s->plan.padded;
+    s->stats.shard_world = s->sworld;
+    s->stats.replicas = s->replicas;
+    s->stats.memory.setup_peak_reserved = ct_storage_peak_reserved_bytes();
+    ct_storage_peak_reset();
+    return s;
+fail:
+    ct_error_prefix("shard_new (rank %d of %d, %s): ", rank, world, ct_shard_strategy_name(c.strategy));
+    ct_shard_free(s);
+    return NULL;
+}
+
+/* ---- the optimizer's slices ---------------------------------------------------------- */
+
+static bool find_param(const ct_shard *s, const ct_tensor *p, int *unit, const ct_shard_param **sp)
+{
+    for (int i = 0; i < s->plan.nunits; i++)
+        for (int k = 0; k < s->plan.units[i].nparams; k++)
+            if (s->plan.units[i].params[k].param == p) {
+                *unit = i, *sp = &s->plan.units[i].params[k];
+                return true;
+            }
+    return false;
+}
+
+ct_status ct_shard_prepare_optimizer(ct_shard *s, ct_optimizer *opt)
+{
+    if (!s || !opt) return ct_error_set(CT_ERR_INVALID, "shard_prepare_optimizer: NULL argument");
+    if (s->slices) return ct_error_set(CT_ERR_INVALID, "shard_prepare_optimizer: an optimizer is prepared already");
+    const int n = ct_optimizer_param_count(opt);
+    ct_tensor **slices = calloc((size_t)(n ? n : 1), sizeof *slices);
+    int *unit = calloc((size_t)(n ? n : 1), sizeof *unit);
+    int64_t *off = calloc((size_t)(n ? n : 1), sizeof *off);
+    ct_status st = slices && unit && off ? CT_OK : ct_error_set(CT_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n && !st; i++) {
+        const ct_tensor *p = ct_optimizer_param(opt, i);
+        const ct_shard_param *sp = NULL;
+        int ui = -1;
+        char d[200];
+        if (!find_param(s, p, &ui, &sp)) {
+            st = ct_error_set(CT_ERR_INVALID, "optimizer parameter %d (%s) is not a parameter of the prepared model", i,
+                              ct_tensor_describe(p, d, sizeof d));
+            break;
+        }
+        const shard_unit *u = &s->units[ui];
+        const ct_tensor *base = u->master ? u->master : u->shard;
+        int64_t b, e;
+        ct_shard_param_slice(u->plan, sp, s->srank, &b, &e);
+        ct_tensor *t;
+        if (b == e) { /* this rank's slices miss the parameter */
+            t = ct_tensor_empty_on(p->device, p->dtype, 1, (const int64_t[]){0});
+            unit[i] = -1;
+        } else {
+            off[i] = sp->offset + b - (int64_t)s->srank * u->plan->shard;
+            t = ct_tensor_from_storage(base->storage, base->dtype, 1, (const int64_t[]){e - b}, NULL,
+                                       base->offset + off[i]);
+            unit[i] = ui;
+        }
+        if (!t) st = ct_last_status();
+        else if (!(slices[i] = ct_tensor_retain(t)) || (st = ct_tensor_set_requires_grad(slices[i], true))) break;
+    }
+    if (!st) st = ct_optimizer_replace_params(opt, n, slices);
+    if (st) {
+        for (int i = 0; slices && i < n; i++) ct_tensor_release(slices[i]);
+        free(slices), free(unit), free(off);
+        return ct_error_prefix("shard_prepare_optimizer (rank %d): ", s->rank);
+    }
+    s->slices = slices, s->slice_unit = unit, s->slice_offset = off, s->nslices = n;
+    s->opt = opt;
+    return CT_OK;
+}
+
+ct_tensor *const *ct_shard_slices(const ct_shard *s, int *n)
+{
+    if (n) *n = s ? s->nslices : 0;
+    return s ? s->slices : NULL;
+}
+
+/* ---- accounting ------------------------------------------------------------------ */
+
+static int64_t nbytes_of(const ct_tensor *t) { return t ? ct_tensor_numel(t) * (int64_t)ct_dtype_size(t->dtype) : 0; }
+
+ct_shard_stats ct_shard_stats_get(const ct_shard *s)
+{
+    if (!s) return (ct_shard_stats){0};
+    ct_shard_stats st = s->stats;
+    ct_shard_memory *m = &st.memory;
+    m->params = m->grads = m->optimizer = m->master = 0;
+    for (int i = 0; i < s->plan.nunits; i++) {
+        const shard_unit *u = &s->units[i];
+        m->params += nbytes_of(s->free_params ? u->shard : u->flat);
+        m->grads += nbytes_of(u->grad_shard) + nbytes_of(u->flat_grad);
+        m->master += nbytes_of(u->master) + nbytes_of(u->master_grad);
+    }
+    static const char *const adam_keys[] = {"exp_avg", "exp_avg_sq"}, *const sgd_keys[] = {"momentum_buffer"};
+    const bool sgd = s->opt && !strcmp(ct_optimizer_name(s->opt), "sgd");
+    for (int i = 0; s->opt && i < s->nslices; i++)
+        for (int k = 0; k < (sgd ? 1 : 2); k++)
+            m->optimizer += nbytes_of(ct_optimizer_state(s->opt, i, sgd ? sgd_keys[k] : adam_keys[k]));
+    return st;
+}
+
+const ct_shard_plan *ct_shard_get_plan(const ct_shard *s) { return s ? &s->plan : NULL; }
+
+/* ---- the end ------------------------------------------------------------------------ */
+
+void ct_shard_free(ct_shard *s)
+{
+    if (!s) return;
+    if (s->units) {
+        ct_status st = ct_shard_drain(s);
+        ct_shard_hooks_remove(s);
+        ct_shard_grad_hooks_remove(s);
+        /* the model keeps its values: gather every unit back (collective) */
+        if (!st && !s->failed && s->free_params && s->gather_pg && s->shard_ready)
+            for (int i = 0; i < s->plan.nunits && !st; i++) st = ct_shard_gather_wait(s, &s->units[i]);
+        ct_shard_drain(s);
+    }
+    for (int i = 0; s->units && i < s->plan.nunits; i++) {
+        shard_unit *u = &s->units[i];
+        ct_tensor_release(u->flat);
+        ct_tensor_release(u->shard);
+        ct_tensor_release(u->grad_shard);
+        ct_tensor_release(u->flat_grad);
+        ct_tensor_release(u->master);
+        ct_tensor_release(u->master_grad);
+    }
+    for (int i = 0; i < s->nslices; i++) ct_tensor_release(s->slices[i]);
+    free(s->slices), free(s->slice_unit), free(s->slice_offset);
+    ct_pg_free(s->gather_pg);
+    ct_pg_free(s->reduce_pg);
+    ct_pg_free(s->replica_pg);
+    ct_shard_plan_free(&s->plan);
+    free(s->units), free(s->order), free(s->reduce_order), free(s->iv);
+    free(s);
+}

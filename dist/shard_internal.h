@@ -1,0 +1,115 @@
+/* ctrain — the sharding engine's handle, shared by dist/shard.c (set-up, optimizer
+ * slices, accounting), dist/shard_params.c (gathering and freeing units, the forward
+ * hooks, prefetch) and dist/shard_grads.c (reductions, finish, clipping). Not
+ * installed. */
+#ifndef CT_DIST_SHARD_INTERNAL_H
+#define CT_DIST_SHARD_INTERNAL_H
+
+#include "dist/shard.h"
+
+/* One collective in flight, with what it holds and when it started. */
+typedef struct shard_op {
+    ct_work *work;
+    ct_tensor *keep; /* an input it needs until it completes (owned), or NULL */
+    double t_submit;
+} shard_op;
+
+typedef struct shard_unit {
+    struct ct_shard *engine;
+    ct_shard_unit *plan; /* borrowed from the engine's plan */
+    int index;
+    ct_tensor *flat;     /* owned: padded full buffer; the module's parameters are its views.
+                          * FULL/HYBRID: its storage has memory only while gathered */
+    ct_tensor *shard;    /* owned: this rank's slice; a view of flat (OPTIMIZER, GRAD_OP) or
+                          * its own buffer, the only persistent copy (FULL, HYBRID) */
+    ct_tensor *grad_shard; /* owned: this rank's averaged gradient slice */
+    ct_tensor *flat_grad;  /* OPTIMIZER: owned persistent full gradient buffer (the
+                            * parameters' .grad are its views) */
+    ct_tensor *master;      /* CPU offload: owned fp32 master slice, what the optimizer steps */
+    ct_tensor *master_grad; /* CPU offload: owned, its gradient (grad_shard then lives
+                             * only from the reduction to the copy into this) */
+    bool gathered;       /* the full parameters hold data */
+    shard_op gather;     /* an all-gather into flat in flight (work NULL: none) */
+    shard_op reduce;     /* the reduce-scatter of this step's gradients (work NULL: none) */
+    shard_op replica;    /* HYBRID: the all-reduce of the reduced slice over the replicas */
+    int nreq;            /* parameters that require grad */
+    int pending;         /* grad-ready hooks still to fire in this backward */
+    bool grads_ready;    /* this backward's gradients are final (or finish says so) */
+    bool reduced;        /* submitted this step */
+} shard_unit;
+
+/* What a collective's [submit, end] interval was, for the step's comm time. */
+typedef struct shard_interval {
+    double t0, t1;
+} shard_interval;
+
+struct ct_shard {
+    ct_pg *pg;          /* borrowed: every rank */
+    ct_pg *gather_pg;   /* owned: the shard group, for all-gathers */
+    ct_pg *reduce_pg;   /* owned: the shard group again, for reduce-scatters (its own order) */
+    ct_pg *replica_pg;  /* owned: HYBRID's ranks holding the same slice; NULL when one */
+    int rank, world;    /* in pg */
+    int srank, sworld;  /* in the shard group */
+    int replicas;
+    ct_shard_config cfg;
+    ct_module *model;
+    ct_shard_plan plan;
+    shard_unit *units;
+    int root;           /* index of the unit whose module is the model, or -1 */
+    bool free_params;   /* FULL/HYBRID: units hold data only while needed */
+    bool sync;
+
+    /* units in the order their forwards begin, learnt in the first step */
+    int *order;
+    int norder;
+    bool order_known;
+    int *reduce_order;  /* units in the order their reductions are issued */
+    int next_reduce;
+
+    /* the optimizer's slices: one per optimizer parameter (owned references) */
+    ct_tensor **slices;
+    int nslices;
+    int *slice_unit;       /* unit of slice i, -1 when empty */
+    int64_t *slice_offset; /* first element of slice i in its unit's shard */
+    ct_optimizer *opt;     /* borrowed */
+
+    bool pass_open;         /* a forward ran since the last finish */
+    ct_shard_stats stats;   /* as of the last completed step */
+    int64_t gathered_bytes; /* gathered units' bytes now */
+    /* the running step's counters, moved into stats by ct_shard_after_step */
+    int64_t run_sent, run_gathers;
+    double run_exposed;
+    shard_interval *iv;
+    int niv, cap_iv;
+    bool failed;            /* a collective failed: the group is broken */
+    bool shard_ready;       /* every unit has its slices and the groups exist */
+    bool detached;          /* ct_shard_detach: the model is plain again */
+};
+
+double ct_shard_now(void);
+/* Submits an all-gather of unit u into its flat buffer (giving the storage memory
+ * first) unless it is gathered or one is in flight. */
+ct_status ct_shard_gather_start(ct_shard *s, shard_unit *u);
+/* Waits for u's gather, starting it when needed. */
+ct_status ct_shard_gather_wait(ct_shard *s, shard_unit *u);
+/* Frees u's full parameters (FULL/HYBRID). */
+void ct_shard_reshard(ct_shard *s, shard_unit *u);
+/* Waits for op, notes its interval and the wait, frees it. */
+ct_status ct_shard_op_wait(ct_shard *s, shard_op *op);
+/* Adds the bytes a ring collective sends: factor 1 for reduce-scatter and
+ * all-gather, 2 for all-reduce, of nbytes over g ranks. */
+void ct_shard_count_sent(ct_shard *s, int64_t nbytes, int g, int factor);
+/* Installs the forward hooks on every unit's module / removes them. */
+void ct_shard_hooks_install(ct_shard *s);
+void ct_shard_hooks_remove(ct_shard *s);
+/* Installs the grad-ready hooks on every parameter / removes them. */
+ct_status ct_shard_grad_hooks_install(ct_shard *s);
+void ct_shard_grad_hooks_remove(ct_shard *s);
+/* Resets the per-backward bookkeeping of unit u (at its forward). */
+void ct_shard_unit_begin_pass(ct_shard *s, shard_unit *u);
+/* Waits for every collective in flight (frees them); the first failure's status. */
+ct_status ct_shard_drain(ct_shard *s);
+/* Ends the running step's accounting: moves the counters into stats. */
+void ct_shard_step_done(ct_shard *s);
+
+#endif

@@ -1,0 +1,186 @@
+/* ctrain — the sharding engine's parameters: gathering and freeing units, the
+ * forward hooks, the node that gathers a unit again for its backward, and prefetch
+ * (see dist/shard.h). */
+#include "dist/shard_internal.h"
+
+#include "autograd/node.h"
+#include "core/frame.h"
+#include "core/storage.h"
+
+#define MAX_GATHERS_IN_FLIGHT 2
+
+static int64_t flat_bytes(const shard_unit *u) { return u->plan->padded * (int64_t)ct_dtype_size(u->flat->dtype); }
+
+ct_status ct_shard_gather_start(ct_shard *s, shard_unit *u)
+{
+    if (u->gathered || u->gather.work) return CT_OK;
+    if (s->failed) return ct_error_set(CT_ERR_PEER, "shard: an earlier collective failed; the group is broken");
+    ct_status st = ct_storage_resize(u->flat->storage, (size_t)flat_bytes(u));
+    if (st) return ct_error_prefix("shard: gathering unit '%s': ", u->plan->name);
+    ct_work *w = ct_pg_allgather(s->gather_pg, u->flat, u->shard);
+    if (!w) {
+        ct_storage_resize(u->flat->storage, 0);
+        return ct_error_prefix("shard: gathering unit '%s': ", u->plan->name);
+    }
+    u->gather = (shard_op){.work = w, .t_submit = ct_shard_now()};
+    s->run_gathers++;
+    ct_shard_count_sent(s, flat_bytes(u), s->sworld, 1);
+    s->gathered_bytes += flat_bytes(u);
+    if (s->gathered_bytes > s->stats.memory.gathered_peak) s->stats.memory.gathered_peak = s->gathered_bytes;
+    return CT_OK;
+}
+
+ct_status ct_shard_gather_wait(ct_shard *s, shard_unit *u)
+{
+    if (u->gathered) return CT_OK;
+    ct_status st = ct_shard_gather_start(s, u);
+    if (!st) st = ct_shard_op_wait(s, &u->gather);
+    if (st) return ct_error_prefix("shard: gathering unit '%s' (rank %d): ", u->plan->name, s->rank);
+    u->gathered = true;
+    return CT_OK;
+}
+
+void ct_shard_reshard(ct_shard *s, shard_unit *u)
+{
+    if (!s->free_params) return;
+    /* memory under a collective in flight stays until it lands */
+    if (u->gather.work && ct_shard_op_wait(s, &u->gather)) return;
+    if (!ct_tensor_data(u->flat)) return;
+    ct_storage_resize(u->flat->storage, 0);
+    u->gathered = false;
+    s->gathered_bytes -= flat_bytes(u);
+}
+
+static int gathers_in_flight(const ct_shard *s)
+{
+    int n = 0;
+    for (int i = 0; i < s->plan.nunits; i++) n += s->units[i].gather.work != NULL;
+    return n;
+}
+
+/* Position of unit i in the forward order, or -1. */
+static int order_pos(const ct_shard *s, int i)
+{
+    for (int k = 0; k < s->norder; k++)
+        if (s->order[k] == i) return k;
+    return -1;
+}
+
+/* Starts the gather of the unit at forward-order position k (when there is one and
+ * fewer than two are in flight): a prefetch, so its failure shows at the wait. */
+static void prefetch(ct_shard *s, int k)
+{
+    if (!s->free_params || !s->order_known || k < 0 || k >= s->norder) return;
+    if (gathers_in_flight(s) >= MAX_GATHERS_IN_FLIGHT) return;
+    ct_frame_push();
+    ct_shard_gather_start(s, &s->units[s->order[k]]);
+    ct_frame_pop();
+}
+
+void ct_shard_unit_begin_pass(ct_shard *s, shard_unit *u)
+{
+    u->pending = u->nreq;
+    u->grads_ready = false;
+    s->pass_open = true;
+}
+
+/* ---- the node that gathers a unit before its backward ----------------------------------- */
+
+typedef struct gate_ctx {
+    ct_shard *s;
+    int unit;
+} gate_ctx;
+
+static ct_status gate_backward(ct_node *n, ct_tensor *gy, ct_tensor **gx)
+{
+    const gate_ctx *c = ct_node_ctx(n);
+    ct_shard *s = c->s;
+    ct_status st = ct_shard_gather_wait(s, &s->units[c->unit]);
+    if (st) return st;
+    /* the unit that ran before this one computes next in backward */
+    if (s->cfg.backward_prefetch == CT_PREFETCH_BACKWARD_PRE) prefetch(s, order_pos(s, c->unit) - 1);
+    gx[0] = gy;
+    return CT_OK;
+}
+
+/* out, as a new tensor whose node gathers unit u when backward reaches it. */
+static ct_tensor *gate(ct_shard *s, shard_unit *u, ct_tensor *out)
+{
+    ct_tensor *y = ct_detach(out);
+    ct_node *n = y ? ct_node_new("shard_gather", gate_backward, 1, &out) : NULL;
+    if (!n) return NULL;
+    *(gate_ctx *)ct_node_ctx(n) = (gate_ctx){s, u->index};
+    return ct_node_attach(n, y) ? NULL : y;
+}
+
+/* ---- forward hooks -------------------------------------------------------------------- */
+
+static ct_status pre_forward(ct_module *m, void *data)
+{
+    (void)m;
+    shard_unit *u = data;
+    ct_shard *s = u->engine;
+    if (!s->order_known && order_pos(s, u->index) < 0) s->order[s->norder++] = u->index;
+    ct_shard_unit_begin_pass(s, u);
+    if (!s->free_params) return CT_OK;
+    ct_status st = ct_shard_gather_wait(s, u);
+    if (!st && s->cfg.forward_prefetch) prefetch(s, order_pos(s, u->index) + 1);
+    return st;
+}
+
+static ct_tensor *post_forward(ct_module *m, ct_tensor *out, void *data)
+{
+    (void)m;
+    shard_unit *u = data;
+    ct_shard *s = u->engine;
+    if (!s->free_params) return out;
+    const bool backward_follows = out && out->requires_grad && ct_grad_is_enabled();
+    if (u->index == s->root) {
+        /* the root's parameters serve the whole forward and backward (its first and
+         * last layers): freed when its gradients are final, or now without backward */
+        if (!backward_follows) ct_shard_reshard(s, u);
+        return out;
+    }
+    ct_tensor *y = backward_follows ? gate(s, u, out) : out;
+    if (!backward_follows || !s->cfg.no_reshard_after_forward) ct_shard_reshard(s, u);
+    return y;
+}
+
+void ct_shard_hooks_install(ct_shard *s)
+{
+    for (int i = 0; i < s->plan.nunits; i++)
+        ct_module_set_hooks((ct_module *)s->plan.units[i].module,
+                            &(ct_module_hooks){.pre = pre_forward, .post = post_forward, .data = &s->units[i]});
+}
+
+void ct_shard_hooks_remove(ct_shard *s)
+{
+    for (int i = 0; s->units && i < s->plan.nunits; i++) ct_module_set_hooks((ct_module *)s->plan.units[i].module, NULL);
+}
+
+ct_status ct_shard_gather_full(ct_shard *s)
+{
+    if (!s) return ct_error_set(CT_ERR_INVALID, "shard_gather_full: engine is NULL");
+    ct_status st = CT_OK;
+    for (int i = 0; i < s->plan.nunits && !st; i++) st = ct_shard_gather_start(s, &s->units[i]);
+    for (int i = 0; i < s->plan.nunits && !st; i++) st = ct_shard_gather_wait(s, &s->units[i]);
+    return st;
+}
+
+void ct_shard_release_full(ct_shard *s)
+{
+    for (int i = 0; s && !s->detached && i < s->plan.nunits; i++) ct_shard_reshard(s, &s->units[i]);
+}
+
+ct_status ct_shard_detach(ct_shard *s)
+{
+    if (!s) return ct_error_set(CT_ERR_INVALID, "shard_detach: engine is NULL");
+    if (s->detached) return CT_OK;
+    ct_status st = ct_shard_drain(s);
+    if (!st) st = ct_shard_gather_full(s);
+    if (st) return ct_error_prefix("shard_detach (rank %d): ", s->rank);
+    ct_shard_hooks_remove(s);
+    ct_shard_grad_hooks_remove(s);
+    s->detached = true;
+    return CT_OK;
+}
