@@ -61,9 +61,14 @@
 #include "dist/ddp.h"
 #include "dist/env.h"
 #include "dist/pg.h"
+#include "dist/shard.h"
+#include "dist/shard_flat.h"
+#include "dist/shard_plan.h"
 #include "dist/store.h"
 #include "dist/work.h"
 
 #include "accel/accelerator.h"
+#include "accel/ds_config.h"
+#include "accel/plugins.h"
 
 #endif

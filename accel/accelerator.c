@@ -1,6 +1,7 @@
 /* ctrain — the Accelerator (accel/accelerator.h). */
 #include "accel/accelerator.h"
 #include "accel/fp8_sync.h"
+#include "accel/plugins.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -24,6 +25,7 @@ struct ct_accelerator {
     int K;
     ct_pg *pg;
     ct_ddp *ddp;
+    ct_shard *shard;      /* the sharding engine, instead of DDP, for a sharded strategy */
     ct_module *model;
     ct_optimizer *opt;
     ct_loader *loader;
@@ -37,6 +39,8 @@ struct ct_accelerator {
     bool scaling;         /* fp16: the loss scaler is on */
     ct_loss_scaler scaler;
     bool found_inf;       /* fp16: the current step's gradients, once unscaled */
+    ct_sharding_settings sharding; /* from a plugin, a ds_config or the launcher */
+    double auto_clip;     /* DeepSpeed's gradient_clipping: clip before every step; 0 none */
     bool overflow_skip;   /* the last optimizer step was skipped for an overflow */
 };
 
@@ -46,6 +50,23 @@ static ct_status settings(ct_accelerator *a, const ct_accelerator_config *cfg)
 {
     a->cfg = cfg ? *cfg : (ct_accelerator_config){0};
     ct_status st;
+    /* the sharding settings first: a ds_config may bring accumulation and precision */
+    if (a->cfg.shard.strategy == CT_SHARD_NO_SHARD || a->cfg.deepspeed_plugin || a->cfg.fsdp_plugin) {
+        const char *r = getenv("RANK");
+        if ((st = ct_sharding_settings_resolve(a->cfg.deepspeed_plugin, a->cfg.fsdp_plugin, !r || !strcmp(r, "0"),
+                                               &a->sharding)))
+            return ct_error_prefix("accelerator: ");
+        if (a->cfg.shard.strategy != CT_SHARD_NO_SHARD && a->sharding.source)
+            return ct_error_set(CT_ERR_INVALID, "accelerator: shard.strategy %s and a %s were both given: choose one",
+                                ct_shard_strategy_name(a->cfg.shard.strategy), a->sharding.source);
+        if (a->sharding.source) a->cfg.shard = a->sharding.shard;
+        if (!a->cfg.gradient_accumulation_steps) a->cfg.gradient_accumulation_steps = a->sharding.gradient_accumulation_steps;
+        if ((!a->cfg.mixed_precision || !*a->cfg.mixed_precision) && !getenv("CTRAIN_MIXED_PRECISION"))
+            a->cfg.mixed_precision = a->sharding.mixed_precision;
+        if (a->sharding.scaler_set && !memcmp(&a->cfg.loss_scaler, &(ct_loss_scaler_config){0}, sizeof a->cfg.loss_scaler))
+            a->cfg.loss_scaler = a->sharding.scaler;
+        a->auto_clip = a->sharding.gradient_clipping;
+    }
     if (a->cfg.gradient_accumulation_steps < 0)
         return ct_error_set(CT_ERR_INVALID, "accelerator: gradient_accumulation_steps = %d; expected >= 1 (0 = default)",
                             a->cfg.gradient_accumulation_steps);
@@ -113,16 +134,42 @@ ct_accelerator *ct_accelerator_new(const ct_accelerator_config *cfg)
 
 /* ---- prepare and the optimizer's hooks -------------------------------------------- */
 
-/* fp16: unscales the (all-reduced) gradients once per step and notes an inf/NaN. */
+/* The tensors whose .grad the optimizer steps with: the model's parameters, or this
+ * rank's slices of them under a sharded strategy. */
+static ct_tensor *const *stepped(const ct_accelerator *a, int *n)
+{
+    if (a->shard) return ct_shard_slices(a->shard, n);
+    *n = a->params.n;
+    return a->params.tensors;
+}
+
+/* fp16: unscales the (reduced) gradients once per step and notes an inf/NaN; with
+ * sharded gradients each rank sees its slices only, so the ranks agree on it. */
 static ct_status unscale_once(ct_accelerator *a)
 {
     if (!a->scaling || a->scaler.unscaled) return CT_OK;
-    ct_tensor **g = malloc((size_t)(a->params.n ? a->params.n : 1) * sizeof *g);
+    int n = 0;
+    ct_tensor *const *p = stepped(a, &n);
+    ct_tensor **g = malloc((size_t)(n ? n : 1) * sizeof *g);
     if (!g) return ct_error_set(CT_ERR_NOMEM, "accelerator: out of memory unscaling");
-    for (int i = 0; i < a->params.n; i++) g[i] = a->params.tensors[i]->grad;
-    ct_status st = ct_loss_scaler_unscale(&a->scaler, a->params.n, g, &a->found_inf);
+    for (int i = 0; i < n; i++) g[i] = p[i]->grad;
+    ct_status st = ct_loss_scaler_unscale(&a->scaler, n, g, &a->found_inf);
     free(g);
+    if (!st && a->shard) CT_FRAME {
+        ct_tensor *f = ct_tensor_from_data(CT_DTYPE_I32, CT_SHAPE(1), (int32_t[]){a->found_inf});
+        ct_work *w = f ? ct_pg_allreduce(a->pg, f, CT_REDUCE_MAX) : NULL;
+        st = w ? ct_work_wait(w) : ct_last_status();
+        ct_work_free(w);
+        if (!st) a->found_inf = *(const int32_t *)ct_tensor_data(f) != 0;
+    }
     return st ? ct_error_prefix("accelerator: ") : CT_OK;
+}
+
+/* Waits for the gradient reductions of this step (DDP or sharded). */
+static ct_status finish_reductions(ct_accelerator *a)
+{
+    if (a->ddp) return ct_ddp_finish(a->ddp);
+    return a->shard ? ct_shard_finish(a->shard) : CT_OK;
 }
 
 static ct_status hook_before_step(ct_optimizer *o, void *data, bool *skip)
@@ -134,16 +181,30 @@ static ct_status hook_before_step(ct_optimizer *o, void *data, bool *skip)
         *skip = true;
         return CT_OK;
     }
-    ct_status st = a->ddp ? ct_ddp_finish(a->ddp) : CT_OK;
+    ct_status st = finish_reductions(a);
     if (!st && a->scaling) {
         st = unscale_once(a);
         /* every rank sees the same all-reduced gradients, so every rank skips alike */
         if (!st && ct_loss_scaler_update(&a->scaler, a->found_inf)) *skip = a->overflow_skip = true;
         a->found_inf = false;
     }
+    /* DeepSpeed's gradient_clipping: the loop does not call clip_grad_norm itself */
+    if (!st && !*skip && a->auto_clip > 0 && isnan(ct_accelerator_clip_grad_norm(a, a->auto_clip, 2.0)) &&
+        ct_last_status())
+        st = ct_last_status();
     /* the scales of the next step, from this step's amaxes on every rank */
     if (!st && a->fp8) st = ct_accel_fp8_sync(a->fp8, a->pg);
     return st;
+}
+
+static ct_status hook_after_step(ct_optimizer *o, void *data)
+{
+    (void)o;
+    ct_accelerator *a = data;
+    /* the low-precision copies of the old weights would stay until the next cast
+     * otherwise: 2 bytes per parameter between steps, more than a ZeRO-3 shard */
+    if (a->mp != CT_DTYPE_F32) ct_autocast_clear_cache();
+    return a->shard ? ct_shard_after_step(a->shard) : CT_OK;
 }
 
 static bool hook_skip_zero_grad(ct_optimizer *o, void *data)
@@ -163,14 +224,22 @@ ct_status ct_accelerator_prepare(ct_accelerator *acc, ct_module *model, ct_optim
     if (model) {
         acc->model = model;
         st = ct_module_named_tensors(model, false, &acc->params);
-        if (!st && world > 1) {
+        if (!st && acc->cfg.shard.strategy != CT_SHARD_NO_SHARD) {
+            acc->shard = ct_shard_new(acc->pg, model, &acc->cfg.shard);
+            if (!acc->shard) st = ct_last_status();
+        } else if (!st && world > 1) {
             acc->ddp = ct_ddp_new(acc->pg, model, &acc->cfg.ddp);
             if (!acc->ddp) st = ct_last_status();
         }
+    } else if (acc->cfg.shard.strategy != CT_SHARD_NO_SHARD) {
+        st = ct_error_set(CT_ERR_INVALID, "strategy %s shards a model: prepare the model with the optimizer",
+                          ct_shard_strategy_name(acc->cfg.shard.strategy));
     }
     if (!st && opt) {
         acc->opt = opt;
-        if (!model) { /* clip what the optimizer holds */
+        if (acc->shard) {
+            st = ct_shard_prepare_optimizer(acc->shard, opt);
+        } else if (!model) { /* clip what the optimizer holds */
             int n = ct_optimizer_param_count(opt);
             acc->params.tensors = calloc((size_t)(n ? n : 1), sizeof(ct_tensor *));
             acc->params.names = calloc((size_t)(n ? n : 1), sizeof(char *));
@@ -182,6 +251,7 @@ ct_status ct_accelerator_prepare(ct_accelerator *acc, ct_module *model, ct_optim
             }
         }
         ct_optimizer_set_hooks(opt, &(ct_optimizer_hooks){.before_step = hook_before_step,
+                                                          .after_step = hook_after_step,
                                                           .skip_zero_grad = hook_skip_zero_grad,
                                                           .data = acc});
     }
@@ -189,6 +259,9 @@ ct_status ct_accelerator_prepare(ct_accelerator *acc, ct_module *model, ct_optim
         acc->loader = loader;
         st = ct_loader_set_shard(loader, rank, world);
     }
+    if (!st)
+        st = ct_sharding_settings_check_ds(&acc->sharding, world, ct_loader_batch_size(loader), acc->K, acc->auto_clip,
+                                           ct_accelerator_mixed_precision(acc));
     acc->sched = sched;
     if (st) return ct_error_prefix("accelerator_prepare (rank %d of %d): ", rank, world);
     acc->prepared = true;
@@ -220,6 +293,7 @@ void ct_accelerator_accumulate_begin(ct_accelerator *acc)
     acc->sync = acc->micro % acc->K == 0 || end_of_loader;
     if (acc->sync) acc->micro = 0;
     if (acc->ddp) ct_ddp_set_sync(acc->ddp, acc->sync);
+    if (acc->shard) ct_shard_set_sync(acc->shard, acc->sync);
 }
 
 bool ct_accelerator_sync_gradients(const ct_accelerator *acc) { return acc && acc->sync; }
@@ -250,10 +324,11 @@ double ct_accelerator_clip_grad_norm(ct_accelerator *acc, double max_norm, doubl
         return NAN;
     }
     if (!acc->sync) return 0.0;
-    if (acc->ddp && ct_ddp_finish(acc->ddp)) return NAN;
+    if (finish_reductions(acc)) return NAN;
     /* fp16: the norm and the clip are of the true gradients: unscale first, once */
     if (unscale_once(acc)) return NAN;
     if (acc->found_inf) return INFINITY; /* the step will be skipped; nothing to clip */
+    if (acc->shard) return ct_shard_clip_grad_norm(acc->shard, max_norm, norm_type);
     /* DDP leaves the same averaged gradients on every rank, so the local norm is the
      * global one */
     return ct_clip_grad_norm(acc->params.n, acc->params.tensors, max_norm, norm_type);
@@ -418,6 +493,7 @@ void ct_accelerator_set_seed(ct_accelerator *acc, uint64_t seed, bool device_spe
 
 ct_pg *ct_accelerator_pg(const ct_accelerator *acc) { return acc ? acc->pg : NULL; }
 ct_ddp *ct_accelerator_ddp(const ct_accelerator *acc) { return acc ? acc->ddp : NULL; }
+ct_shard *ct_accelerator_shard(const ct_accelerator *acc) { return acc ? acc->shard : NULL; }
 
 void ct_accelerator_free(ct_accelerator *acc)
 {
@@ -427,6 +503,7 @@ void ct_accelerator_free(ct_accelerator *acc)
     ct_fp8_state_free(acc->fp8);
     if (acc->opt) ct_optimizer_set_hooks(acc->opt, NULL);
     ct_ddp_free(acc->ddp);
+    ct_shard_free(acc->shard);
     ct_param_list_free(&acc->params);
     ct_pg_free(acc->pg);
     free(acc);

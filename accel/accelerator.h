@@ -51,6 +51,8 @@
 #include "data/loader.h"
 #include "dist/ddp.h"
 #include "dist/pg.h"
+#include "dist/shard.h"
+#include "accel/plugins.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
@@ -73,6 +75,12 @@ typedef struct ct_accelerator_config {
                                       * max, embedding and head in bf16) */
     bool cpu;                        /* run on the CPU (the only device of this build) */
     ct_ddp_config ddp;               /* bucket sizes, compression */
+    ct_shard_config shard;           /* strategy NO_SHARD (default): replicated, DDP with several
+                                      * ranks; OPTIMIZER, GRAD_OP, FULL, HYBRID: the sharding engine
+                                      * (dist/shard.h), also with one rank */
+    const ct_deepspeed_plugin *deepspeed_plugin; /* or the sharding as DeepSpeed's settings */
+    const ct_fsdp_plugin *fsdp_plugin;           /* or as FSDP's (accel/plugins.h); with none of
+                                      * the three, the launcher's --use_deepspeed / --use_fsdp flags */
     double timeout_s;                /* collectives and rendezvous; 0: CTRAIN_TIMEOUT or 300 */
 } ct_accelerator_config;
 
@@ -162,6 +170,30 @@ void ct_accelerator_set_seed(ct_accelerator *acc, uint64_t seed, bool device_spe
  * or before prepare), for programs that need more. */
 ct_pg *ct_accelerator_pg(const ct_accelerator *acc);
 ct_ddp *ct_accelerator_ddp(const ct_accelerator *acc);
+/* The sharding engine (borrowed; NULL unless a sharded strategy was prepared). */
+ct_shard *ct_accelerator_shard(const ct_accelerator *acc);
+
+/* ---- the model's full state, from any strategy ------------------------------------ */
+
+/* Names and tensors, owned (ct_state_dict_free). */
+typedef struct ct_state_dict {
+    int n;
+    char **names;
+    ct_tensor **tensors;
+} ct_state_dict;
+
+/* The prepared model's parameters and buffers, full (gathered from the shards under
+ * a sharded strategy), as owned copies on every rank. Every rank must call it. */
+ct_status ct_accelerator_get_state_dict(ct_accelerator *acc, ct_module *model, ct_state_dict *out);
+void ct_state_dict_free(ct_state_dict *sd);
+/* Writes the full model to path (safetensors, ct_module_save's format) from rank 0;
+ * every rank calls it and returns once the file is written (or with rank 0's error). */
+ct_status ct_accelerator_save_model(ct_accelerator *acc, ct_module *model, const char *path);
+/* The plain model back: under a sharded strategy every parameter is gathered into it
+ * (every rank calls this) and the engine lets go of it, so one rank alone may then
+ * evaluate, sample or save it; the Accelerator no longer trains it (a later step
+ * fails, saying so). Without sharding: model itself, nothing changes. NULL + error. */
+ct_module *ct_accelerator_unwrap_model(ct_accelerator *acc, ct_module *model);
 
 /* Removes the hooks it installed, frees DDP and the group. NULL is fine. */
 void ct_accelerator_free(ct_accelerator *acc);

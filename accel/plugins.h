@@ -1,0 +1,120 @@
+/* ctrain — the sharding settings as users know them from Accelerate: a DeepSpeed
+ * plugin (or a DeepSpeed ds_config.json), an FSDP plugin, or the same settings from
+ * `ctrain launch` flags, turned into the sharding engine's configuration
+ * (dist/shard.h).
+ *
+ *   DeepSpeed                        the engine
+ *   zero_stage 0                     NO_SHARD (DDP)
+ *   zero_stage 1 / 2 / 3             OPTIMIZER / GRAD_OP / FULL, no_wrap (one unit)
+ *   offload_optimizer_device cpu     offload_optimizer
+ *   offload_param_device cpu         offload_optimizer too (stage 3 only; the
+ *                                    parameters' master copy lives with the optimizer)
+ *   gradient_clipping > 0            the Accelerator clips to it before every step
+ *   gradient_accumulation_steps      the Accelerator's
+ *   config_file                      a ds_config.json (accel/ds_config.h): its
+ *                                    zero_optimization, fp16, bf16, batch sizes,
+ *                                    gradient_accumulation_steps and gradient_clipping
+ *
+ *   FSDP                             the engine
+ *   sharding_strategy FULL_SHARD (1), SHARD_GRAD_OP (2), NO_SHARD (3), HYBRID_SHARD (4)
+ *                                    FULL, GRAD_OP, NO_SHARD (DDP), HYBRID
+ *   auto_wrap_policy NO_WRAP, TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP   wrap.policy
+ *   transformer_cls_names_to_wrap    wrap.classes (comma-separated module types)
+ *   min_num_params                   wrap.min_num_params
+ *   cpu_offload                      offload_optimizer
+ *   backward_prefetch BACKWARD_PRE, BACKWARD_POST, NO_PREFETCH
+ *   forward_prefetch, reshard_after_forward, sync_module_states
+ *   state_dict_type FULL_STATE_DICT, SHARDED_STATE_DICT
+ *
+ * Names are matched without regard to case. The launcher passes its flags as
+ * CTRAIN_* variables (docs/launch.md): CTRAIN_USE_DEEPSPEED=1 with CTRAIN_ZERO_STAGE,
+ * CTRAIN_OFFLOAD_OPTIMIZER_DEVICE, CTRAIN_OFFLOAD_PARAM_DEVICE,
+ * CTRAIN_DEEPSPEED_CONFIG_FILE, CTRAIN_GRADIENT_CLIPPING; CTRAIN_USE_FSDP=1 with
+ * CTRAIN_FSDP_SHARDING_STRATEGY, CTRAIN_FSDP_AUTO_WRAP_POLICY,
+ * CTRAIN_FSDP_TRANSFORMER_LAYER_CLS_TO_WRAP, CTRAIN_FSDP_MIN_NUM_PARAMS,
+ * CTRAIN_FSDP_OFFLOAD_PARAMS, CTRAIN_FSDP_BACKWARD_PREFETCH,
+ * CTRAIN_FSDP_FORWARD_PREFETCH, CTRAIN_FSDP_RESHARD_AFTER_FORWARD,
+ * CTRAIN_FSDP_STATE_DICT_TYPE, CTRAIN_FSDP_SYNC_MODULE_STATES (true/false, 1/0).
+ */
+#ifndef CT_ACCEL_PLUGINS_H
+#define CT_ACCEL_PLUGINS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "accel/ds_config.h"
+#include "core/error.h"
+#include "dist/shard.h"
+#include "precision/loss_scaler.h"
+
+/* A setting whose default is on: zero (DEFAULT) takes the default. */
+typedef enum ct_flag { CT_FLAG_DEFAULT, CT_FLAG_ON, CT_FLAG_OFF } ct_flag;
+
+typedef struct ct_deepspeed_plugin {
+    int zero_stage;                       /* 0 (replicated), 1, 2, 3 */
+    const char *offload_optimizer_device; /* "none" (NULL) or "cpu" */
+    const char *offload_param_device;     /* "none" (NULL) or "cpu"; stage 3 only */
+    int gradient_accumulation_steps;      /* 0: the Accelerator's */
+    double gradient_clipping;             /* > 0: clip the global norm to it before each step */
+    const char *config_file;              /* a ds_config.json; the fields above must then be
+                                           * left unset or agree with it */
+} ct_deepspeed_plugin;
+
+typedef struct ct_fsdp_plugin {
+    const char *sharding_strategy;  /* FULL_SHARD (NULL), SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, or 1..4 */
+    const char *auto_wrap_policy;   /* NO_WRAP (NULL), TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP */
+    const char *transformer_cls_names_to_wrap; /* e.g. "Block"; several: "Block,MLP" */
+    int64_t min_num_params;         /* SIZE_BASED_WRAP: 0 = 100000000 (FSDP's default) */
+    bool cpu_offload;
+    const char *backward_prefetch;  /* BACKWARD_PRE (NULL), BACKWARD_POST, NO_PREFETCH */
+    bool forward_prefetch;
+    ct_flag reshard_after_forward;  /* default on */
+    const char *state_dict_type;    /* FULL_STATE_DICT (NULL) or SHARDED_STATE_DICT */
+    ct_flag sync_module_states;     /* default on: rank 0's parameters on every rank */
+} ct_fsdp_plugin;
+
+#define CT_SHARDING_MAX_CLASSES 16
+
+/* What the Accelerator takes from a plugin, a ds_config or the launcher. */
+typedef struct ct_sharding_settings {
+    const char *source;          /* "deepspeed_plugin", "ds_config 'x.json'", "fsdp_plugin",
+                                  * "ctrain launch --use_fsdp", ... for messages (static or in buf) */
+    ct_shard_config shard;       /* strategy NO_SHARD: replicated */
+    int gradient_accumulation_steps; /* 0: not set */
+    double gradient_clipping;    /* 0: none */
+    const char *mixed_precision; /* from a ds_config's fp16/bf16 blocks; NULL: not set */
+    bool scaler_set;             /* a ds_config's fp16 block sets the loss scaler */
+    ct_loss_scaler_config scaler;
+    bool sharded_state_dict;     /* SHARDED_STATE_DICT */
+    bool has_ds;                 /* a ds_config was read: prepare checks its batch sizes */
+    ct_ds_config ds;
+    char ds_path[512];
+    char names[512];             /* storage of shard.wrap.classes */
+    const char *classes[CT_SHARDING_MAX_CLASSES];
+    char source_buf[600];
+} ct_sharding_settings;
+
+/* The settings of one of: deepspeed (plugin, may carry a config_file), fsdp (plugin),
+ * or, when both are NULL, the launcher's CTRAIN_USE_DEEPSPEED / CTRAIN_USE_FSDP
+ * variables; none of them: NO_SHARD. Both plugins, or both variables, is an error.
+ * Every bad value is an error naming where it came from, the value and what is
+ * allowed; a ds_config's warnings (unknown keys) are printed to stderr by rank 0
+ * (rank_zero). */
+ct_status ct_sharding_settings_resolve(const ct_deepspeed_plugin *ds, const ct_fsdp_plugin *fsdp, bool rank_zero,
+                                       ct_sharding_settings *out);
+
+/* At prepare, with the loader's batch size known (0: no loader): the ds_config's
+ * batch sizes, accumulation steps, clipping and precision against the Accelerator's
+ * (ct_ds_config_resolve). CT_OK without a ds_config. */
+ct_status ct_sharding_settings_check_ds(ct_sharding_settings *s, int world, int64_t micro_batch, int grad_accum,
+                                        double grad_clip, const char *mixed_precision);
+
+/* The launcher's checks of single values (the same the ranks apply). */
+ct_status ct_fsdp_strategy_parse(const char *v, ct_shard_strategy *out);
+ct_status ct_fsdp_wrap_policy_parse(const char *v, ct_wrap_policy *out);
+ct_status ct_fsdp_backward_prefetch_parse(const char *v, ct_backward_prefetch *out);
+ct_status ct_fsdp_state_dict_type_parse(const char *v, bool *sharded);
+ct_status ct_offload_device_parse(const char *v, bool *cpu);
+ct_status ct_bool_parse(const char *v, bool *out); /* true/false, 1/0, yes/no, on/off */
+
+#endif
