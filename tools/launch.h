@@ -58,6 +58,9 @@ typedef struct ct_launch_opts {
     const char *log_dir;   /* NULL = none; borrowed from argv */
     int max_restarts;      /* >= 0 */
     double monitor_interval_s; /* > 0 */
+    bool use_deepspeed, use_fsdp;
+    const char *sharding[16]; /* the sharding flags' values in SHARDING_FLAGS order (launch_args.c),
+                               * NULL = not given; borrowed from argv */
     bool help;             /* --help was given: print ct_launch_usage, run nothing */
     char job_id[40];       /* CTRAIN_JOB_ID for the ranks: random on one machine unless
                             * exported; "" (inherit) on several machines */

@@ -9,6 +9,8 @@
  */
 #include "tools/launch.h"
 
+#include "accel/plugins.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
@@ -57,6 +59,119 @@ static const struct {
     {"help", F_HELP, false},
 };
 
+static ct_status parse_int(const char *flag, const char *v, long lo, long hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (!*v || isspace((unsigned char)*v) || *end || errno || x < lo || x > hi)
+        return ct_error_set(CT_ERR_INVALID, "--%s '%s': expected a whole number from %ld to %ld", flag, v, lo, hi);
+    *out = (int)x;
+    return CT_OK;
+}
+
+/* ---- sharding flags: checked here with the library's parsers, passed on as CTRAIN_* ---- */
+
+static ct_status check_stage(const char *v)
+{
+    int x;
+    return parse_int("zero_stage", v, 0, 3, &x);
+}
+static ct_status check_device(const char *v)
+{
+    bool b;
+    return ct_offload_device_parse(v, &b);
+}
+static ct_status check_path(const char *v)
+{
+    return *v ? CT_OK : ct_error_set(CT_ERR_INVALID, "an empty path");
+}
+static ct_status check_clip(const char *v)
+{
+    char *end;
+    double x = strtod(v, &end);
+    return *v && !*end && x >= 0 ? CT_OK : ct_error_set(CT_ERR_INVALID, "'%s': expected a number >= 0", v);
+}
+static ct_status check_strategy(const char *v)
+{
+    ct_shard_strategy x;
+    return ct_fsdp_strategy_parse(v, &x);
+}
+static ct_status check_wrap(const char *v)
+{
+    ct_wrap_policy x;
+    return ct_fsdp_wrap_policy_parse(v, &x);
+}
+static ct_status check_names(const char *v)
+{
+    return *v ? CT_OK : ct_error_set(CT_ERR_INVALID, "an empty list of module types");
+}
+static ct_status check_count(const char *v)
+{
+    int x;
+    return parse_int("fsdp_min_num_params", v, 1, 0x7fffffff, &x);
+}
+static ct_status check_bool(const char *v)
+{
+    bool b;
+    return ct_bool_parse(v, &b);
+}
+static ct_status check_prefetch(const char *v)
+{
+    ct_backward_prefetch x;
+    return ct_fsdp_backward_prefetch_parse(v, &x);
+}
+static ct_status check_sd(const char *v)
+{
+    bool b;
+    return ct_fsdp_state_dict_type_parse(v, &b);
+}
+
+static const struct {
+    const char *name, *env;
+    ct_status (*check)(const char *v);
+    bool fsdp; /* needs --use_fsdp, else --use_deepspeed */
+} SHARDING_FLAGS[] = {
+    {"zero_stage", "CTRAIN_ZERO_STAGE", check_stage, false},
+    {"offload_optimizer_device", "CTRAIN_OFFLOAD_OPTIMIZER_DEVICE", check_device, false},
+    {"offload_param_device", "CTRAIN_OFFLOAD_PARAM_DEVICE", check_device, false},
+    {"deepspeed_config_file", "CTRAIN_DEEPSPEED_CONFIG_FILE", check_path, false},
+    {"gradient_clipping", "CTRAIN_GRADIENT_CLIPPING", check_clip, false},
+    {"fsdp_sharding_strategy", "CTRAIN_FSDP_SHARDING_STRATEGY", check_strategy, true},
+    {"fsdp_auto_wrap_policy", "CTRAIN_FSDP_AUTO_WRAP_POLICY", check_wrap, true},
+    {"fsdp_transformer_layer_cls_to_wrap", "CTRAIN_FSDP_TRANSFORMER_LAYER_CLS_TO_WRAP", check_names, true},
+    {"fsdp_min_num_params", "CTRAIN_FSDP_MIN_NUM_PARAMS", check_count, true},
+    {"fsdp_offload_params", "CTRAIN_FSDP_OFFLOAD_PARAMS", check_bool, true},
+    {"fsdp_backward_prefetch", "CTRAIN_FSDP_BACKWARD_PREFETCH", check_prefetch, true},
+    {"fsdp_forward_prefetch", "CTRAIN_FSDP_FORWARD_PREFETCH", check_bool, true},
+    {"fsdp_reshard_after_forward", "CTRAIN_FSDP_RESHARD_AFTER_FORWARD", check_bool, true},
+    {"fsdp_state_dict_type", "CTRAIN_FSDP_STATE_DICT_TYPE", check_sd, true},
+    {"fsdp_sync_module_states", "CTRAIN_FSDP_SYNC_MODULE_STATES", check_bool, true},
+};
+#define NSHARDING ((int)(sizeof SHARDING_FLAGS / sizeof *SHARDING_FLAGS))
+_Static_assert(NSHARDING <= (int)(sizeof((ct_launch_opts *)0)->sharding / sizeof(char *)), "ct_launch_opts.sharding");
+
+static int sharding_flag(const char *name)
+{
+    for (int i = 0; i < NSHARDING; i++)
+        if (!strcmp(SHARDING_FLAGS[i].name, name)) return i;
+    return -1;
+}
+
+static ct_status sharding_check(const ct_launch_opts *o)
+{
+    if (o->use_deepspeed && o->use_fsdp)
+        return ct_error_set(CT_ERR_INVALID, "--use_deepspeed and --use_fsdp were both given: choose one");
+    for (int i = 0; i < NSHARDING; i++) {
+        if (!o->sharding[i]) continue;
+        bool on = SHARDING_FLAGS[i].fsdp ? o->use_fsdp : o->use_deepspeed;
+        if (!on)
+            return ct_error_set(CT_ERR_INVALID, "--%s needs --%s", SHARDING_FLAGS[i].name,
+                                SHARDING_FLAGS[i].fsdp ? "use_fsdp" : "use_deepspeed");
+    }
+    return CT_OK;
+}
+
 static const char *const PRECISIONS[] = {"no", "fp16", "bf16", "fp8"};
 static const char *const FP8_FORMATS[] = {"hybrid", "e4m3"};
 static const char *const FP8_ALGOS[] = {"max", "most_recent"};
@@ -91,6 +206,27 @@ void ct_launch_usage(FILE *f)
           "  --fp8_margin M               fp8: scales 2^M smaller than the range allows (default 0)\n"
           "  --fp8_embedding_and_head     fp8: the tied embedding's head product in fp8 too\n"
           "                               (default: bf16)\n"
+          "\n"
+          "Sharding (docs/strategies.md), as accelerate's flags:\n"
+          "  --use_deepspeed              ZeRO through DeepSpeed's settings:\n"
+          "  --zero_stage 0|1|2|3         0 replicated (DDP), 1 optimizer state, 2 + gradients,\n"
+          "                               3 + parameters sharded\n"
+          "  --offload_optimizer_device none|cpu\n"
+          "  --offload_param_device none|cpu   (stage 3)\n"
+          "  --deepspeed_config_file PATH a ds_config.json (\"auto\" values filled in)\n"
+          "  --gradient_clipping NORM     clip the global gradient norm before each step\n"
+          "  --use_fsdp                   sharding through FSDP's settings:\n"
+          "  --fsdp_sharding_strategy FULL_SHARD|SHARD_GRAD_OP|NO_SHARD|HYBRID_SHARD (or 1..4)\n"
+          "  --fsdp_auto_wrap_policy NO_WRAP|TRANSFORMER_BASED_WRAP|SIZE_BASED_WRAP\n"
+          "  --fsdp_transformer_layer_cls_to_wrap NAMES   module types, comma-separated (Block)\n"
+          "  --fsdp_min_num_params N      SIZE_BASED_WRAP's threshold (default 100000000)\n"
+          "  --fsdp_offload_params true|false\n"
+          "  --fsdp_backward_prefetch BACKWARD_PRE|BACKWARD_POST|NO_PREFETCH\n"
+          "  --fsdp_forward_prefetch true|false\n"
+          "  --fsdp_reshard_after_forward true|false\n"
+          "  --fsdp_state_dict_type FULL_STATE_DICT|SHARDED_STATE_DICT\n"
+          "  --fsdp_sync_module_states true|false\n"
+          "\n"
           "  --tee 0|1|2|3                also write each rank's stdout (1), stderr (2) or both (3)\n"
           "                               to files in --log_dir (default 3 with --log_dir, else 0)\n"
           "  --log_dir DIR                where rank{N}.stdout and rank{N}.stderr go (created)\n"
@@ -108,16 +244,6 @@ void ct_launch_usage(FILE *f)
 
 /* ---- values ------------------------------------------------------------------ */
 
-static ct_status parse_int(const char *flag, const char *v, long lo, long hi, int *out)
-{
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (!*v || isspace((unsigned char)*v) || *end || errno || x < lo || x > hi)
-        return ct_error_set(CT_ERR_INVALID, "--%s '%s': expected a whole number from %ld to %ld", flag, v, lo, hi);
-    *out = (int)x;
-    return CT_OK;
-}
 
 static ct_status parse_value(ct_launch_opts *o, flag_id id, const char *flag, const char *v)
 {
@@ -240,6 +366,24 @@ ct_status ct_launch_args_parse(int argc, char **argv, ct_launch_opts *o)
         for (size_t k = 0; k < n; k++) name[k] = a[2 + k] == '-' ? '_' : a[2 + k];
         name[n] = 0;
 
+        if (!strcmp(name, "use_deepspeed") || !strcmp(name, "use_fsdp")) {
+            if (eq) return ct_error_set(CT_ERR_INVALID, "--%s takes no value (got '%s')", name, a);
+            if (name[4] == 'd') o->use_deepspeed = true;
+            else o->use_fsdp = true;
+            continue;
+        }
+        int sf = sharding_flag(name);
+        if (sf >= 0) {
+            const char *v = eq ? eq + 1 : NULL;
+            if (!v) {
+                if (i + 1 >= argc) return ct_error_set(CT_ERR_INVALID, "--%s needs a value", name);
+                v = argv[++i];
+            }
+            if (SHARDING_FLAGS[sf].check(v))
+                return strncmp(ct_last_error(), "--", 2) ? ct_error_prefix("--%s: ", name) : ct_last_status();
+            o->sharding[sf] = v;
+            continue;
+        }
         size_t f = 0, nf = sizeof FLAGS / sizeof *FLAGS;
         while (f < nf && strcmp(FLAGS[f].name, name)) f++;
         if (f == nf)
@@ -266,6 +410,7 @@ ct_status ct_launch_args_parse(int argc, char **argv, ct_launch_opts *o)
     if (!argv[i][0]) return ct_error_set(CT_ERR_INVALID, "PROGRAM is an empty string");
     o->program_argv = argv + i;
     ct_status st = check_opts(o, tee_given);
+    if (!st) st = sharding_check(o);
     /* The ranks' store refuses a store of another job on the same port (dist/store.h):
      * a job id per launch, unless the user exported one. Launchers on several
      * machines cannot agree on a random one, so there CTRAIN_JOB_ID is the user's. */
@@ -283,7 +428,7 @@ ct_status ct_launch_args_parse(int argc, char **argv, ct_launch_opts *o)
 
 typedef struct {
     const char *name;
-    char value[288];
+    char value[1024];
 } env_var;
 
 static bool env_name_is(const char *entry, const char *name)
@@ -294,7 +439,7 @@ static bool env_name_is(const char *entry, const char *name)
 
 char **ct_launch_env_new(const ct_launch_opts *o, int local_rank, int port, int restart_count)
 {
-    env_var set[24];
+    env_var set[48];
     int ns = 0;
 #define SETF(NAME, ...) (set[ns].name = (NAME), snprintf(set[ns].value, sizeof set[ns].value, __VA_ARGS__), ns++)
     SETF("RANK", "%d", o->machine_rank * o->local_processes + local_rank);
@@ -320,6 +465,10 @@ char **ct_launch_env_new(const ct_launch_opts *o, int local_rank, int port, int 
     if (o->fp8_amax_compute_algo) SETF("CTRAIN_FP8_AMAX_COMPUTE_ALGO", "%s", o->fp8_amax_compute_algo);
     if (o->fp8_margin_given) SETF("CTRAIN_FP8_MARGIN", "%d", o->fp8_margin);
     if (o->fp8_embedding_and_head) SETF("CTRAIN_FP8_EMBEDDING_AND_HEAD", "1");
+    if (o->use_deepspeed) SETF("CTRAIN_USE_DEEPSPEED", "1");
+    if (o->use_fsdp) SETF("CTRAIN_USE_FSDP", "1");
+    for (int k = 0; k < NSHARDING; k++)
+        if (o->sharding[k]) SETF(SHARDING_FLAGS[k].env, "%s", o->sharding[k]);
 #undef SETF
 
     size_t n = 0;

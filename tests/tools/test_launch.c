@@ -185,7 +185,9 @@ static void clean_env(void)
                           "MASTER_PORT", "CTRAIN_RESTART_COUNT", "CTRAIN_USE_CPU", "OMP_NUM_THREADS",
                           "CTRAIN_NUM_THREADS", "CTRAIN_GRADIENT_ACCUMULATION_STEPS", "CTRAIN_MIXED_PRECISION",
                           "CT_TEST_INHERITED", "CTRAIN_FP8_FORMAT", "CTRAIN_FP8_AMAX_HISTORY_LEN",
-                          "CTRAIN_FP8_AMAX_COMPUTE_ALGO", "CTRAIN_FP8_MARGIN", "CTRAIN_FP8_EMBEDDING_AND_HEAD"};
+                          "CTRAIN_FP8_AMAX_COMPUTE_ALGO", "CTRAIN_FP8_MARGIN", "CTRAIN_FP8_EMBEDDING_AND_HEAD",
+                          "CTRAIN_USE_DEEPSPEED", "CTRAIN_USE_FSDP", "CTRAIN_ZERO_STAGE",
+                          "CTRAIN_FSDP_SHARDING_STRATEGY"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
 }
 
@@ -255,6 +257,36 @@ Test(launch, fp8_recipe_flags_reach_the_ranks, .timeout = 30)
                  "echo \"${CTRAIN_FP8_FORMAT-unset} ${CTRAIN_FP8_MARGIN-unset} ${CTRAIN_FP8_EMBEDDING_AND_HEAD-unset}\""));
     cr_assert_eq(r.code, 0, "stderr: %s", r.err.p);
     assert_has(r.out.p, "[rank0] unset unset unset\n", "fp8 defaults");
+    run_free(&r);
+}
+
+Test(launch, sharding_flags_reach_the_ranks, .timeout = 30)
+{
+    clean_env();
+    run_t r;
+    run(&r, ARGS("launch", "--main_process_port", "0", "--use_deepspeed", "--zero_stage", "3",
+                 "--offload_optimizer_device", "cpu", "--offload_param_device=none", "--deepspeed_config_file",
+                 "ds.json", "--gradient_clipping", "1.5", "sh", "-c",
+                 "echo \"$CTRAIN_USE_DEEPSPEED $CTRAIN_ZERO_STAGE $CTRAIN_OFFLOAD_OPTIMIZER_DEVICE "
+                 "$CTRAIN_OFFLOAD_PARAM_DEVICE $CTRAIN_DEEPSPEED_CONFIG_FILE $CTRAIN_GRADIENT_CLIPPING "
+                 "${CTRAIN_USE_FSDP-unset}\""));
+    cr_assert_eq(r.code, 0, "stderr: %s", r.err.p);
+    assert_has(r.out.p, "[rank0] 1 3 cpu none ds.json 1.5 unset\n", "deepspeed flags");
+    run_free(&r);
+    run(&r, ARGS("launch", "--main_process_port", "0", "--use_fsdp", "--fsdp_sharding_strategy", "hybrid_shard",
+                 "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP", "--fsdp_transformer_layer_cls_to_wrap", "Block",
+                 "--fsdp_min_num_params", "1000", "--fsdp_offload_params", "true", "--fsdp_backward_prefetch",
+                 "BACKWARD_POST", "--fsdp_forward_prefetch", "1", "--fsdp_reshard_after_forward", "false",
+                 "--fsdp_state_dict_type", "SHARDED_STATE_DICT", "--fsdp_sync_module_states", "true", "sh", "-c",
+                 "echo \"$CTRAIN_USE_FSDP $CTRAIN_FSDP_SHARDING_STRATEGY $CTRAIN_FSDP_AUTO_WRAP_POLICY "
+                 "$CTRAIN_FSDP_TRANSFORMER_LAYER_CLS_TO_WRAP $CTRAIN_FSDP_MIN_NUM_PARAMS $CTRAIN_FSDP_OFFLOAD_PARAMS "
+                 "$CTRAIN_FSDP_BACKWARD_PREFETCH $CTRAIN_FSDP_FORWARD_PREFETCH $CTRAIN_FSDP_RESHARD_AFTER_FORWARD "
+                 "$CTRAIN_FSDP_STATE_DICT_TYPE $CTRAIN_FSDP_SYNC_MODULE_STATES ${CTRAIN_USE_DEEPSPEED-unset}\""));
+    cr_assert_eq(r.code, 0, "stderr: %s", r.err.p);
+    assert_has(r.out.p,
+               "[rank0] 1 hybrid_shard TRANSFORMER_BASED_WRAP Block 1000 true BACKWARD_POST 1 false "
+               "SHARDED_STATE_DICT true unset\n",
+               "fsdp flags");
     run_free(&r);
 }
 
@@ -577,6 +609,21 @@ Test(launch, bad_flags_are_usage_errors, .timeout = 30)
         {{"launch", "--monitor_interval", "0", "true"}, "--monitor_interval '0'"},
         {{"launch", "--max_restarts", "-1", "true"}, "--max_restarts '-1'"},
         {{"launch", "--cpu=yes", "true"}, "--cpu takes no value"},
+        {{"launch", "--zero_stage", "2", "true"}, "--zero_stage needs --use_deepspeed"},
+        {{"launch", "--fsdp_sharding_strategy", "FULL_SHARD", "true"}, "--fsdp_sharding_strategy needs --use_fsdp"},
+        {{"launch", "--use_deepspeed", "--use_fsdp", "true"}, "--use_deepspeed and --use_fsdp were both given"},
+        {{"launch", "--use_deepspeed", "--zero_stage", "4", "true"}, "--zero_stage '4': expected a whole number from 0 to 3"},
+        {{"launch", "--use_deepspeed", "--offload_optimizer_device", "nvme", "true"},
+         "--offload_optimizer_device: offload device 'nvme'; allowed: none, cpu"},
+        {{"launch", "--use_deepspeed", "--gradient_clipping", "-1", "true"}, "--gradient_clipping: '-1': expected a number >= 0"},
+        {{"launch", "--use_fsdp", "--fsdp_sharding_strategy", "FULL", "true"},
+         "sharding_strategy 'FULL'; allowed: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD"},
+        {{"launch", "--use_fsdp", "--fsdp_auto_wrap_policy", "BLOCK", "true"}, "auto_wrap_policy 'BLOCK'"},
+        {{"launch", "--use_fsdp", "--fsdp_offload_params", "maybe", "true"}, "--fsdp_offload_params: boolean 'maybe'"},
+        {{"launch", "--use_fsdp", "--fsdp_backward_prefetch", "PRE", "true"}, "backward_prefetch 'PRE'"},
+        {{"launch", "--use_fsdp", "--fsdp_state_dict_type", "LOCAL_STATE_DICT", "true"}, "state_dict_type 'LOCAL_STATE_DICT'"},
+        {{"launch", "--use_fsdp", "--fsdp_min_num_params", "0", "true"}, "--fsdp_min_num_params '0'"},
+        {{"launch", "--use_fsdp=1", "true"}, "--use_fsdp takes no value"},
         {{"launch", "--num_processes", "2"}, "no PROGRAM given"},
         {{"launch"}, "no PROGRAM given"},
     };
