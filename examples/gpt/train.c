@@ -498,6 +498,7 @@ int main(int argc, char **argv)
                          (long long)o.n_embd, (long long)o.block_size, (long long)ntok, (long long)split,
                          (long long)nval, world, ct_get_num_threads(), (long long)o.batch_size);
     bool tty = main_rank && isatty(STDERR_FILENO) && isatty(STDOUT_FILENO);
+    const bool sharded = ct_accelerator_shard(acc) != NULL;
     double t0 = now(), last_val = NAN, smooth = NAN;
     int64_t tokens_per_step = o.batch_size * o.block_size * world; /* over all ranks */
     bool failed = false;
@@ -528,11 +529,13 @@ int main(int argc, char **argv)
         double tok_s = (double)tokens_per_step / (now() - ts);
         smooth = isnan(smooth) ? loss_v : 0.9 * smooth + 0.1 * loss_v;
         double val_loss = NAN;
-        /* every rank holds the same weights: rank 0 validates, logs and plots */
-        if (main_rank && (step % o.eval_every == 0 || step == o.steps)) {
+        /* replicated, every rank holds the same weights: rank 0 validates, logs and
+         * plots; sharded, a forward needs every rank, so all validate */
+        if ((main_rank || sharded) && (step % o.eval_every == 0 || step == o.steps)) {
             val_loss = last_val = evaluate(model, val, o.eval_batches);
-            if (tty) fprintf(stderr, "\n");
-            printf("step %lld: train loss %.4f, val loss %.4f nats/byte\n", (long long)step, smooth, val_loss);
+            if (main_rank && tty) fprintf(stderr, "\n");
+            if (main_rank)
+                printf("step %lld: train loss %.4f, val loss %.4f nats/byte\n", (long long)step, smooth, val_loss);
         }
         if (!main_rank) continue;
         char vbuf[32] = "";
@@ -552,6 +555,20 @@ int main(int argc, char **argv)
                              ds.buckets, (double)ds.bytes / 1e6, 1e3 * ds.total_comm_s / (double)ds.steps,
                              1e3 * ds.total_exposed_s / (double)ds.steps,
                              ds.total_comm_s > 0 ? 100.0 * ds.total_exposed_s / ds.total_comm_s : 0.0);
+    }
+    if (ct_accelerator_shard(acc)) {
+        ct_shard_stats ss = ct_shard_stats_get(ct_accelerator_shard(acc));
+        ct_accelerator_print(acc, "sharded (%s over %d ranks): %.1f MB sent per step; per rank %.1f MB parameters, "
+                                  "%.1f MB gradients, %.1f MB optimizer state\n",
+                             ct_shard_strategy_name(ss.strategy),
+                             ss.shard_world, (double)ss.bytes_sent / 1e6, (double)ss.memory.params / 1e6,
+                             (double)ss.memory.grads / 1e6, (double)ss.memory.optimizer / 1e6);
+    }
+    /* the whole model back on every rank (gathered from the shards), for rank 0's
+     * files and sample */
+    if (!ct_accelerator_unwrap_model(acc, &model->base)) {
+        fprintf(stderr, "gpt_train (rank %d): %s\n", ct_accelerator_process_index(acc), ct_last_error());
+        goto out;
     }
     if (!main_rank) { /* rank 0 alone writes the results */
         status = 0;

@@ -21,6 +21,7 @@
 #include "core/frame.h"
 #include "core/philox.h"
 #include "nn/layers.h"
+#include "tests/env_ranks.h"
 #include "tests/tmpdir.h"
 
 /* ---- a regression problem: items (x (6,), y (1,)), a two-layer MLP --------------- */
@@ -302,54 +303,6 @@ Test(accelerator, bad_settings_name_key_and_value)
 
 /* ---- several ranks: fork()ed children with the launcher's variables ---------------- */
 
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    cr_assert(fd >= 0 && !bind(fd, (struct sockaddr *)&a, sizeof a) && !getsockname(fd, (struct sockaddr *)&a, &len));
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
-typedef int (*rank_fn)(int rank, int world, const char *dir, void *ctx);
-
-/* Runs fn on world fork()ed ranks with RANK, WORLD_SIZE, MASTER_* set; every child
- * exits with fn's result (alarm-bounded). Asserts all exited 0. */
-static void run_ranks(int world, rank_fn fn, const char *dir, void *ctx)
-{
-    int port = free_port();
-    pid_t pids[8];
-    for (int r = 0; r < world; r++) {
-        pids[r] = fork();
-        cr_assert_neq(pids[r], -1);
-        if (pids[r] == 0) {
-            alarm(60);
-            char v[32];
-            snprintf(v, sizeof v, "%d", r), setenv("RANK", v, 1), setenv("LOCAL_RANK", v, 1);
-            snprintf(v, sizeof v, "%d", world), setenv("WORLD_SIZE", v, 1), setenv("LOCAL_WORLD_SIZE", v, 1);
-            snprintf(v, sizeof v, "%d", port), setenv("MASTER_PORT", v, 1);
-            setenv("MASTER_ADDR", "127.0.0.1", 1);
-            setenv("CTRAIN_TIMEOUT", "30", 1);
-            int rc = fn(r, world, dir, ctx);
-            fflush(NULL);
-            ct_frame_reset_root();
-#ifdef __SANITIZE_ADDRESS__
-            /* _exit skips LeakSanitizer's check at exit: run it here */
-            __lsan_do_leak_check();
-#endif
-            _exit(rc);
-        }
-    }
-    int bad = 0;
-    for (int r = 0; r < world; r++) {
-        int status;
-        waitpid(pids[r], &status, 0);
-        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) bad = r + 1;
-    }
-    cr_assert_eq(bad, 0, "rank %d failed (see its stderr above)", bad - 1);
-}
-
 typedef struct ddp_case {
     int64_t batch; /* per rank per micro-step */
     int K;         /* accumulation steps */
@@ -406,7 +359,7 @@ static void ddp_matches_one_process(int world, int K)
     make_tmpdir_with("/tmp/ct_accel_");
     const char *dir = tmpdir;
     ddp_case c = {.batch = 4, .K = K, .steps = 5};
-    run_ranks(world, ddp_rank, dir, &c);
+    run_env_ranks(world, ddp_rank, dir, &c, 60);
     CT_FRAME {
         run one;
         run_init(&one, c.batch * world * K, 100);
@@ -509,6 +462,6 @@ Test(accelerator, collectives_on_3_ranks, .timeout = 60)
     clear_launch_env();
     make_tmpdir_with("/tmp/ct_accel_");
     const char *dir = tmpdir;
-    run_ranks(3, collectives_rank, dir, NULL);
+    run_env_ranks(3, collectives_rank, dir, NULL, 60);
     remove_tmpdir();
 }

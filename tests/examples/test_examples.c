@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "tests/tmpdir.h"
 
@@ -67,6 +68,47 @@ Test(examples, gpt_under_launch_with_ddp, .timeout = 120)
     cr_assert(strstr(out, "[rank0] DDP: ") && strstr(out, "not hidden under backward"), "%s", out);
     cr_assert(strstr(out, "[rank0] trained 6 steps"), "%s", out);
     cr_assert(!strstr(out, "[rank1] trained"), "only rank 0 reports: %s", out);
+    remove_tmpdir();
+}
+
+/* The GPT example sharded, unchanged: FSDP's flags (one unit per block) and a
+ * DeepSpeed config file with "auto" values (ZeRO-2, CPU offload); each ends with the
+ * whole model saved by rank 0 (unwrap_model gathered it) and a sample. */
+Test(examples, gpt_under_launch_sharded, .timeout = 180)
+{
+    const char *ctrain = bin_or_skip("CTRAIN_BIN"), *ex = bin_or_skip("CTRAIN_EXAMPLES");
+    make_tmpdir_with("/tmp/ct_examples_");
+    FILE *f = fopen(path_of("text.txt"), "w");
+    cr_assert_not_null(f);
+    for (int i = 0; i < 400; i++) fprintf(f, "line %d: the quick brown fox jumps over the lazy dog.\n", i);
+    fclose(f);
+    f = fopen(path_of("ds.json"), "w");
+    cr_assert_not_null(f);
+    fprintf(f, "{\"zero_optimization\": {\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\"}},\n"
+               " \"train_micro_batch_size_per_gpu\": \"auto\", \"gradient_accumulation_steps\": \"auto\",\n"
+               " \"gradient_clipping\": 1.0, \"bf16\": {\"enabled\": \"auto\"}}\n");
+    fclose(f);
+    static const char *const flags[] = {
+        "--use_fsdp --fsdp_auto_wrap_policy TRANSFORMER_BASED_WRAP --fsdp_transformer_layer_cls_to_wrap Block",
+        "--use_deepspeed --deepspeed_config_file %s/ds.json"};
+    static const char *const want[] = {"[rank0] sharded (FULL over 2 ranks)", "[rank0] sharded (GRAD_OP over 2 ranks)"};
+    for (int k = 0; k < 2; k++) {
+        char fl[512], cmd[4096];
+        snprintf(fl, sizeof fl, flags[k], tmpdir);
+        snprintf(cmd, sizeof cmd,
+                 "timeout 120 %s launch --num_processes 2 --main_process_port 0 %s %s/gpt_train --data %s "
+                 "--out_dir %s/run%d --n_layer 2 --n_head 2 --n_embd 32 --block_size 32 --batch_size 4 --steps 6 "
+                 "--warmup 2 --seq_warmup 0 --eval_every 3 --eval_batches 2 --sample_tokens 8",
+                 ctrain, fl, ex, path_of("text.txt"), tmpdir, k);
+        int rc = run(cmd, out, sizeof out);
+        cr_assert_eq(rc, 0, "%s", out);
+        cr_assert(strstr(out, want[k]), "expected '%s' in: %s", want[k], out);
+        cr_assert(strstr(out, "[rank0] step 3: train loss") && strstr(out, "[rank0] trained 6 steps"), "%s", out);
+        cr_assert(strstr(out, "[rank0] --- sample ---") && !strstr(out, "[rank1] trained"), "%s", out);
+        char model[600];
+        snprintf(model, sizeof model, "%s/run%d/model.safetensors", tmpdir, k);
+        cr_assert_eq(access(model, R_OK), 0, "%s was not written: %s", model, out);
+    }
     remove_tmpdir();
 }
 
