@@ -192,6 +192,13 @@ static ct_status from_fsdp(const ct_fsdp_plugin *p, ct_sharding_settings *o)
                                                 "transformer_cls_names_to_wrap (the module types to wrap, e.g. Block)");
         if (split_classes(p->transformer_cls_names_to_wrap, o)) return ct_last_status();
     }
+    if (p->reduce_dtype) {
+        static const char *const names[] = {"fp32", "bf16", "fp16"};
+        static const ct_dtype map[] = {CT_DTYPE_F32, CT_DTYPE_BF16, CT_DTYPE_F16};
+        int i = 0;
+        if (choice("reduce_dtype", p->reduce_dtype, names, 3, &i)) return ct_last_status();
+        c->reduce_dtype = map[i];
+    }
     c->offload_optimizer = p->cpu_offload;
     c->forward_prefetch = p->forward_prefetch;
     c->no_reshard_after_forward = p->reshard_after_forward == CT_FLAG_OFF;

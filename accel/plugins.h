@@ -25,6 +25,7 @@
  *   backward_prefetch BACKWARD_PRE, BACKWARD_POST, NO_PREFETCH
  *   forward_prefetch, reshard_after_forward, sync_module_states
  *   state_dict_type FULL_STATE_DICT, SHARDED_STATE_DICT
+ *   reduce_dtype fp32, bf16, fp16    reduce_dtype
  *
  * Names are matched without regard to case. The launcher passes its flags as
  * CTRAIN_* variables (docs/launch.md): CTRAIN_USE_DEEPSPEED=1 with CTRAIN_ZERO_STAGE,
@@ -71,6 +72,8 @@ typedef struct ct_fsdp_plugin {
     ct_flag reshard_after_forward;  /* default on */
     const char *state_dict_type;    /* FULL_STATE_DICT (NULL) or SHARDED_STATE_DICT */
     ct_flag sync_module_states;     /* default on: rank 0's parameters on every rank */
+    const char *reduce_dtype;       /* the gradients' reduction: "fp32" (NULL: the parameters'),
+                                     * "bf16" or "fp16" (MixedPrecision.reduce_dtype) */
 } ct_fsdp_plugin;
 
 #define CT_SHARDING_MAX_CLASSES 16

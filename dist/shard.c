@@ -99,6 +99,10 @@ static ct_status check_config(const ct_shard_config *c)
     if (c->backward_prefetch < CT_PREFETCH_BACKWARD_PRE || c->backward_prefetch > CT_PREFETCH_NONE)
         return ct_error_set(CT_ERR_INVALID, "backward_prefetch %d; allowed: BACKWARD_PRE, BACKWARD_POST, NONE",
                             (int)c->backward_prefetch);
+    if (c->reduce_dtype && c->reduce_dtype != CT_DTYPE_BF16 && c->reduce_dtype != CT_DTYPE_F16 &&
+        c->reduce_dtype != CT_DTYPE_F32)
+        return ct_error_set(CT_ERR_INVALID, "reduce_dtype %s; allowed: bf16, f16 (or 0: the parameters')",
+                            ct_dtype_name(c->reduce_dtype));
     if (c->shard_group_size < 0)
         return ct_error_set(CT_ERR_INVALID, "shard_group_size = %d; expected >= 1 (0 = ranks per machine)",
                             c->shard_group_size);
@@ -397,6 +401,7 @@ void ct_shard_free(ct_shard *s)
         ct_tensor_release(u->flat_grad);
         ct_tensor_release(u->master);
         ct_tensor_release(u->master_grad);
+        ct_tensor_release(u->reduced_low);
     }
     for (int i = 0; i < s->nslices; i++) ct_tensor_release(s->slices[i]);
     free(s->slices), free(s->slice_unit), free(s->slice_offset);

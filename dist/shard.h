@@ -75,6 +75,11 @@
  * sides are host memory, but they are separate buffers and counted apart
  * (ct_shard_memory.master).
  *
+ * Mixed precision. The parameters and their master copy stay f32 (bf16/fp16 autocast
+ * casts per op; the engine gathers and steps f32); reduce_dtype puts the gradients'
+ * reduction in 16 bits (FSDP's MixedPrecision.reduce_dtype, DeepSpeed's
+ * communication_data_type).
+ *
  * Gradient accumulation: with ct_shard_set_sync(s, false) gradients accumulate in the
  * parameters' .grad, unsharded (as FSDP's no_sync), and the next synchronised backward
  * reduces the sums.
@@ -123,6 +128,11 @@ typedef struct ct_shard_config {
     int shard_group_size;            /* HYBRID: ranks per shard group; default LOCAL_WORLD_SIZE */
     bool offload_optimizer;          /* CPU offload: fp32 master slices and optimizer state apart
                                       * from the compute parameters (see "CPU offload") */
+    ct_dtype reduce_dtype;           /* CT_DTYPE_BF16 or CT_DTYPE_F16: gradients travel and are
+                                      * averaged in it (the comm engine sums in f32, rounding
+                                      * once), then widen into the f32 slices: half the
+                                      * reduce-scatter bytes. 0 (or the parameters' dtype):
+                                      * the parameters' dtype */
     bool no_broadcast;               /* skip the broadcast of rank 0's parameters and buffers */
 } ct_shard_config;
 

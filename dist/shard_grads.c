@@ -12,6 +12,12 @@
  * (OPTIMIZER; a parameter whose .grad is not its view, because zero_grad dropped it,
  * is copied in and its view restored, or zeroed when it has none), else a new buffer
  * the parameters' gradients are copied into and then dropped. */
+/* The dtype gradients are reduced in. */
+static ct_dtype reduce_dtype(const ct_shard *s, const shard_unit *u)
+{
+    return s->cfg.reduce_dtype ? s->cfg.reduce_dtype : u->flat->dtype;
+}
+
 static ct_tensor *pack(ct_shard *s, shard_unit *u)
 {
     ct_tensor *flat = u->flat_grad;
@@ -34,8 +40,8 @@ static ct_tensor *pack(ct_shard *s, shard_unit *u)
             ct_tensor_zero_grad(p);
         }
     }
-    (void)s;
-    return flat;
+    /* reduce_dtype: the buffer that travels is a 16-bit copy */
+    return reduce_dtype(s, u) == flat->dtype ? flat : ct_tensor_cast(flat, reduce_dtype(s, u));
 }
 
 static ct_status submit_reduce(ct_shard *s, shard_unit *u)
@@ -44,15 +50,22 @@ static ct_status submit_reduce(ct_shard *s, shard_unit *u)
     ct_frame_push();
     ct_tensor *in = pack(s, u);
     if (in && !u->grad_shard) { /* offloaded: the step's reduced slice, until finish moves it */
-        ct_tensor *g = ct_tensor_empty_on(in->device, in->dtype, 1, (const int64_t[]){u->plan->shard});
+        ct_tensor *g = ct_tensor_empty_on(in->device, u->flat->dtype, 1, (const int64_t[]){u->plan->shard});
         if (g) u->grad_shard = ct_tensor_retain(g);
         else in = NULL;
     }
+    ct_tensor *out = u->grad_shard;
+    if (in && in->dtype != u->flat->dtype) { /* reduce_dtype: reduced in 16 bits, widened in finish */
+        ct_tensor *low = ct_tensor_empty_on(in->device, in->dtype, 1, (const int64_t[]){u->plan->shard});
+        if (low) out = u->reduced_low = ct_tensor_retain(low);
+        else in = NULL;
+    }
     /* the packed buffer is ours to give up (ZeRO-1's persistent one is zeroed after) */
-    ct_work *w = in ? ct_pg_reduce_scatter_consume(s->reduce_pg, u->grad_shard, in, CT_REDUCE_MEAN) : NULL;
+    ct_work *w = in ? ct_pg_reduce_scatter_consume(s->reduce_pg, out, in, CT_REDUCE_MEAN) : NULL;
     if (!w) st = ct_error_prefix("shard: reducing unit '%s' (rank %d): ", u->plan->name, s->rank);
     else {
-        u->reduce = (shard_op){.work = w, .keep = u->flat_grad ? NULL : ct_tensor_retain(in), .t_submit = ct_shard_now()};
+        u->reduce = (shard_op){.work = w, .keep = in == u->flat_grad ? NULL : ct_tensor_retain(in),
+                               .t_submit = ct_shard_now()};
         ct_shard_count_sent(s, u->plan->padded * (int64_t)ct_dtype_size(in->dtype), s->sworld, 1);
     }
     ct_frame_pop();
@@ -86,11 +99,11 @@ static ct_status retire(ct_shard *s, int max)
         ct_status st = ct_shard_op_wait(s, &u->reduce);
         if (st) return st;
         if (s->replica_pg) {
-            ct_work *w = ct_pg_allreduce(s->replica_pg, u->grad_shard, CT_REDUCE_MEAN);
+            ct_tensor *g = u->reduced_low ? u->reduced_low : u->grad_shard;
+            ct_work *w = ct_pg_allreduce(s->replica_pg, g, CT_REDUCE_MEAN);
             if (!w) return ct_last_status();
             u->replica = (shard_op){.work = w, .t_submit = ct_shard_now()};
-            ct_shard_count_sent(s, ct_tensor_numel(u->grad_shard) * (int64_t)ct_dtype_size(u->grad_shard->dtype),
-                                s->replicas, 2);
+            ct_shard_count_sent(s, ct_tensor_numel(g) * (int64_t)ct_dtype_size(g->dtype), s->replicas, 2);
         }
     }
     return CT_OK;
@@ -201,6 +214,14 @@ ct_status ct_shard_finish(ct_shard *s)
         ct_status w = ct_shard_op_wait(s, &s->units[i].reduce);
         ct_status r = ct_shard_op_wait(s, &s->units[i].replica);
         if (!st) st = w ? w : r;
+    }
+    /* reduce_dtype: the 16-bit reduced slices widen into the f32 ones */
+    for (int i = 0; i < s->plan.nunits && !st; i++) {
+        shard_unit *u = &s->units[i];
+        if (!u->reduced_low) continue;
+        st = ct_tensor_copy_(u->grad_shard, u->reduced_low);
+        ct_tensor_release(u->reduced_low);
+        u->reduced_low = NULL;
     }
     /* CPU offload: the reduced gradients go to the master side; the compute side's go */
     for (int i = 0; i < s->plan.nunits && !st; i++) {

@@ -32,6 +32,8 @@ typedef struct shard_unit {
     shard_op gather;     /* an all-gather into flat in flight (work NULL: none) */
     shard_op reduce;     /* the reduce-scatter of this step's gradients (work NULL: none) */
     shard_op replica;    /* HYBRID: the all-reduce of the reduced slice over the replicas */
+    ct_tensor *reduced_low; /* reduce_dtype: owned, the step's reduced slice in 16 bits until
+                             * finish widens it into grad_shard */
     int nreq;            /* parameters that require grad */
     int pending;         /* grad-ready hooks still to fire in this backward */
     bool grads_ready;    /* this backward's gradients are final (or finish says so) */

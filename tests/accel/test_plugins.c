@@ -60,6 +60,10 @@ Test(plugins, fsdp_plugin_fields)
     cr_assert(s.shard.offload_optimizer && s.shard.forward_prefetch && s.shard.no_reshard_after_forward &&
               s.shard.no_broadcast && s.sharded_state_dict);
     cr_assert_eq(s.shard.backward_prefetch, CT_PREFETCH_BACKWARD_POST);
+    cr_assert_eq(ct_sharding_settings_resolve(NULL, &(ct_fsdp_plugin){.reduce_dtype = "BF16"}, true, &s), CT_OK);
+    cr_assert_eq(s.shard.reduce_dtype, CT_DTYPE_BF16);
+    expect_error(ct_sharding_settings_resolve(NULL, &(ct_fsdp_plugin){.reduce_dtype = "int8"}, true, &s),
+                 "reduce_dtype 'int8'; allowed: fp32, bf16, fp16");
     /* defaults: FULL_SHARD, no_wrap, BACKWARD_PRE, reshard, sync; accelerate's numbers */
     cr_assert_eq(ct_sharding_settings_resolve(NULL, &(ct_fsdp_plugin){0}, true, &s), CT_OK);
     cr_assert(s.shard.strategy == CT_SHARD_FULL && s.shard.wrap.policy == CT_WRAP_NONE &&
