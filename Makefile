@@ -51,7 +51,7 @@ TEST_BIN := $(BUILD)/tests/ctrain_tests
 CLI_BIN  := $(if $(CLI_SRC),$(BUILD)/bin/ctrain)
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all setup test asan memcheck fuzz bench bench-gpt bench-collectives bench-ddp install uninstall clean train
+.PHONY: all setup test asan memcheck fuzz bench bench-gpt bench-collectives bench-ddp bench-strategies install uninstall clean train
 .DEFAULT_GOAL := all
 
 all: setup
@@ -139,6 +139,10 @@ bench-collectives: setup
 # GPT W1 data-parallel training: ctrain DDP beside PyTorch DDP and HF Accelerate (bench/ddp/run.sh)
 bench-ddp: setup
 	bench/ddp/run.sh --out $(BUILD)/bench/ddp.md
+
+# GPT training by sharding strategy: DDP, ZeRO-1/2/3, HYBRID; memory split, wire bytes (bench/strategies/run.sh)
+bench-strategies: setup
+	bench/strategies/run.sh --out $(BUILD)/bench/strategies.md
 
 # The README's main job: train the bundled GPT on its default data.
 GPT_BIN := $(BUILD)/examples/gpt_train
