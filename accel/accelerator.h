@@ -19,7 +19,11 @@
  * `ctrain launch --num_processes N` (or mpirun, or Slurm) every process runs the same
  * program as one rank of N: prepare broadcasts rank 0's parameters, gives each rank
  * its share of the loader's batches (loader.h: "Ranks"), and wraps the model in DDP
- * (dist/ddp.h), so backward averages the gradients over the ranks while it runs.
+ * (dist/ddp.h), so backward averages the gradients over the ranks while it runs. With
+ * a sharded strategy (the shard config, a DeepSpeed or FSDP plugin, or the launcher's
+ * --use_deepspeed / --use_fsdp: accel/plugins.h) it builds the sharding engine
+ * (dist/shard.h) instead and hands the optimizer this rank's slices of the parameters
+ * (docs/strategies.md).
  *
  * What prepare installs:
  *   - the optimizer's hooks (optim/optimizer.h): before a step the gradient
@@ -92,9 +96,11 @@ typedef struct ct_accelerator_config {
 ct_accelerator *ct_accelerator_new(const ct_accelerator_config *cfg);
 
 /* Prepares the training objects, each optional (NULL): model (broadcast from rank
- * 0, wrapped in DDP when there are several ranks), optimizer (hooks), loader (this
- * rank's shard), scheduler (steps once per real optimizer step). Call once, on every
- * rank, before the loop; the objects stay the caller's and must outlive the handle. */
+ * 0, wrapped in DDP when there are several ranks, or sharded), optimizer (hooks; its
+ * parameters become this rank's slices when sharded), loader (this rank's shard),
+ * scheduler (steps once per real optimizer step). A ds_config's batch sizes are checked
+ * here, against the loader's. Call once, on every rank, before the loop; the objects
+ * stay the caller's and must outlive the handle. */
 ct_status ct_accelerator_prepare(ct_accelerator *acc, ct_module *model, ct_optimizer *opt, ct_loader *loader,
                                  ct_scheduler *sched);
 
