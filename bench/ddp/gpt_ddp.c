@@ -43,12 +43,11 @@
 #include <sys/resource.h>
 
 #include "accel/accelerator.h"
-#include "bench/gpt_cpu/gpt_step.h"
-#include "bench/timing.h"
 #include "ctrain.h"
 
 #define PROG "gpt_ddp"
 #include "bench/args.h" /* after PROG: its messages name the program */
+#include "bench/gpt_accel.h"
 
 /* W1, as in gpt_cpu.c */
 enum { VOCAB = 256, BLOCK = 256, N_LAYER = 4, N_HEAD = 4, N_EMBD = 256, BATCH = 8, SEQ = 256 };
@@ -146,103 +145,46 @@ static void print_json(const options *o, ct_accelerator *acc, double step_s, con
 
 static int run(const options *o)
 {
-    int64_t shape[2] = {BATCH, SEQ};
-    int total = o->warmup + o->steps, status = 2;
     const double mb = (double)o->bucket_kb / 1024.0;
     ct_accelerator *acc = ct_accelerator_new(&(ct_accelerator_config){.ddp = {.bucket_cap_mb = mb}});
     if (!acc) {
         fprintf(stderr, PROG ": ct_accelerator_new: %s\n", ct_last_error());
         return 2;
     }
-    int rank = ct_accelerator_process_index(acc);
     if (o->threads) ct_set_num_threads(o->threads);
-    ct_set_seed(o->seed); /* same initial weights everywhere; prepare broadcasts rank 0's anyway */
-    ct_rng rng;
-    /* rank 0 draws gpt_cpu.c's stream; the others their own */
-    ct_rng_init(&rng, (o->seed ^ 0x70c3e5ULL) + 0x9e3779b97f4a7c15ULL * (uint64_t)rank);
-
-    ct_gpt *model = NULL;
-    ct_optimizer *opt = NULL;
-    ct_param_list params = {0};
-    bool have_params = false;
-    uint32_t *raw = malloc((size_t)(BATCH * (SEQ + 1)) * sizeof *raw);
-    int64_t *xb = malloc((size_t)(BATCH * SEQ) * sizeof *xb), *yb = malloc((size_t)(BATCH * SEQ) * sizeof *yb);
+    accel_gpt g;
     double *times = malloc((size_t)o->steps * sizeof *times);
-    if (!raw || !xb || !yb || !times) {
-        fprintf(stderr, PROG " (rank %d): out of memory for the token buffers\n", rank);
-        goto out;
-    }
-    model = ct_gpt_new(&(ct_gpt_config){.vocab_size = VOCAB, .block_size = BLOCK, .n_layer = N_LAYER,
-                                        .n_head = N_HEAD, .n_embd = N_EMBD, .dropout = 0.0, .ln_eps = 1e-5});
-    if (!model) {
-        fprintf(stderr, PROG " (rank %d): ct_gpt_new: %s\n", rank, ct_last_error());
-        goto out;
-    }
-    if (ct_module_named_tensors(&model->base, false, &params)) {
-        fprintf(stderr, PROG " (rank %d): ct_module_named_tensors: %s\n", rank, ct_last_error());
-        goto out;
-    }
-    have_params = true;
-    opt = make_optimizer(&params);
-    if (!opt || ct_accelerator_prepare(acc, &model->base, opt, NULL, NULL)) {
-        fprintf(stderr, PROG " (rank %d): %s: %s\n", rank, opt ? "ct_accelerator_prepare" : "AdamW", ct_last_error());
-        goto out;
-    }
+    int status = accel_gpt_init(&g, acc,
+                                &(ct_gpt_config){.vocab_size = VOCAB, .n_layer = N_LAYER, .n_head = N_HEAD,
+                                                 .n_embd = N_EMBD},
+                                BATCH, SEQ, o->seed);
+    if (!times) status = 2;
     ct_ddp *ddp = ct_accelerator_ddp(acc);
     ct_ddp_stats at_warmup = {0};
     double loss0 = NAN;
-    for (int step = 0; step < total; step++) {
+    for (int step = 0; !status && step < o->warmup + o->steps; step++) {
         if (step == o->warmup && ddp) at_warmup = ct_ddp_stats_get(ddp);
-        draw_batch(&rng, BATCH, SEQ, VOCAB, raw, xb, yb);
-        const char *failed = NULL;
-        double loss_v = NAN, t0 = now();
-        CT_FRAME {
-            ct_tensor *x = ct_tensor_from_data(CT_DTYPE_I64, 2, shape, xb);
-            ct_tensor *y = ct_tensor_from_data(CT_DTYPE_I64, 2, shape, yb);
-            ct_tensor *loss = x && y ? ct_gpt_loss(model, x, y) : NULL;
-            if (!loss) {
-                failed = x && y ? "forward/loss" : "token tensors";
-            } else if (ct_accelerator_backward(acc, loss)) {
-                failed = "ct_accelerator_backward";
-            } else {
-                loss_v = ct_tensor_item(loss); /* this rank's batch */
-                if (isnan(ct_accelerator_clip_grad_norm(acc, 1.0, 2.0)) && ct_last_status() != CT_OK)
-                    failed = "ct_accelerator_clip_grad_norm";
-                else if (ct_optimizer_step(opt)) failed = "ct_optimizer_step";
-                ct_optimizer_zero_grad(opt);
-            }
-        }
-        double dt = now() - t0;
-        if (failed) {
-            fprintf(stderr, PROG " (rank %d): step %d: %s failed: %s\n", rank, step, failed, ct_last_error());
-            goto out;
-        }
-        if (!isfinite(loss_v)) {
-            fprintf(stderr, PROG " (rank %d): step %d: loss is %g (not finite)\n", rank, step, loss_v);
-            goto out;
-        }
+        double loss_v, dt;
+        status = accel_gpt_step(&g, step, 1.0, &loss_v, &dt);
         if (step == 0) loss0 = loss_v;
-        if (step >= o->warmup) times[step - o->warmup] = dt;
+        if (!status && step >= o->warmup) times[step - o->warmup] = dt;
     }
-    double step_s = max_over_ranks(acc, median(times, o->steps));
-    if (isnan(step_s)) {
-        fprintf(stderr, PROG " (rank %d): gathering the step times: %s\n", rank, ct_last_error());
-        goto out;
+    double step_s = status ? NAN : max_over_ranks(acc, median(times, o->steps));
+    if (!status && isnan(step_s)) {
+        fprintf(stderr, PROG " (rank %d): gathering the step times: %s\n", g.rank, ct_last_error());
+        status = 2;
     }
-    ct_ddp_stats ds = ddp ? ct_ddp_stats_get(ddp) : (ct_ddp_stats){0};
-    double comm_s = (ds.total_comm_s - at_warmup.total_comm_s) / o->steps;
-    double exposed_s = (ds.total_exposed_s - at_warmup.total_exposed_s) / o->steps;
-    if (ct_accelerator_is_main_process(acc))
-        print_json(o, acc, step_s, ddp ? &ds : NULL, comm_s, exposed_s, loss0,
-                   (double)ct_module_num_params(&model->base));
-    status = 0;
-out:
-    ct_accelerator_free(acc); /* first: it unhooks the optimizer and the parameters */
-    if (have_params) ct_param_list_free(&params);
-    ct_optimizer_free(opt);
-    ct_module_free(model ? &model->base : NULL);
+    if (!status) {
+        ct_ddp_stats ds = ddp ? ct_ddp_stats_get(ddp) : (ct_ddp_stats){0};
+        double comm_s = (ds.total_comm_s - at_warmup.total_comm_s) / o->steps;
+        double exposed_s = (ds.total_exposed_s - at_warmup.total_exposed_s) / o->steps;
+        if (ct_accelerator_is_main_process(acc))
+            print_json(o, acc, step_s, ddp ? &ds : NULL, comm_s, exposed_s, loss0,
+                       (double)ct_module_num_params(&g.model->base));
+    }
+    accel_gpt_free(&g);
     ct_frame_reset_root();
-    free(raw), free(xb), free(yb), free(times);
+    free(times);
     return status;
 }
 

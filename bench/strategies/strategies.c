@@ -52,12 +52,11 @@
 #include <string.h>
 
 #include "accel/accelerator.h"
-#include "bench/gpt_cpu/gpt_step.h"
-#include "bench/timing.h"
 #include "ctrain.h"
 
 #define PROG "strategies"
 #include "bench/args.h" /* after PROG: its messages name the program */
+#include "bench/gpt_accel.h"
 
 typedef struct model_config {
     const char *name;
@@ -229,7 +228,7 @@ enum {
 static int run(const options *o)
 {
     const model_config *mc = o->model;
-    const int64_t B = o->batch, T = o->seq, shape[2] = {B, T};
+    const int64_t B = o->batch, T = o->seq;
     const int total = o->warmup + o->steps;
     static const char *const block[] = {"Block"};
     ct_accelerator_config cfg = {
@@ -248,47 +247,20 @@ static int run(const options *o)
     }
     const int rank = ct_accelerator_process_index(acc), world = ct_accelerator_num_processes(acc);
     int status = 2;
-    ct_gpt *model = NULL;
-    ct_optimizer *opt = NULL;
-    ct_param_list params = {0};
-    bool have_params = false;
-    uint32_t *raw = NULL;
-    int64_t *xb = NULL, *yb = NULL;
-    double *times = NULL;
+    accel_gpt g = {.acc = acc};
+    double *times = malloc((size_t)o->steps * sizeof *times);
     if (o->hybrid_group && world % o->hybrid_group) {
         fprintf(stderr, PROG " (rank %d): --hybrid_group %d does not divide the number of ranks (%d)\n", rank,
                 o->hybrid_group, world);
         goto out;
     }
     ct_set_num_threads(o->threads); /* after ct_accelerator_new, which applies the launcher's count */
-    ct_set_seed(o->seed);           /* the same weights on every rank and under every strategy */
-    ct_rng rng;
-    ct_rng_init(&rng, (o->seed ^ 0x70c3e5ULL) + 0x9e3779b97f4a7c15ULL * (uint64_t)rank);
-    raw = malloc((size_t)(B * (T + 1)) * sizeof *raw);
-    xb = malloc((size_t)(B * T) * sizeof *xb);
-    yb = malloc((size_t)(B * T) * sizeof *yb);
-    times = malloc((size_t)o->steps * sizeof *times);
-    if (!raw || !xb || !yb || !times) {
-        fprintf(stderr, PROG " (rank %d): out of memory for the token buffers\n", rank);
+    if (!times || accel_gpt_init(&g, acc,
+                                 &(ct_gpt_config){.vocab_size = mc->vocab, .n_layer = mc->n_layer,
+                                                  .n_head = mc->n_head, .n_embd = mc->n_embd},
+                                 B, T, o->seed))
         goto out;
-    }
-    model = ct_gpt_new(&(ct_gpt_config){.vocab_size = mc->vocab, .block_size = T, .n_layer = mc->n_layer,
-                                        .n_head = mc->n_head, .n_embd = mc->n_embd, .dropout = 0.0, .ln_eps = 1e-5});
-    if (!model) {
-        fprintf(stderr, PROG " (rank %d): ct_gpt_new: %s\n", rank, ct_last_error());
-        goto out;
-    }
-    if (ct_module_named_tensors(&model->base, false, &params)) {
-        fprintf(stderr, PROG " (rank %d): ct_module_named_tensors: %s\n", rank, ct_last_error());
-        goto out;
-    }
-    have_params = true;
-    const int64_t numel = ct_module_num_params(&model->base);
-    opt = make_optimizer(&params);
-    if (!opt || ct_accelerator_prepare(acc, &model->base, opt, NULL, NULL)) {
-        fprintf(stderr, PROG " (rank %d): %s: %s\n", rank, opt ? "ct_accelerator_prepare" : "AdamW", ct_last_error());
-        goto out;
-    }
+    const int64_t numel = ct_module_num_params(&g.model->base);
     ct_shard *shard = ct_accelerator_shard(acc);
     ct_ddp *ddp = ct_accelerator_ddp(acc);
     if (o->strategy != CT_SHARD_NO_SHARD && !shard) {
@@ -302,36 +274,9 @@ static int run(const options *o)
     ct_shard_stats ss = {0};
     for (int step = 0; step < total; step++) {
         if (step == o->warmup && ddp) ddp_at_warmup = ct_ddp_stats_get(ddp);
-        draw_batch(&rng, B, T, mc->vocab, raw, xb, yb);
-        double loss_v = NAN;
-        const char *fail_what = NULL;
+        double loss_v, dt;
         ct_storage_peak_reset();
-        double t0 = now();
-        CT_FRAME {
-            ct_tensor *x = ct_tensor_from_data(CT_DTYPE_I64, 2, shape, xb);
-            ct_tensor *y = ct_tensor_from_data(CT_DTYPE_I64, 2, shape, yb);
-            CT_ACCUMULATE(acc) {
-                ct_tensor *l = x && y ? ct_gpt_loss(model, x, y) : NULL;
-                if (!l) {
-                    fail_what = x && y ? "forward/loss" : "token tensors";
-                } else if (ct_accelerator_backward(acc, l)) {
-                    fail_what = "ct_accelerator_backward";
-                } else {
-                    loss_v = ct_tensor_item(l); /* this rank's batch */
-                    if (ct_optimizer_step(opt)) fail_what = "ct_optimizer_step";
-                    ct_optimizer_zero_grad(opt);
-                }
-            }
-        }
-        double dt = now() - t0;
-        if (fail_what) {
-            fprintf(stderr, PROG " (rank %d): step %d: %s failed: %s\n", rank, step, fail_what, ct_last_error());
-            goto out;
-        }
-        if (!isfinite(loss_v)) {
-            fprintf(stderr, PROG " (rank %d): step %d: loss is %g (not finite)\n", rank, step, loss_v);
-            goto out;
-        }
+        if (accel_gpt_step(&g, step, 0.0, &loss_v, &dt)) goto out;
         if (step == 0) loss[0] = loss_v;
         loss[1] = loss_v;
         if (step < o->warmup) continue;
@@ -393,12 +338,9 @@ static int run(const options *o)
     }
     status = 0;
 out:
-    ct_accelerator_free(acc); /* first: it unhooks the optimizer and gives the model its parameters back */
-    if (have_params) ct_param_list_free(&params);
-    ct_optimizer_free(opt);
-    ct_module_free(model ? &model->base : NULL);
+    accel_gpt_free(&g);
     ct_frame_reset_root();
-    free(raw), free(xb), free(yb), free(times);
+    free(times);
     return status;
 }
 
