@@ -374,6 +374,8 @@ ct_shard_stats ct_shard_stats_get(const ct_shard *s)
     for (int i = 0; s->opt && i < s->nslices; i++)
         for (int k = 0; k < (sgd ? 1 : 2); k++)
             m->optimizer += nbytes_of(ct_optimizer_state(s->opt, i, sgd ? sgd_keys[k] : adam_keys[k]));
+    const int64_t kept = m->params + m->grads + m->optimizer + m->master;
+    m->activations = m->step_peak > kept ? m->step_peak - kept : 0;
     return st;
 }
 

@@ -148,6 +148,9 @@ typedef struct ct_shard_memory {
     int64_t step_peak_reserved; /* live + the allocator's cache at their highest then
                                  * (core/storage.h): what the process holds for ctrain */
     int64_t setup_peak_reserved; /* the same during ct_shard_new */
+    int64_t activations; /* step_peak less the state above (params, grads, optimizer,
+                          * master): the activations and everything else transient (the
+                          * units gathered, gradients before they are reduced) */
 } ct_shard_memory;
 
 typedef struct ct_shard_stats {

@@ -534,6 +534,8 @@ Test(dist_shard, peak_rss_agrees_with_the_accounting, .timeout = 300)
             const ct_shard_memory *m = &b->stats.memory;
             cr_assert_geq(b->rss[2], (double)(m->params + m->grads + m->optimizer + m->master),
                           "the peak holds the state");
+            cr_assert_eq(m->activations, m->step_peak - (m->params + m->grads + m->optimizer + m->master));
+            cr_assert_gt(m->activations, 0, "a step's activations");
         }
     }
     remove_tmpdir();
