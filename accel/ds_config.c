@@ -285,6 +285,12 @@ static ct_status parse_top(const parse_ctx *p, const cJSON *root)
             st = parse_bf16(p, k, v);
         } else if (!strcmp(k, "zero_optimization")) {
             st = parse_zero(p, v);
+        } else if (!strcmp(k, "communication_data_type")) {
+            static const char *const types[] = {"fp32", "fp16", "bf16"};
+            int i = 0;
+            while (i < 3 && !(cJSON_IsString(v) && !strcmp(v->valuestring, types[i]))) i++;
+            if (i == 3) st = bad(p, k, v, "\"fp32\", \"fp16\" or \"bf16\"");
+            else snprintf(c->communication_data_type, sizeof c->communication_data_type, "%s", types[i]);
         } else if (!strcmp(k, "optimizer") || !strcmp(k, "scheduler")) {
             warn(c, "ds_config '%s': '%s' is not used: ctrain steps the %s given to ct_accelerator_prepare", p->name, k,
                  k);

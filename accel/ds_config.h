@@ -12,6 +12,8 @@
  *       whole numbers >= 1 or "auto"; train_batch_size = micro batch x accumulation
  *       steps x world size
  *   gradient_clipping                 >= 0 or "auto" (0: no clipping)
+ *   communication_data_type           "fp32", "fp16" or "bf16": the dtype gradients are
+ *                                     reduced in (the engine's reduce_dtype)
  *   fp16.enabled                      true, false or "auto"
  *   fp16.loss_scale                   0 (dynamic, the default) or a fixed scale > 0
  *   fp16.initial_scale_power          0..63 (default 16: scale 65536)
@@ -78,6 +80,7 @@ typedef struct ct_ds_config {
         double min_loss_scale;
     } fp16;
     bool bf16_enabled;
+    char communication_data_type[8]; /* "fp32", "fp16", "bf16": the gradients' reduction; "" absent */
     struct {
         int stage;
         ct_ds_offload offload_optimizer, offload_param;

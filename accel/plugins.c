@@ -145,6 +145,8 @@ static ct_status from_deepspeed(const ct_deepspeed_plugin *p, bool rank_zero, ct
             }
         }
         if (c->from[CT_DS_BF16] == CT_DS_GIVEN && c->bf16_enabled) o->mixed_precision = "bf16";
+        if (!strcmp(c->communication_data_type, "bf16")) o->shard.reduce_dtype = CT_DTYPE_BF16;
+        if (!strcmp(c->communication_data_type, "fp16")) o->shard.reduce_dtype = CT_DTYPE_F16;
     }
     if (off_param && stage != 3)
         return ct_error_set(CT_ERR_INVALID, "offload_param_device cpu needs ZeRO stage 3 (stage is %d)", stage);

@@ -13,7 +13,8 @@
  *   gradient_accumulation_steps      the Accelerator's
  *   config_file                      a ds_config.json (accel/ds_config.h): its
  *                                    zero_optimization, fp16, bf16, batch sizes,
- *                                    gradient_accumulation_steps and gradient_clipping
+ *                                    gradient_accumulation_steps, gradient_clipping and
+ *                                    communication_data_type (reduce_dtype)
  *
  *   FSDP                             the engine
  *   sharding_strategy FULL_SHARD (1), SHARD_GRAD_OP (2), NO_SHARD (3), HYBRID_SHARD (4)

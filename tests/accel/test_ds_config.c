@@ -62,6 +62,8 @@ Test(ds_config, every_key_is_read)
     cr_expect_eq(c.from[CT_DS_TRAIN_BATCH], CT_DS_AUTO);
     cr_expect_eq(c.train_micro_batch_size_per_gpu, 2);
     cr_expect_eq(c.n_warnings, 0, "%s", c.warnings[0]);
+    cr_assert_eq(parse("{\"communication_data_type\": \"bf16\"}", &c), CT_OK, "%s", ct_last_error());
+    cr_expect_str_eq(c.communication_data_type, "bf16");
 }
 
 Test(ds_config, absent_keys_take_deepspeeds_defaults)
@@ -108,6 +110,8 @@ Test(ds_config, bad_values_name_key_value_and_what_is_allowed)
     EXPECT_BAD("{\"zero_optimization\": {\"stage\": 4}}", "ds_config 'ds.json'", "zero_optimization.stage = 4",
                "expected a whole number from 0 to 3");
     EXPECT_BAD("{\"zero_optimization\": {\"stage\": 1.5}}", "zero_optimization.stage = 1.5");
+    EXPECT_BAD("{\"communication_data_type\": \"int8\"}", "communication_data_type = \"int8\"",
+               "expected \"fp32\", \"fp16\" or \"bf16\"");
     EXPECT_BAD("{\"zero_optimization\": {\"stage\": \"auto\"}}", "zero_optimization.stage = \"auto\"",
                "from 0 to 3");
     EXPECT_BAD("{\"zero_optimization\": {\"offload_optimizer\": {\"device\": \"nvme\"}, \"stage\": 3}}",

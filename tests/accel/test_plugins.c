@@ -155,6 +155,7 @@ Test(plugins, a_ds_config_file_sets_stage_offload_precision_and_steps)
     const char *path = write_text("ds.json", "{\"zero_optimization\": {\"stage\": 2, \"offload_optimizer\": "
                                              "{\"device\": \"cpu\"}}, \"bf16\": {\"enabled\": true}, "
                                              "\"gradient_accumulation_steps\": 3, \"gradient_clipping\": 0.5, "
+                                             "\"communication_data_type\": \"bf16\", "
                                              "\"train_micro_batch_size_per_gpu\": \"auto\", \"train_batch_size\": 24}");
     ct_sharding_settings s;
     cr_assert_eq(ct_sharding_settings_resolve(&(ct_deepspeed_plugin){.config_file = path}, NULL, true, &s), CT_OK,
@@ -164,6 +165,7 @@ Test(plugins, a_ds_config_file_sets_stage_offload_precision_and_steps)
     cr_assert_str_eq(s.mixed_precision, "bf16");
     cr_assert_eq(s.gradient_accumulation_steps, 3);
     cr_assert_eq(s.gradient_clipping, 0.5);
+    cr_assert_eq(s.shard.reduce_dtype, CT_DTYPE_BF16, "communication_data_type");
     cr_assert(strstr(s.source, "ds.json"), "%s", s.source);
     /* prepare's check: 24 = micro 4 x 3 x 2 ranks holds, micro 5 does not */
     cr_assert_eq(ct_sharding_settings_check_ds(&s, 2, 4, 3, 0.5, "bf16"), CT_OK, "%s", ct_last_error());
