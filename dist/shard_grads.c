@@ -62,7 +62,7 @@ static ct_status submit_reduce(ct_shard *s, shard_unit *u)
     }
     /* the packed buffer is ours to give up (ZeRO-1's persistent one is zeroed after) */
     ct_work *w = in ? ct_pg_reduce_scatter_consume(s->reduce_pg, out, in, CT_REDUCE_MEAN) : NULL;
-    if (!w) st = ct_error_prefix("shard: reducing unit '%s' (rank %d): ", u->plan->name, s->rank);
+    if (!w) st = ct_error_prefix("shard: reducing unit '%s' (rank %d): ", ct_shard_unit_label(u), s->rank);
     else {
         u->reduce = (shard_op){.work = w, .keep = in == u->flat_grad ? NULL : ct_tensor_retain(in),
                                .t_submit = ct_shard_now()};

@@ -88,6 +88,12 @@ struct ct_shard {
     bool detached;          /* ct_shard_detach: the model is plain again */
 };
 
+/* A unit's name for messages: the wrapped module's dotted name, "(root)" for the model. */
+static inline const char *ct_shard_unit_label(const shard_unit *u)
+{
+    return u->plan->name[0] ? u->plan->name : "(root)";
+}
+
 double ct_shard_now(void);
 /* Submits an all-gather of unit u into its flat buffer (giving the storage memory
  * first) unless it is gathered or one is in flight. */

@@ -16,11 +16,11 @@ ct_status ct_shard_gather_start(ct_shard *s, shard_unit *u)
     if (u->gathered || u->gather.work) return CT_OK;
     if (s->failed) return ct_error_set(CT_ERR_PEER, "shard: an earlier collective failed; the group is broken");
     ct_status st = ct_storage_resize(u->flat->storage, (size_t)flat_bytes(u));
-    if (st) return ct_error_prefix("shard: gathering unit '%s': ", u->plan->name);
+    if (st) return ct_error_prefix("shard: gathering unit '%s': ", ct_shard_unit_label(u));
     ct_work *w = ct_pg_allgather(s->gather_pg, u->flat, u->shard);
     if (!w) {
         ct_storage_resize(u->flat->storage, 0);
-        return ct_error_prefix("shard: gathering unit '%s': ", u->plan->name);
+        return ct_error_prefix("shard: gathering unit '%s': ", ct_shard_unit_label(u));
     }
     u->gather = (shard_op){.work = w, .t_submit = ct_shard_now()};
     s->run_gathers++;
@@ -35,7 +35,7 @@ ct_status ct_shard_gather_wait(ct_shard *s, shard_unit *u)
     if (u->gathered) return CT_OK;
     ct_status st = ct_shard_gather_start(s, u);
     if (!st) st = ct_shard_op_wait(s, &u->gather);
-    if (st) return ct_error_prefix("shard: gathering unit '%s' (rank %d): ", u->plan->name, s->rank);
+    if (st) return ct_error_prefix("shard: gathering unit '%s' (rank %d): ", ct_shard_unit_label(u), s->rank);
     u->gathered = true;
     return CT_OK;
 }

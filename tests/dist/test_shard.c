@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "accel/accelerator.h"
 #include "autograd/autograd.h"
@@ -52,6 +53,13 @@ typedef struct shard_case {
     ct_shard_stats stats; /* filled from rank 0's report file */
     double rss[3];        /* rank 0: resident bytes at the start, peak RSS, ctrain's peak live bytes */
 } shard_case;
+
+static double now_mono(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
 
 /* A line of /proc/self/status ("VmRSS:", "VmHWM:") in bytes; 0 when absent. */
 static double resident_bytes(const char *key)
@@ -568,5 +576,60 @@ Test(dist_shard, bf16_reduction_halves_the_gradient_bytes, .timeout = 240)
         double d = curve_diff(c[i].name, "ddp", "loss");
         cr_assert_leq(d, 0.01, "%s: the loss curve differs by %g", c[i].name, d);
     }
+    remove_tmpdir();
+}
+
+/* ---- a peer that dies ----------------------------------------------------------------- */
+
+/* Rank 1 dies in the middle of training under ZeRO-3 (it exits without a word after
+ * its second step); rank 0's next forward, backward or step fails with an error naming
+ * a peer, within the collective timeout, instead of hanging. */
+static int dying_rank(int rank, int world, const char *dir, void *ctx)
+{
+    (void)world, (void)dir, (void)ctx;
+    int rc = 1;
+    CT_FRAME {
+        ct_set_seed(7);
+        ct_gpt *m = ct_gpt_new(&small);
+        ct_param_list pl = {0};
+        ct_module_named_tensors(&m->base, false, &pl);
+        ct_optimizer *opt = ct_adamw_new(pl.n, pl.tensors, NULL);
+        static const char *const block[] = {"Block"};
+        ct_accelerator *acc = ct_accelerator_new(&(ct_accelerator_config){
+            .shard = {.strategy = CT_SHARD_FULL, .wrap = {.policy = CT_WRAP_TRANSFORMER, .classes = block, .nclasses = 1}},
+            .timeout_s = 20});
+        ct_status st = acc ? ct_accelerator_prepare(acc, &m->base, opt, NULL, NULL) : ct_last_status();
+        for (int s = 0; s < 6 && !st; s++) {
+            if (rank == 1 && s == 2) _exit(0); /* gone, mid-training */
+            CT_FRAME {
+                ct_tensor *t = tokens(small.vocab_size, s, rank, 2);
+                ct_tensor *x = ct_tensor_contiguous(ct_tensor_narrow(t, 1, 0, SEQ));
+                ct_tensor *y = ct_tensor_contiguous(ct_tensor_narrow(t, 1, 1, SEQ));
+                ct_tensor *l = ct_gpt_loss(m, x, y);
+                st = l ? ct_accelerator_backward(acc, l) : ct_last_status();
+                if (!st) st = ct_optimizer_step(opt);
+                ct_optimizer_zero_grad(opt);
+            }
+        }
+        /* rank 0: the failure must be a peer's, and it must say so */
+        if (rank == 0 && getenv("CT_DEBUG_REPORTS")) fprintf(stderr, "rank 0 saw: %s\n", ct_last_error());
+        if (rank == 0 && st && (strstr(ct_last_error(), "rank 1") || strstr(ct_last_error(), "peer")))
+            rc = 0;
+        else if (rank == 0)
+            fprintf(stderr, "rank 0: status %d, '%s'\n", st, ct_last_error());
+        ct_accelerator_free(acc);
+        ct_optimizer_free(opt);
+        ct_param_list_free(&pl);
+        ct_module_free(&m->base);
+    }
+    return rc;
+}
+
+Test(dist_shard, a_dead_peer_is_an_error_not_a_hang, .timeout = 120)
+{
+    make_tmpdir_with("/tmp/ct_shard_dead_");
+    double t0 = now_mono();
+    run_env_ranks(2, dying_rank, tmpdir, NULL, 90);
+    cr_assert_leq(now_mono() - t0, 60, "it took %.0f s", now_mono() - t0);
     remove_tmpdir();
 }
