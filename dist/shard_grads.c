@@ -8,15 +8,17 @@
 #include "core/frame.h"
 #include "optim/clip.h"
 
-/* The unit's gradients of this step in one padded buffer: the persistent one
- * (OPTIMIZER; a parameter whose .grad is not its view, because zero_grad dropped it,
- * is copied in and its view restored, or zeroed when it has none), else a new buffer
- * the parameters' gradients are copied into and then dropped. */
 /* The dtype gradients are reduced in. */
 static ct_dtype reduce_dtype(const ct_shard *s, const shard_unit *u)
 {
     return s->cfg.reduce_dtype ? s->cfg.reduce_dtype : u->flat->dtype;
 }
+
+/* The unit's gradients of this step in one padded buffer: the persistent one
+ * (OPTIMIZER; a parameter whose .grad is not its view, because zero_grad dropped it,
+ * is copied in and its view restored, or zeroed when it has none), else a new buffer
+ * the parameters' gradients are copied into and then dropped; under reduce_dtype a
+ * 16-bit copy of it. */
 
 static ct_tensor *pack(ct_shard *s, shard_unit *u)
 {
@@ -40,7 +42,6 @@ static ct_tensor *pack(ct_shard *s, shard_unit *u)
             ct_tensor_zero_grad(p);
         }
     }
-    /* reduce_dtype: the buffer that travels is a 16-bit copy */
     return reduce_dtype(s, u) == flat->dtype ? flat : ct_tensor_cast(flat, reduce_dtype(s, u));
 }
 
