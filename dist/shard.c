@@ -49,9 +49,7 @@ ct_status ct_shard_drain(ct_shard *s)
 {
     ct_status first = CT_OK;
     for (int i = 0; i < s->plan.nunits; i++) {
-        ct_status a = ct_shard_op_wait(s, &s->units[i].gather);
-        if (a == CT_OK && !s->units[i].gathered && s->units[i].flat && ct_tensor_data(s->units[i].flat))
-            s->units[i].gathered = true; /* a prefetch that completed */
+        ct_status a = ct_shard_gather_land(s, &s->units[i]);
         ct_status b = ct_shard_op_wait(s, &s->units[i].reduce);
         ct_status c = ct_shard_op_wait(s, &s->units[i].replica);
         if (!first) first = a ? a : b ? b : c;

@@ -70,7 +70,6 @@ static ct_status submit_reduce(ct_shard *s, shard_unit *u)
         ct_shard_count_sent(s, u->plan->padded * (int64_t)ct_dtype_size(in->dtype), s->sworld, 1);
     }
     ct_frame_pop();
-    u->reduced = true;
     return st;
 }
 
@@ -142,18 +141,7 @@ static ct_status grad_ready(ct_tensor *leaf, void *data)
     ct_shard *s = u->engine;
     if (--u->pending > 0) return CT_OK;
     unit_done(s, u);
-    if (s->cfg.backward_prefetch == CT_PREFETCH_BACKWARD_POST && s->free_params && s->order_known) {
-        /* the unit that ran before this one computes next in backward */
-        for (int k = 1; k < s->norder; k++)
-            if (s->order[k] == u->index) {
-                shard_unit *next = &s->units[s->order[k - 1]];
-                if (!next->gathered && !next->gather.work) {
-                    ct_frame_push();
-                    ct_shard_gather_start(s, next);
-                    ct_frame_pop();
-                }
-            }
-    }
+    if (s->cfg.backward_prefetch == CT_PREFETCH_BACKWARD_POST) ct_shard_prefetch_previous(s, u);
     return s->sync ? submit_ready(s) : CT_OK;
 }
 
@@ -238,10 +226,8 @@ ct_status ct_shard_finish(ct_shard *s)
     if (!st) st = point_slices(s);
     /* prefetches nobody used, and units kept from their forward, are freed */
     for (int i = 0; i < s->plan.nunits; i++) {
-        ct_status w = ct_shard_op_wait(s, &s->units[i].gather);
-        if (!w && s->free_params && ct_tensor_data(s->units[i].flat)) s->units[i].gathered = true;
+        ct_status w = ct_shard_gather_land(s, &s->units[i]);
         ct_shard_reshard(s, &s->units[i]);
-        s->units[i].reduced = false;
         if (!st) st = w;
     }
     ct_frame_pop();
@@ -258,14 +244,15 @@ ct_status ct_shard_after_step(ct_shard *s)
         return ct_error_set(CT_ERR_INVALID, "shard_after_step (rank %d): the model was unwrapped; it no longer "
                                             "trains sharded", s->rank);
     ct_status st = CT_OK;
-    /* CPU offload: the updated master slices back into the compute slices, unit by
-     * unit, each copy overlapping the previous unit's all-gather */
+    /* CPU offload under FULL/HYBRID: the updated master slices back into the compute
+     * slices, which the next forward gathers from */
     if (s->free_params)
         for (int i = 0; i < s->plan.nunits && !st; i++)
             if (s->units[i].master) st = ct_tensor_copy_(s->units[i].shard, s->units[i].master);
     if (!s->free_params) {
-        /* each rank's updated slice into everyone's full parameters; the slice is a view
-         * of the output, so it travels from a copy */
+        /* each rank's updated slice (its master, offloaded) into everyone's full
+         * parameters; the slice is a view of the output, so it travels from a copy, each
+         * copy overlapping the previous unit's all-gather */
         ct_frame_push();
         for (int i = 0; i < s->plan.nunits && !st; i++) {
             shard_unit *u = &s->units[i];
@@ -277,7 +264,7 @@ ct_status ct_shard_after_step(ct_shard *s)
             ct_shard_count_sent(s, u->plan->padded * (int64_t)ct_dtype_size(u->flat->dtype), s->sworld, 1);
         }
         for (int i = 0; i < s->plan.nunits; i++) {
-            ct_status w = ct_shard_op_wait(s, &s->units[i].gather);
+            ct_status w = ct_shard_gather_land(s, &s->units[i]);
             if (!st) st = w;
         }
         ct_frame_pop();

@@ -37,7 +37,6 @@ typedef struct shard_unit {
     int nreq;            /* parameters that require grad */
     int pending;         /* grad-ready hooks still to fire in this backward */
     bool grads_ready;    /* this backward's gradients are final (or finish says so) */
-    bool reduced;        /* submitted this step */
 } shard_unit;
 
 /* What a collective's [submit, end] interval was, for the step's comm time. */
@@ -98,8 +97,14 @@ double ct_shard_now(void);
 /* Submits an all-gather of unit u into its flat buffer (giving the storage memory
  * first) unless it is gathered or one is in flight. */
 ct_status ct_shard_gather_start(ct_shard *s, shard_unit *u);
+/* Waits for u's gather in flight, if any: once it has landed, u is gathered. */
+ct_status ct_shard_gather_land(ct_shard *s, shard_unit *u);
 /* Waits for u's gather, starting it when needed. */
 ct_status ct_shard_gather_wait(ct_shard *s, shard_unit *u);
+/* Starts the gather of the unit that ran before u in the forward order (the next one
+ * in backward), unless two are in flight already: a prefetch, its failure shows at
+ * the wait. */
+void ct_shard_prefetch_previous(ct_shard *s, const shard_unit *u);
 /* Frees u's full parameters (FULL/HYBRID). */
 void ct_shard_reshard(ct_shard *s, shard_unit *u);
 /* Waits for op, notes its interval and the wait, frees it. */

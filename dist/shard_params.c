@@ -30,21 +30,27 @@ ct_status ct_shard_gather_start(ct_shard *s, shard_unit *u)
     return CT_OK;
 }
 
+ct_status ct_shard_gather_land(ct_shard *s, shard_unit *u)
+{
+    if (!u->gather.work) return CT_OK;
+    ct_status st = ct_shard_op_wait(s, &u->gather);
+    if (!st) u->gathered = true;
+    return st;
+}
+
 ct_status ct_shard_gather_wait(ct_shard *s, shard_unit *u)
 {
     if (u->gathered) return CT_OK;
     ct_status st = ct_shard_gather_start(s, u);
-    if (!st) st = ct_shard_op_wait(s, &u->gather);
-    if (st) return ct_error_prefix("shard: gathering unit '%s' (rank %d): ", ct_shard_unit_label(u), s->rank);
-    u->gathered = true;
-    return CT_OK;
+    if (!st) st = ct_shard_gather_land(s, u);
+    return st ? ct_error_prefix("shard: gathering unit '%s' (rank %d): ", ct_shard_unit_label(u), s->rank) : CT_OK;
 }
 
 void ct_shard_reshard(ct_shard *s, shard_unit *u)
 {
     if (!s->free_params) return;
     /* memory under a collective in flight stays until it lands */
-    if (u->gather.work && ct_shard_op_wait(s, &u->gather)) return;
+    if (ct_shard_gather_land(s, u)) return;
     if (!ct_tensor_data(u->flat)) return;
     ct_storage_resize(u->flat->storage, 0);
     u->gathered = false;
@@ -77,6 +83,8 @@ static void prefetch(ct_shard *s, int k)
     ct_frame_pop();
 }
 
+void ct_shard_prefetch_previous(ct_shard *s, const shard_unit *u) { prefetch(s, order_pos(s, u->index) - 1); }
+
 void ct_shard_unit_begin_pass(ct_shard *s, shard_unit *u)
 {
     u->pending = u->nreq;
@@ -97,8 +105,7 @@ static ct_status gate_backward(ct_node *n, ct_tensor *gy, ct_tensor **gx)
     ct_shard *s = c->s;
     ct_status st = ct_shard_gather_wait(s, &s->units[c->unit]);
     if (st) return st;
-    /* the unit that ran before this one computes next in backward */
-    if (s->cfg.backward_prefetch == CT_PREFETCH_BACKWARD_PRE) prefetch(s, order_pos(s, c->unit) - 1);
+    if (s->cfg.backward_prefetch == CT_PREFETCH_BACKWARD_PRE) ct_shard_prefetch_previous(s, &s->units[c->unit]);
     gx[0] = gy;
     return CT_OK;
 }
