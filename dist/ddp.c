@@ -8,8 +8,8 @@
 #include <uv.h>
 
 #include "autograd/autograd.h"
+#include "dist/module_sync_internal.h"
 #include "core/frame.h"
-#include "precision/autocast.h"
 
 typedef struct bucket {
     int first, n;       /* params [first, first + n) of ddp.order */
@@ -164,20 +164,8 @@ static ct_status broadcast_all(ct_ddp *d, ct_module *model)
 {
     ct_param_list all = {0};
     ct_status st = ct_module_named_tensors(model, true, &all);
-    for (int i = 0; i < all.n && !st; i++) {
-        ct_tensor *t = all.tensors[i];
-        if (!ct_tensor_is_contiguous(t)) {
-            st = ct_error_set(CT_ERR_INVALID, "ddp: %s is not contiguous; DDP broadcasts tensors in place",
-                              all.names[i]);
-            break;
-        }
-        ct_work *w = ct_pg_broadcast(d->pg, t, 0);
-        st = w ? ct_work_wait(w) : ct_last_status();
-        ct_work_free(w);
-        if (st) ct_error_prefix("ddp: broadcasting %s from rank 0: ", all.names[i]);
-    }
+    if (!st) st = ct_dist_broadcast_tensors(d->pg, &all, 0, "ddp");
     ct_param_list_free(&all);
-    ct_autocast_weights_changed(); /* the parameters were written in place */
     return st;
 }
 

@@ -10,6 +10,7 @@
 #include "core/frame.h"
 #include "core/storage.h"
 #include "dist/env.h"
+#include "dist/module_sync_internal.h"
 #include "dist/shard_flat.h"
 
 double ct_shard_now(void) { return (double)uv_hrtime() * 1e-9; }
@@ -126,29 +127,25 @@ static ct_status make_groups(ct_shard *s, bool replica, ct_pg **out)
     return st;
 }
 
-/* Rank 0's parameters and buffers on every rank. */
+/* Rank 0's parameters (each unit's flat buffer) and buffers on every rank. */
 static ct_status broadcast_state(ct_shard *s)
 {
-    ct_param_list bufs = {0};
-    ct_status st = ct_module_named_tensors(s->model, true, &bufs);
-    ct_work **w = st ? NULL : calloc((size_t)(s->plan.nunits + bufs.n + 1), sizeof *w);
-    if (!st && !w) st = ct_error_set(CT_ERR_NOMEM, "out of memory");
-    int nw = 0;
-    for (int i = 0; i < s->plan.nunits && !st; i++)
-        if (!(w[nw++] = ct_pg_broadcast(s->pg, s->units[i].flat, 0))) st = ct_last_status();
-    for (int i = 0; i < bufs.n && !st; i++) {
-        ct_tensor *t = bufs.tensors[i];
-        if (t->requires_grad && ct_tensor_is_leaf(t)) continue; /* a parameter: in its unit */
-        if (!ct_tensor_is_contiguous(t)) continue;
-        if (!(w[nw++] = ct_pg_broadcast(s->pg, t, 0))) st = ct_last_status();
+    ct_param_list units = {.n = s->plan.nunits, .tensors = calloc((size_t)s->plan.nunits, sizeof(ct_tensor *)),
+                           .names = calloc((size_t)s->plan.nunits, sizeof(char *))};
+    ct_param_list all = {0};
+    ct_status st = units.tensors && units.names ? CT_OK : ct_error_set(CT_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < s->plan.nunits && !st; i++) {
+        units.tensors[i] = s->units[i].flat;
+        units.names[i] = (char *)ct_shard_unit_label(&s->units[i]);
     }
-    for (int i = 0; i < nw; i++) {
-        ct_status ws = w[i] ? ct_work_wait(w[i]) : CT_OK;
-        if (!st) st = ws;
-        ct_work_free(w[i]);
-    }
-    free(w);
-    ct_param_list_free(&bufs);
+    if (!st) st = ct_dist_broadcast_tensors(s->pg, &units, 0, "shard");
+    free(units.tensors), free(units.names);
+    /* named tensors list the parameters (each in its unit, sent above) before the buffers */
+    int64_t nparams = 0;
+    for (int i = 0; i < s->plan.nunits; i++) nparams += s->plan.units[i].nparams;
+    if (!st) st = ct_module_named_tensors(s->model, true, &all);
+    if (!st) st = ct_dist_broadcast_tensors(s->pg, &all, (int)nparams, "shard");
+    ct_param_list_free(&all);
     return st;
 }
 
