@@ -52,8 +52,7 @@ static ct_status settings(ct_accelerator *a, const ct_accelerator_config *cfg)
     ct_status st;
     /* the sharding settings first: a ds_config may bring accumulation and precision */
     if (a->cfg.shard.strategy == CT_SHARD_NO_SHARD || a->cfg.deepspeed_plugin || a->cfg.fsdp_plugin) {
-        const char *r = getenv("RANK");
-        if ((st = ct_sharding_settings_resolve(a->cfg.deepspeed_plugin, a->cfg.fsdp_plugin, !r || !strcmp(r, "0"),
+        if ((st = ct_sharding_settings_resolve(a->cfg.deepspeed_plugin, a->cfg.fsdp_plugin, a->env.rank == 0,
                                                &a->sharding)))
             return ct_error_prefix("accelerator: ");
         if (a->cfg.shard.strategy != CT_SHARD_NO_SHARD && a->sharding.source)
@@ -110,8 +109,9 @@ ct_accelerator *ct_accelerator_new(const ct_accelerator_config *cfg)
         return NULL;
     }
     a->sync = true;
-    ct_status st = settings(a, cfg);
-    if (!st) st = ct_dist_env_detect(&a->env);
+    /* where this process stands first: the settings' warnings are rank 0's to print */
+    ct_status st = ct_dist_env_detect(&a->env);
+    if (!st) st = settings(a, cfg);
     if (!st) {
         double timeout = a->cfg.timeout_s > 0 ? a->cfg.timeout_s : a->env.timeout_s;
         a->pg = ct_pg_new(&(ct_pg_config){.rank = a->env.rank,

@@ -1,11 +1,12 @@
 /* ctrain — DeepSpeed and FSDP settings into the sharding engine's (accel/plugins.h). */
 #include "accel/plugins.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+
+#include "dist/env.h"
 
 /* Index of v among names (case-insensitive), or an error listing them. */
 static ct_status choice(const char *what, const char *v, const char *const *names, int n, int *out)
@@ -225,19 +226,6 @@ static ct_status env_bool(const char *name, bool *out)
     return CT_OK;
 }
 
-static ct_status env_long(const char *name, long lo, long hi, long *out)
-{
-    const char *v = env(name);
-    if (!v) return CT_OK;
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (*end || errno || x < lo || x > hi)
-        return ct_error_set(CT_ERR_INVALID, "%s='%s'; expected a whole number from %ld to %ld", name, v, lo, hi);
-    *out = x;
-    return CT_OK;
-}
-
 static ct_status from_env(bool rank_zero, ct_sharding_settings *o)
 {
     bool use_ds = false, use_fsdp = false;
@@ -245,14 +233,14 @@ static ct_status from_env(bool rank_zero, ct_sharding_settings *o)
     if (use_ds && use_fsdp)
         return ct_error_set(CT_ERR_INVALID, "CTRAIN_USE_DEEPSPEED and CTRAIN_USE_FSDP are both set: choose one");
     if (use_ds) {
-        long stage = 0, ga = 0;
         ct_deepspeed_plugin p = {.offload_optimizer_device = env("CTRAIN_OFFLOAD_OPTIMIZER_DEVICE"),
                                  .offload_param_device = env("CTRAIN_OFFLOAD_PARAM_DEVICE"),
                                  .config_file = env("CTRAIN_DEEPSPEED_CONFIG_FILE")};
-        if (env_long("CTRAIN_ZERO_STAGE", 0, 3, &stage) || env_long("CTRAIN_GRADIENT_ACCUMULATION_STEPS", 1, 1 << 30, &ga))
+        if (ct_dist_env_int("CTRAIN_ZERO_STAGE", 0, 0, &p.zero_stage) ||
+            ct_dist_env_int("CTRAIN_GRADIENT_ACCUMULATION_STEPS", 0, 1, &p.gradient_accumulation_steps))
             return ct_last_status();
-        p.zero_stage = (int)stage;
-        p.gradient_accumulation_steps = (int)ga;
+        if (p.zero_stage > 3)
+            return ct_error_set(CT_ERR_INVALID, "CTRAIN_ZERO_STAGE='%s'; allowed: 0, 1, 2, 3", env("CTRAIN_ZERO_STAGE"));
         const char *clip = env("CTRAIN_GRADIENT_CLIPPING");
         if (clip) {
             char *end;
@@ -264,9 +252,9 @@ static ct_status from_env(bool rank_zero, ct_sharding_settings *o)
         return from_deepspeed(&p, rank_zero, o);
     }
     if (use_fsdp) {
-        long min = 0;
+        int min = 0;
         bool offload = false, fwd = false, reshard = true, sync = true;
-        if (env_long("CTRAIN_FSDP_MIN_NUM_PARAMS", 1, 0x7fffffffL, &min) ||
+        if (ct_dist_env_int("CTRAIN_FSDP_MIN_NUM_PARAMS", 0, 1, &min) ||
             env_bool("CTRAIN_FSDP_OFFLOAD_PARAMS", &offload) || env_bool("CTRAIN_FSDP_FORWARD_PREFETCH", &fwd) ||
             env_bool("CTRAIN_FSDP_RESHARD_AFTER_FORWARD", &reshard) ||
             env_bool("CTRAIN_FSDP_SYNC_MODULE_STATES", &sync))
