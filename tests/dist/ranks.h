@@ -29,6 +29,7 @@
 #endif
 
 #include "core/frame.h"
+#include "tests/clock.h"
 #include "dist/pg.h"
 #include "dist/store.h"
 
@@ -51,13 +52,6 @@ typedef struct rank_result {
 } rank_result;
 
 typedef int (*rank_fn)(rank_ctx *c);
-
-static inline double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static inline void sleep_ms(int ms)
 {

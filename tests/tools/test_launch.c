@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tests/clock.h"
 #include "tests/tmpdir.h"
 
 /* ---- running the command ----------------------------------------------------------- */
@@ -39,13 +40,6 @@ typedef struct {
     double seconds; /* from start to exit */
     struct timespec t0;
 } run_t;
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
 
 static const char *ctrain_bin(void)
 {
