@@ -64,6 +64,7 @@
 #include "dist/shard.h"
 #include "dist/shard_flat.h"
 #include "dist/shard_plan.h"
+#include "dist/shard_state.h"
 #include "dist/store.h"
 #include "dist/work.h"
 

@@ -225,7 +225,11 @@ ct_status ct_accelerator_prepare(ct_accelerator *acc, ct_module *model, ct_optim
         acc->model = model;
         st = ct_module_named_tensors(model, false, &acc->params);
         if (!st && acc->cfg.shard.strategy != CT_SHARD_NO_SHARD) {
-            acc->shard = ct_shard_new(acc->pg, model, &acc->cfg.shard);
+            /* 16-bit parameters beside f32 masters under mixed precision, as FSDP under
+             * Accelerate and DeepSpeed's bf16/fp16 modes, unless the config says otherwise */
+            ct_shard_config sc = acc->cfg.shard;
+            if (!sc.param_dtype) sc.param_dtype = acc->mp;
+            acc->shard = ct_shard_new(acc->pg, model, &sc);
             if (!acc->shard) st = ct_last_status();
         } else if (!st && world > 1) {
             acc->ddp = ct_ddp_new(acc->pg, model, &acc->cfg.ddp);
@@ -494,6 +498,7 @@ void ct_accelerator_set_seed(ct_accelerator *acc, uint64_t seed, bool device_spe
 ct_pg *ct_accelerator_pg(const ct_accelerator *acc) { return acc ? acc->pg : NULL; }
 ct_ddp *ct_accelerator_ddp(const ct_accelerator *acc) { return acc ? acc->ddp : NULL; }
 ct_shard *ct_accelerator_shard(const ct_accelerator *acc) { return acc ? acc->shard : NULL; }
+bool ct_accelerator_sharded_state_dict(const ct_accelerator *acc) { return acc && acc->sharding.sharded_state_dict; }
 
 void ct_accelerator_free(ct_accelerator *acc)
 {

@@ -81,7 +81,10 @@ typedef struct ct_accelerator_config {
     ct_ddp_config ddp;               /* bucket sizes, compression */
     ct_shard_config shard;           /* strategy NO_SHARD (default): replicated, DDP with several
                                       * ranks; OPTIMIZER, GRAD_OP, FULL, HYBRID: the sharding engine
-                                      * (dist/shard.h), also with one rank */
+                                      * (dist/shard.h), also with one rank. Its param_dtype 0
+                                      * follows mixed_precision: bf16 (fp8: bf16) and fp16 make
+                                      * the parameters 16-bit beside f32 masters; CT_DTYPE_F32
+                                      * keeps them f32 (autocast per op) */
     const ct_deepspeed_plugin *deepspeed_plugin; /* or the sharding as DeepSpeed's settings */
     const ct_fsdp_plugin *fsdp_plugin;           /* or as FSDP's (accel/plugins.h); with none of
                                       * the three, the launcher's --use_deepspeed / --use_fsdp flags */
@@ -178,6 +181,10 @@ ct_pg *ct_accelerator_pg(const ct_accelerator *acc);
 ct_ddp *ct_accelerator_ddp(const ct_accelerator *acc);
 /* The sharding engine (borrowed; NULL unless a sharded strategy was prepared). */
 ct_shard *ct_accelerator_shard(const ct_accelerator *acc);
+/* True when FSDP's state_dict_type is SHARDED_STATE_DICT (ct_fsdp_plugin,
+ * --fsdp_state_dict_type, CTRAIN_FSDP_STATE_DICT_TYPE): under a sharded strategy
+ * ct_accelerator_save_model then writes a sharded checkpoint. */
+bool ct_accelerator_sharded_state_dict(const ct_accelerator *acc);
 
 /* ---- the model's full state, from any strategy ------------------------------------ */
 
@@ -189,12 +196,47 @@ typedef struct ct_state_dict {
 } ct_state_dict;
 
 /* The prepared model's parameters and buffers, full (gathered from the shards under
- * a sharded strategy), as owned copies on every rank. Every rank must call it. */
+ * a sharded strategy), as owned copies on every rank. Every rank must call it. Always
+ * full, SHARDED_STATE_DICT or not, as Accelerate's get_state_dict. */
 ct_status ct_accelerator_get_state_dict(ct_accelerator *acc, ct_module *model, ct_state_dict *out);
 void ct_state_dict_free(ct_state_dict *sd);
 /* Writes the full model to path (safetensors, ct_module_save's format) from rank 0;
- * every rank calls it and returns once the file is written (or with rank 0's error). */
+ * every rank calls it and returns once the file is written (or with rank 0's error).
+ *
+ * Under a sharded strategy with SHARDED_STATE_DICT (ct_accelerator_sharded_state_dict)
+ * nothing is gathered: path becomes a directory (created with mode 0755; an existing
+ * non-directory there is an error naming it) holding one safetensors file per rank
+ * of the first shard group, model-rank00000-of-00004.safetensors ...: that rank's
+ * part of each parameter as f32, with the parts' places in its metadata
+ * (docs/strategies.md, "Sharded checkpoints"); file 0 also holds the buffers. Rank
+ * files of an earlier save with another file count are removed from the directory.
+ * Every rank calls it; every rank returns CT_OK once every file is written, or the
+ * error of the lowest rank that failed (the others' messages name that rank). Read
+ * it back with ct_accelerator_load_model, or merge it with ct_sharded_model_merge. */
 ct_status ct_accelerator_save_model(ct_accelerator *acc, ct_module *model, const char *path);
+/* Loads a model saved by ct_accelerator_save_model, with any number of ranks and any
+ * strategy: path is one full safetensors file or a sharded directory (told apart by
+ * what path is). Every rank calls it, after prepare (before prepare it loads into the
+ * plain model, which prepare then shares out from rank 0). Replicated (one process,
+ * DDP), each rank loads the whole model (a directory is merged in memory); under a
+ * sharded strategy each rank reads only the elements of its slices, into the engine
+ * (ct_shard_load_params, dist/shard_state.h), and the buffers. Names and shapes must
+ * match the model's exactly: a tensor missing from the checkpoint, one the model does
+ * not have, another shape, or a sharded directory that fails the checks of
+ * ct_sharded_model_merge is an error naming it, and this rank's model is then left as
+ * it was (everything is checked and read before anything is written). The
+ * optimizer's state is not touched. Every rank returns CT_OK, or the error of the
+ * lowest rank that failed. */
+ct_status ct_accelerator_load_model(ct_accelerator *acc, ct_module *model, const char *path);
+/* Merges the sharded checkpoint in dir (written under SHARDED_STATE_DICT) into one
+ * safetensors file at out_path (atomically), with the tensors in the model's order and
+ * dtypes: the file a FULL_STATE_DICT save of the same model writes, loadable by
+ * ct_module_load. The directory is checked first: every rank file present, each with
+ * the format, the file count, its own index and the same save; every element of every
+ * parameter in exactly one file; one shape per parameter. Each problem is an error
+ * naming the file, the parameter and the elements. One process, no Accelerator
+ * (`ctrain merge-weights DIR OUT`). */
+ct_status ct_sharded_model_merge(const char *dir, const char *out_path);
 /* The plain model back: under a sharded strategy every parameter is gathered into it
  * (every rank calls this) and the engine lets go of it, so one rank alone may then
  * evaluate, sample or save it; the Accelerator no longer trains it (a later step

@@ -191,6 +191,7 @@ static ct_status parse_zero(const parse_ctx *p, const cJSON *obj)
                          &c->from[CT_DS_PERSISTENCE]);
         } else if (!strcmp(k, "overlap_comm")) {
             st = get_bool(p, key, v, &c->zero.overlap_comm, NULL);
+            c->zero.overlap_comm_given = !st;
         } else if (!strcmp(k, "contiguous_gradients")) {
             st = get_bool(p, key, v, &c->zero.contiguous_gradients, NULL);
         } else {

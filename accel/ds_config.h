@@ -87,6 +87,7 @@ typedef struct ct_ds_config {
         int64_t reduce_bucket_size, allgather_bucket_size; /* elements */
         int64_t stage3_prefetch_bucket_size, stage3_param_persistence_threshold;
         bool overlap_comm, contiguous_gradients;
+        bool overlap_comm_given;  /* overlap_comm is in the file */
     } zero;
     /* "ds_config 'NAME': unknown key 'a.b' (ignored)", ...; n_warnings counts them all,
      * the first CT_DS_MAX_WARNINGS are kept */

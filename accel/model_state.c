@@ -1,10 +1,12 @@
 /* ctrain — the prepared model's full state from any strategy: get_state_dict,
- * save_model, unwrap_model (accel/accelerator.h). */
+ * save_model (sharded checkpoints: accel/model_shards.c), unwrap_model
+ * (accel/accelerator.h). */
 #include "accel/accelerator.h"
 
 #include <stdlib.h>
 #include <string.h>
 
+#include "accel/model_shards_internal.h"
 #include "core/frame.h"
 
 /* The full parameters in the model on every rank (a collective under a sharded
@@ -61,6 +63,9 @@ void ct_state_dict_free(ct_state_dict *sd)
 ct_status ct_accelerator_save_model(ct_accelerator *acc, ct_module *model, const char *path)
 {
     if (!path) return ct_error_set(CT_ERR_INVALID, "accelerator_save_model: path is NULL");
+    /* SHARDED_STATE_DICT: each rank writes its own slices, nothing is gathered */
+    if (ct_accelerator_shard(acc) && ct_accelerator_sharded_state_dict(acc))
+        return ct_model_shards_save(acc, model, path);
     ct_status st = gather(acc, model, "accelerator_save_model");
     if (st) return st;
     if (ct_accelerator_is_main_process(acc)) st = ct_module_save(model, path, 0, NULL, NULL);

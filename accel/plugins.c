@@ -86,6 +86,28 @@ ct_status ct_bool_parse(const char *v, bool *out)
 static const ct_shard_strategy stage_strategy[] = {CT_SHARD_NO_SHARD, CT_SHARD_OPTIMIZER, CT_SHARD_GRAD_OP,
                                                    CT_SHARD_FULL};
 
+/* The communication settings a ds_config gives (absent or "auto": the engine's
+ * defaults). reduce_bucket_size becomes the unit size: the engine reduces a unit's
+ * gradients once the unit is done, so units of about that many parameters are
+ * DeepSpeed's buckets. A stage3_prefetch_bucket_size of 0 turns prefetching off, as
+ * in DeepSpeed. */
+static void from_ds_comm(const ct_ds_config *c, bool rank_zero, ct_sharding_settings *o)
+{
+    ct_shard_config *s = &o->shard;
+    if (c->from[CT_DS_REDUCE_BUCKET] == CT_DS_GIVEN)
+        s->wrap = (ct_wrap_config){.policy = CT_WRAP_SIZE, .min_num_params = c->zero.reduce_bucket_size};
+    if (c->from[CT_DS_ALLGATHER_BUCKET] == CT_DS_GIVEN) s->allgather_bucket = c->zero.allgather_bucket_size;
+    if (c->from[CT_DS_PREFETCH_BUCKET] == CT_DS_GIVEN) {
+        s->prefetch_bucket = c->zero.stage3_prefetch_bucket_size;
+        if (!s->prefetch_bucket) s->backward_prefetch = CT_PREFETCH_NONE, s->forward_prefetch = false;
+    }
+    if (c->from[CT_DS_PERSISTENCE] == CT_DS_GIVEN) s->persistence_threshold = c->zero.stage3_param_persistence_threshold;
+    if (c->zero.overlap_comm_given) s->no_overlap_comm = !c->zero.overlap_comm;
+    if (!c->zero.contiguous_gradients && rank_zero)
+        fprintf(stderr, "ctrain: %s: contiguous_gradients false has no effect: each unit's gradients are always "
+                        "packed into one buffer\n", o->source);
+}
+
 static ct_status from_deepspeed(const ct_deepspeed_plugin *p, bool rank_zero, ct_sharding_settings *o)
 {
     if (p->zero_stage < 0 || p->zero_stage > 3)
@@ -148,6 +170,7 @@ static ct_status from_deepspeed(const ct_deepspeed_plugin *p, bool rank_zero, ct
         if (c->from[CT_DS_BF16] == CT_DS_GIVEN && c->bf16_enabled) o->mixed_precision = "bf16";
         if (!strcmp(c->communication_data_type, "bf16")) o->shard.reduce_dtype = CT_DTYPE_BF16;
         if (!strcmp(c->communication_data_type, "fp16")) o->shard.reduce_dtype = CT_DTYPE_F16;
+        from_ds_comm(c, rank_zero, o);
     }
     if (off_param && stage != 3)
         return ct_error_set(CT_ERR_INVALID, "offload_param_device cpu needs ZeRO stage 3 (stage is %d)", stage);
@@ -195,12 +218,16 @@ static ct_status from_fsdp(const ct_fsdp_plugin *p, ct_sharding_settings *o)
                                                 "transformer_cls_names_to_wrap (the module types to wrap, e.g. Block)");
         if (split_classes(p->transformer_cls_names_to_wrap, o)) return ct_last_status();
     }
+    static const char *const dtypes[] = {"fp32", "bf16", "fp16"};
+    static const ct_dtype dtype_of[] = {CT_DTYPE_F32, CT_DTYPE_BF16, CT_DTYPE_F16};
+    int i = 0;
+    if (p->param_dtype) {
+        if (choice("param_dtype", p->param_dtype, dtypes, 3, &i)) return ct_last_status();
+        c->param_dtype = dtype_of[i];
+    }
     if (p->reduce_dtype) {
-        static const char *const names[] = {"fp32", "bf16", "fp16"};
-        static const ct_dtype map[] = {CT_DTYPE_F32, CT_DTYPE_BF16, CT_DTYPE_F16};
-        int i = 0;
-        if (choice("reduce_dtype", p->reduce_dtype, names, 3, &i)) return ct_last_status();
-        c->reduce_dtype = map[i];
+        if (choice("reduce_dtype", p->reduce_dtype, dtypes, 3, &i)) return ct_last_status();
+        c->reduce_dtype = dtype_of[i];
     }
     c->offload_optimizer = p->cpu_offload;
     c->forward_prefetch = p->forward_prefetch;

@@ -6,6 +6,8 @@
  *   DeepSpeed                        the engine
  *   zero_stage 0                     NO_SHARD (DDP)
  *   zero_stage 1 / 2 / 3             OPTIMIZER / GRAD_OP / FULL, no_wrap (one unit)
+ *   bf16 / fp16 (mixed precision)    param_dtype bf16 / f16: 16-bit parameters beside
+ *                                    f32 masters, as DeepSpeed keeps them
  *   offload_optimizer_device cpu     offload_optimizer
  *   offload_param_device cpu         offload_optimizer too (stage 3 only; the
  *                                    parameters' master copy lives with the optimizer)
@@ -14,7 +16,14 @@
  *   config_file                      a ds_config.json (accel/ds_config.h): its
  *                                    zero_optimization, fp16, bf16, batch sizes,
  *                                    gradient_accumulation_steps, gradient_clipping and
- *                                    communication_data_type (reduce_dtype)
+ *                                    communication_data_type (reduce_dtype); given in it
+ *                                    (absent or "auto": the engine's defaults):
+ *     reduce_bucket_size             size_based_wrap, min_num_params of it (the units
+ *                                    are the buckets gradients are reduced in)
+ *     allgather_bucket_size          allgather_bucket
+ *     stage3_prefetch_bucket_size    prefetch_bucket (0: no prefetch)
+ *     stage3_param_persistence_threshold   persistence_threshold
+ *     overlap_comm false             no_overlap_comm
  *
  *   FSDP                             the engine
  *   sharding_strategy FULL_SHARD (1), SHARD_GRAD_OP (2), NO_SHARD (3), HYBRID_SHARD (4)
@@ -26,7 +35,9 @@
  *   backward_prefetch BACKWARD_PRE, BACKWARD_POST, NO_PREFETCH
  *   forward_prefetch, reshard_after_forward, sync_module_states
  *   state_dict_type FULL_STATE_DICT, SHARDED_STATE_DICT
- *   reduce_dtype fp32, bf16, fp16    reduce_dtype
+ *   param_dtype fp32, bf16, fp16     param_dtype (NULL: bf16/fp16 under that mixed precision,
+ *                                    bf16 under fp8, as Accelerate's FSDP policy)
+ *   reduce_dtype fp32, bf16, fp16    reduce_dtype (NULL: param_dtype)
  *
  * Names are matched without regard to case. The launcher passes its flags as
  * CTRAIN_* variables (docs/launch.md): CTRAIN_USE_DEEPSPEED=1 with CTRAIN_ZERO_STAGE,
@@ -73,8 +84,11 @@ typedef struct ct_fsdp_plugin {
     ct_flag reshard_after_forward;  /* default on */
     const char *state_dict_type;    /* FULL_STATE_DICT (NULL) or SHARDED_STATE_DICT */
     ct_flag sync_module_states;     /* default on: rank 0's parameters on every rank */
-    const char *reduce_dtype;       /* the gradients' reduction: "fp32" (NULL: the parameters'),
-                                     * "bf16" or "fp16" (MixedPrecision.reduce_dtype) */
+    const char *param_dtype;        /* the parameters the model computes with: "fp32", "bf16" or
+                                     * "fp16" beside f32 masters (MixedPrecision.param_dtype);
+                                     * NULL: the Accelerator's mixed precision */
+    const char *reduce_dtype;       /* the gradients' reduction: "fp32", "bf16" or "fp16"
+                                     * (MixedPrecision.reduce_dtype); NULL: param_dtype's */
 } ct_fsdp_plugin;
 
 #define CT_SHARDING_MAX_CLASSES 16

@@ -15,6 +15,8 @@ typedef struct {
 
 static ct_tensor *as_f32(ct_tensor *t) { return t->dtype == CT_DTYPE_F32 ? t : ct_tensor_cast(t, CT_DTYPE_F32); }
 
+static bool float_ok(ct_dtype dt) { return dt == CT_DTYPE_F32 || dt == CT_DTYPE_BF16 || dt == CT_DTYPE_F16; }
+
 static ct_status fp8_linear_backward(ct_node *n, ct_tensor *gy, ct_tensor **gx)
 {
     const fp8_linear_ctx *c = ct_node_ctx(n);
@@ -33,12 +35,18 @@ static ct_status fp8_linear_backward(ct_node *n, ct_tensor *gy, ct_tensor **gx)
     }
     if (ct_node_input_needs_grad(n, 1)) {
         ct_tensor *qx = ct_node_saved(n, c->ix);
-        gx[1] = c->trans_w ? ct_fp8_matmul(qg, qx, true, false) : ct_fp8_matmul(qx, qg, true, false);
-        if (!gx[1]) return ct_last_status();
+        ct_tensor *dw = c->trans_w ? ct_fp8_matmul(qg, qx, true, false) : ct_fp8_matmul(qx, qg, true, false);
+        /* f32 from the fp8 product; a 16-bit weight (sharded mixed precision) gets its own dtype */
+        const ct_dtype wdt = ct_node_input_meta(n, 1)->dtype;
+        if (dw && dw->dtype != wdt) dw = ct_tensor_cast(dw, wdt);
+        if (!(gx[1] = dw)) return ct_last_status();
     }
-    if (ct_node_input_needs_grad(n, 2)) { /* the bias gradient sums in f32 and is f32, as b */
+    if (ct_node_input_needs_grad(n, 2)) { /* the bias gradient sums in f32, then takes b's dtype */
         ct_tensor *g32 = as_f32(g2);
-        if (!(gx[2] = g32 ? ct_kernel_sum(g32, (int[]){0}, 1, false) : NULL)) return ct_last_status();
+        ct_tensor *db = g32 ? ct_kernel_sum(g32, (int[]){0}, 1, false) : NULL;
+        const ct_dtype bdt = ct_node_input_meta(n, 2)->dtype;
+        if (db && db->dtype != bdt) db = ct_tensor_cast(db, bdt);
+        if (!(gx[2] = db)) return ct_last_status();
     }
     return CT_OK;
 }
@@ -61,13 +69,13 @@ ct_tensor *ct_fp8_linear(ct_fp8_state *st, ct_tensor *x, ct_tensor *w, ct_tensor
         return NULL;
     }
     int64_t in = w->ndim == 2 ? w->shape[trans_w ? 1 : 0] : -1, out = w->ndim == 2 ? w->shape[trans_w ? 0 : 1] : -1;
-    bool x_ok = x->ndim >= 1 && (x->dtype == CT_DTYPE_F32 || x->dtype == CT_DTYPE_BF16 || x->dtype == CT_DTYPE_F16);
-    if (!x_ok || w->ndim != 2 || w->dtype != CT_DTYPE_F32 || x->shape[x->ndim - 1] != in ||
-        (b && (b->ndim != 1 || b->shape[0] != out || b->dtype != CT_DTYPE_F32)) || x->device.type != CT_DEVICE_CPU ||
+    const bool x_ok = x->ndim >= 1 && float_ok(x->dtype);
+    if (!x_ok || w->ndim != 2 || !float_ok(w->dtype) || x->shape[x->ndim - 1] != in ||
+        (b && (b->ndim != 1 || b->shape[0] != out || !float_ok(b->dtype))) || x->device.type != CT_DEVICE_CPU ||
         w->device.type != CT_DEVICE_CPU || (b && b->device.type != CT_DEVICE_CPU)) {
         ct_error_set(CT_ERR_INVALID,
-                     "fp8_linear: x %s, w %s%s, b %s: need x (..., in) f32/bf16/f16, w %s f32, b (out) f32 or "
-                     "NULL, on the CPU",
+                     "fp8_linear: x %s, w %s%s, b %s: need x (..., in), w %s and b (out) or NULL, each "
+                     "f32/bf16/f16, on the CPU",
                      ct_tensor_describe(x, dx, sizeof dx), ct_tensor_describe(w, dw, sizeof dw),
                      trans_w ? " (transposed)" : "", b ? ct_tensor_describe(b, db, sizeof db) : "NULL",
                      trans_w ? "(out, in)" : "(in, out)");
@@ -91,7 +99,11 @@ ct_tensor *ct_fp8_linear(ct_fp8_state *st, ct_tensor *x, ct_tensor *w, ct_tensor
         ct_error_prefix("fp8_linear: ");
         return NULL;
     }
-    if (b) add_bias_rows(y2, b);
+    if (b) {
+        ct_tensor *b32 = as_f32(b);
+        if (!b32) return NULL;
+        add_bias_rows(y2, b32);
+    }
     ct_dtype odt = ct_autocast_enabled() ? ct_autocast_dtype() : CT_DTYPE_F32;
     if (odt != CT_DTYPE_F32 && !(y2 = ct_tensor_cast(y2, odt))) return NULL;
     int64_t shape[CT_MAX_DIMS];

@@ -10,8 +10,8 @@
  *                                                            the scope's dtype (bf16)
  *   backward  qg = Q_b(dy, s_g)
  *             dx = (qg @ qw'^T) / (s_g s_w)                  in x's dtype
- *             dw = (qx^T @ qg) / (s_x s_g)  (trans_w: its transpose)   f32
- *             db = sum over rows of dy                       f32
+ *             dw = (qx^T @ qg) / (s_x s_g)  (trans_w: its transpose)   f32, then w's dtype
+ *             db = sum over rows of dy                       f32, then b's dtype
  *
  * Q_f is the recipe's forward format (E4M3), Q_b its backward one (E5M2 under
  * HYBRID). The scales are the delayed ones of the weight's slot in st; the amaxes
@@ -26,7 +26,8 @@
 #include "core/tensor.h"
 #include "precision/fp8_state.h"
 
-/* x (..., in) f32/bf16/f16; w a 2-D f32 parameter; b (out) f32 or NULL. New
+/* x (..., in) f32/bf16/f16; w a 2-D f32/bf16/f16 parameter (16-bit under sharded
+ * mixed precision); b (out) f32/bf16/f16 or NULL. New
  * reference in the current frame; NULL with the error set (naming the shapes). */
 ct_tensor *ct_fp8_linear(ct_fp8_state *st, ct_tensor *x, ct_tensor *w, ct_tensor *b, bool trans_w);
 

@@ -121,6 +121,13 @@ ct_tensor *ct_tensor_view(ct_tensor *t, int ndim, const int64_t *shape);
  * of t before keep the old storage. base must be contiguous, with t's dtype and
  * device and room for t's elements at offset. For flat parameter buffers. */
 ct_status ct_tensor_rebind(ct_tensor *t, ct_tensor *base, int64_t offset);
+/* Points t at base's storage without copying: t becomes a contiguous view of base at
+ * element offset, with base's dtype, holding whatever base holds there; the header
+ * stays (pointers to t, its autograd state). A gradient t has must already have
+ * base's dtype (drop it first otherwise). For switching parameters between flat
+ * buffers of different dtypes (a 16-bit compute copy and an f32 one). base must be
+ * contiguous, on t's device, with room for t's elements at offset. */
+ct_status ct_tensor_repoint(ct_tensor *t, ct_tensor *base, int64_t offset);
 /* A view when possible, else a contiguous copy. */
 ct_tensor *ct_tensor_reshape(ct_tensor *t, int ndim, const int64_t *shape);
 ct_tensor *ct_tensor_flatten(ct_tensor *t);

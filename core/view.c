@@ -362,3 +362,26 @@ ct_status ct_tensor_rebind(ct_tensor *t, ct_tensor *base, int64_t offset)
     ct_storage_release(old);
     return CT_OK;
 }
+
+ct_status ct_tensor_repoint(ct_tensor *t, ct_tensor *base, int64_t offset)
+{
+    char a[200], b[200];
+    if (!t || !base) return ct_error_set(CT_ERR_INVALID, "tensor_repoint: NULL tensor");
+    const int64_t n = ct_tensor_numel(t);
+    if (!ct_device_equal(t->device, base->device) || !ct_tensor_is_contiguous(base) || offset < 0 ||
+        offset > ct_tensor_numel(base) - n || (t->grad && t->grad->dtype != base->dtype))
+        return ct_error_set(CT_ERR_INVALID,
+                            "tensor_repoint: %s cannot point at element %lld of %s (needs the same device, a "
+                            "contiguous base with room for %lld elements, and no gradient of another dtype)",
+                            ct_tensor_describe(t, a, sizeof a), (long long)offset,
+                            ct_tensor_describe(base, b, sizeof b), (long long)n);
+    ct_storage *old = t->storage;
+    ct_storage_retain(base->storage);
+    t->storage = base->storage;
+    t->dtype = base->dtype;
+    t->offset = base->offset + offset;
+    int64_t s = 1;
+    for (int d = t->ndim - 1; d >= 0; d--) t->strides[d] = s, s *= t->shape[d];
+    ct_storage_release(old);
+    return CT_OK;
+}

@@ -100,8 +100,20 @@ static ct_status check_config(const ct_shard_config *c)
                             (int)c->backward_prefetch);
     if (c->reduce_dtype && c->reduce_dtype != CT_DTYPE_BF16 && c->reduce_dtype != CT_DTYPE_F16 &&
         c->reduce_dtype != CT_DTYPE_F32)
-        return ct_error_set(CT_ERR_INVALID, "reduce_dtype %s; allowed: bf16, f16 (or 0: the parameters')",
+        return ct_error_set(CT_ERR_INVALID, "reduce_dtype %s; allowed: bf16, f16, f32 (or 0: the parameters')",
                             ct_dtype_name(c->reduce_dtype));
+    if (c->param_dtype && c->param_dtype != CT_DTYPE_BF16 && c->param_dtype != CT_DTYPE_F16 &&
+        c->param_dtype != CT_DTYPE_F32)
+        return ct_error_set(CT_ERR_INVALID, "param_dtype %s; allowed: bf16, f16, f32 (or 0: the parameters')",
+                            ct_dtype_name(c->param_dtype));
+    if (c->allgather_bucket < 0 || c->prefetch_bucket < 0 || c->persistence_threshold < 0)
+        return ct_error_set(CT_ERR_INVALID, "%s = %lld; expected >= 0 elements (0: the default)",
+                            c->allgather_bucket < 0  ? "allgather_bucket"
+                            : c->prefetch_bucket < 0 ? "prefetch_bucket"
+                                                     : "persistence_threshold",
+                            (long long)(c->allgather_bucket < 0  ? c->allgather_bucket
+                                        : c->prefetch_bucket < 0 ? c->prefetch_bucket
+                                                                 : c->persistence_threshold));
     if (c->shard_group_size < 0)
         return ct_error_set(CT_ERR_INVALID, "shard_group_size = %d; expected >= 1 (0 = ranks per machine)",
                             c->shard_group_size);
@@ -167,6 +179,34 @@ static ct_status setup_unit(ct_shard *s, int i)
     return st;
 }
 
+ct_dtype ct_shard_grad_dtype(const ct_shard *s, const shard_unit *u)
+{
+    if (!s->low) return u->flat->dtype;
+    return s->cfg.reduce_dtype ? s->cfg.reduce_dtype : s->low;
+}
+
+/* param_dtype: the f32 slice becomes the master, and the unit's buffer (so every
+ * parameter of it) its 16-bit rounding. */
+static ct_status to_low(ct_shard *s, shard_unit *u)
+{
+    const int64_t n = u->plan->shard, at = (int64_t)s->srank * n;
+    ct_tensor *mine = ct_tensor_narrow(u->flat, 0, at, n);
+    ct_tensor *m = mine ? ct_tensor_clone(mine) : NULL;
+    ct_tensor *low = m ? ct_tensor_cast(u->flat, s->low) : NULL;
+    if (!low) return ct_last_status();
+    for (int k = 0; k < u->plan->nparams; k++) {
+        ct_tensor *p = u->plan->params[k].param;
+        ct_tensor_zero_grad(p);
+        ct_status st = ct_tensor_repoint(p, low, u->plan->params[k].offset);
+        if (st) return st;
+    }
+    s->gathered_bytes += (int64_t)ct_tensor_nbytes(low) - (int64_t)ct_tensor_nbytes(u->flat);
+    ct_tensor_release(u->flat);
+    u->flat = ct_tensor_retain(low);
+    u->master = ct_tensor_retain(m);
+    return CT_OK;
+}
+
 /* The slices and gradient buffers, once the parameters are rank 0's. */
 static ct_status setup_shards(ct_shard *s, int i)
 {
@@ -174,17 +214,20 @@ static ct_status setup_shards(ct_shard *s, int i)
     const int64_t n = u->plan->shard, at = (int64_t)s->srank * n;
     ct_status st = CT_OK;
     CT_FRAME {
-        ct_tensor *mine = ct_tensor_narrow(u->flat, 0, at, n);
+        if (s->low) st = to_low(s, u);
+        ct_tensor *mine = st ? NULL : ct_tensor_narrow(u->flat, 0, at, n);
         ct_tensor *shard = !mine ? NULL : s->free_params ? ct_tensor_clone(mine) : mine;
-        ct_tensor *g = ct_tensor_empty_on(u->flat->device, u->flat->dtype, 1, (const int64_t[]){n});
-        if (!shard || !g || ct_tensor_fill_(g, 0)) st = ct_last_status();
+        /* offloaded, the reduced gradient moves to the master side each step */
+        ct_tensor *g = ct_tensor_empty_on(u->flat->device, s->cfg.offload_optimizer ? CT_DTYPE_F32
+                                                                                    : ct_shard_grad_dtype(s, u),
+                                          1, (const int64_t[]){n});
+        if (st || !shard || !g || ct_tensor_fill_(g, 0)) st = st ? st : ct_last_status();
         else {
             u->shard = ct_tensor_retain(shard);
-            /* offloaded, the reduced gradient moves to the master side each step */
             if (s->cfg.offload_optimizer) u->master_grad = ct_tensor_retain(g);
             else u->grad_shard = ct_tensor_retain(g);
         }
-        if (!st && s->cfg.offload_optimizer) {
+        if (!st && s->cfg.offload_optimizer && !u->master) {
             ct_tensor *m = ct_tensor_clone(shard);
             if (!m) st = ct_last_status();
             else u->master = ct_tensor_retain(m);
@@ -222,6 +265,7 @@ ct_shard *ct_shard_new(ct_pg *pg, ct_module *model, const ct_shard_config *cfg)
     s->sync = true;
     s->root = -1;
     s->free_params = c.strategy == CT_SHARD_FULL || c.strategy == CT_SHARD_HYBRID;
+    s->low = c.param_dtype == CT_DTYPE_BF16 || c.param_dtype == CT_DTYPE_F16 ? c.param_dtype : 0;
     s->sworld = world;
     if (c.strategy == CT_SHARD_HYBRID) {
         s->sworld = c.shard_group_size;
@@ -246,6 +290,7 @@ ct_shard *ct_shard_new(ct_pg *pg, ct_module *model, const ct_shard_config *cfg)
     for (int i = 0; i < s->plan.nunits && !st; i++) {
         st = setup_unit(s, i);
         if (s->plan.units[i].module == model) s->root = i;
+        s->units[i].persistent = s->free_params && s->plan.units[i].numel < c.persistence_threshold;
     }
     /* the parameters' old storage, left in the allocator's cache by the flattening,
      * goes back to the system: a sharded run is about memory */
@@ -320,7 +365,7 @@ ct_status ct_shard_prepare_optimizer(ct_shard *s, ct_optimizer *opt)
         ct_shard_param_slice(u->plan, sp, s->srank, &b, &e);
         ct_tensor *t;
         if (b == e) { /* this rank's slices miss the parameter */
-            t = ct_tensor_empty_on(p->device, p->dtype, 1, (const int64_t[]){0});
+            t = ct_tensor_empty_on(p->device, base->dtype, 1, (const int64_t[]){0});
             unit[i] = -1;
         } else {
             off[i] = sp->offset + b - (int64_t)s->srank * u->plan->shard;
@@ -360,7 +405,8 @@ ct_shard_stats ct_shard_stats_get(const ct_shard *s)
     m->params = m->grads = m->optimizer = m->master = 0;
     for (int i = 0; i < s->plan.nunits; i++) {
         const shard_unit *u = &s->units[i];
-        m->params += nbytes_of(s->free_params ? u->shard : u->flat);
+        /* full parameters kept (all but FULL/HYBRID's freed units), slices kept apart */
+        m->params += (ct_shard_keeps_full(s, u) ? nbytes_of(u->flat) : 0) + (s->free_params ? nbytes_of(u->shard) : 0);
         m->grads += nbytes_of(u->grad_shard) + nbytes_of(u->flat_grad);
         m->master += nbytes_of(u->master) + nbytes_of(u->master_grad);
     }
@@ -385,9 +431,13 @@ void ct_shard_free(ct_shard *s)
         ct_status st = ct_shard_drain(s);
         ct_shard_hooks_remove(s);
         ct_shard_grad_hooks_remove(s);
-        /* the model keeps its values: gather every unit back (collective) */
-        if (!st && !s->failed && s->free_params && s->gather_pg && s->shard_ready)
-            for (int i = 0; i < s->plan.nunits && !st; i++) st = ct_shard_gather_wait(s, &s->units[i]);
+        /* the model keeps its values: gather every unit back (collective), f32 from
+         * the masters under param_dtype */
+        if (!st && !s->failed && !s->detached && s->gather_pg && s->shard_ready) {
+            if (s->low) st = ct_shard_gather_full(s);
+            else if (s->free_params)
+                for (int i = 0; i < s->plan.nunits && !st; i++) st = ct_shard_gather_wait(s, &s->units[i]);
+        }
         ct_shard_drain(s);
     }
     for (int i = 0; s->units && i < s->plan.nunits; i++) {
@@ -399,6 +449,7 @@ void ct_shard_free(ct_shard *s)
         ct_tensor_release(u->master);
         ct_tensor_release(u->master_grad);
         ct_tensor_release(u->reduced_low);
+        ct_tensor_release(u->full32);
     }
     for (int i = 0; i < s->nslices; i++) ct_tensor_release(s->slices[i]);
     free(s->slices), free(s->slice_unit), free(s->slice_offset);

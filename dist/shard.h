@@ -36,10 +36,8 @@
  * keeps an fp32 gradient partition apart from its gradient buffers. These are the
  * bytes kept between steps; during a step come activations, the units gathered
  * (FULL: the root and at most two more), the gradients of the unit backward is
- * working on and at most two units' packed gradients in flight. Under bf16/fp16 autocast the
- * parameters stay f32 (the casts are per op), so the table holds as is; DeepSpeed's
- * mixed-precision table (16Psi, 4Psi + 12Psi/N, 2Psi + 14Psi/N, 16Psi/N) counts
- * 2-byte parameters and gradients beside a 4-byte master and comes to the same totals.
+ * working on and at most two units' packed gradients in flight. With 16-bit
+ * parameters (param_dtype) see "Mixed precision" below.
  *
  *   ZeRO-1: backward accumulates into one persistent flat gradient buffer per unit
  *   (the parameters' .grad are its views); when a unit's gradients are final, its
@@ -75,8 +73,25 @@
  * sides are host memory, but they are separate buffers and counted apart
  * (ct_shard_memory.master).
  *
- * Mixed precision. The parameters and their master copy stay f32 (bf16/fp16 autocast
- * casts per op; the engine gathers and steps f32); reduce_dtype puts the gradients'
+ * Mixed precision (param_dtype bf16 or f16; FSDP's MixedPrecision, DeepSpeed's bf16 and
+ * fp16 modes). Each unit's flat buffer, and so every parameter of the model, is 16-bit:
+ * forward and backward compute with 16-bit weights, all-gathers move 2 bytes per
+ * element and backward yields 16-bit gradients. The fp32 truth is a master slice per
+ * unit (what the optimizer's slices are views of): finish widens each reduced
+ * gradient slice into an f32 gradient for it (freed after the step), and after the
+ * step the masters are rounded into the 16-bit slices (then gathered, ZeRO-1/2, or
+ * at the next forward, ZeRO-3). With Adam this is DeepSpeed's mixed-precision table:
+ *
+ *   strategy     params   grads            optimizer (moments)  master   total
+ *   OPTIMIZER    2Psi     2Psi + 2Psi/S    8Psi/S               4Psi/S   4Psi + 14Psi/S
+ *   GRAD_OP      2Psi     2Psi/S           8Psi/S               4Psi/S   2Psi + 14Psi/S
+ *   FULL         2Psi/S   2Psi/S           8Psi/S               4Psi/S   16Psi/S
+ *
+ * (ZeRO-1's extra 2Psi/S is its reduced slice beside its full gradient buffer, as
+ * above.) ct_shard_gather_full gathers the masters into f32 parameters, so state
+ * dicts, saved models and the unwrapped model are f32; the next forward goes back to
+ * the 16-bit copies. Without param_dtype the parameters and their master copy stay
+ * f32 (autocast casts per op) and reduce_dtype alone can put the gradients'
  * reduction in 16 bits (FSDP's MixedPrecision.reduce_dtype, DeepSpeed's
  * communication_data_type).
  *
@@ -128,12 +143,28 @@ typedef struct ct_shard_config {
     int shard_group_size;            /* HYBRID: ranks per shard group; default LOCAL_WORLD_SIZE */
     bool offload_optimizer;          /* CPU offload: fp32 master slices and optimizer state apart
                                       * from the compute parameters (see "CPU offload") */
-    ct_dtype reduce_dtype;           /* CT_DTYPE_BF16 or CT_DTYPE_F16: gradients travel and are
-                                      * averaged in it (the comm engine sums in f32, rounding
-                                      * once), then widen into the f32 slices: half the
-                                      * reduce-scatter bytes. 0 (or the parameters' dtype):
-                                      * the parameters' dtype */
+    ct_dtype param_dtype;            /* CT_DTYPE_BF16 or CT_DTYPE_F16: the parameters the model
+                                      * computes with, gathers and gradients are 16-bit, beside
+                                      * f32 master slices the optimizer steps (see "Mixed
+                                      * precision"). 0 or CT_DTYPE_F32: the parameters stay f32 */
+    ct_dtype reduce_dtype;           /* CT_DTYPE_BF16, CT_DTYPE_F16 or CT_DTYPE_F32: gradients
+                                      * travel and are averaged in it (the comm engine sums in
+                                      * f32, rounding once), then widen into the f32 gradients
+                                      * the optimizer sees. 0: param_dtype (FSDP's default),
+                                      * else the parameters' dtype */
     bool no_broadcast;               /* skip the broadcast of rank 0's parameters and buffers */
+    /* DeepSpeed's communication settings (zero_optimization; 0/false: the defaults) */
+    bool no_overlap_comm;            /* overlap_comm false: each reduction and each
+                                      * after-step all-gather is waited for as soon as it is
+                                      * issued, instead of running beside backward */
+    int64_t allgather_bucket;        /* OPTIMIZER, GRAD_OP: elements of after-step all-gathers
+                                      * in flight at most (at least one unit); 0: all units */
+    int64_t prefetch_bucket;         /* FULL, HYBRID: elements of prefetched all-gathers in
+                                      * flight at most (stage3_prefetch_bucket_size; at most two
+                                      * units either way); 0: two units */
+    int64_t persistence_threshold;   /* FULL, HYBRID: a unit of fewer elements is never freed
+                                      * (stage3_param_persistence_threshold): it is all-gathered
+                                      * after each step, as under GRAD_OP */
 } ct_shard_config;
 
 /* Bytes this rank holds, by what they are for (the engine's accounting). */
@@ -205,10 +236,12 @@ ct_tensor *const *ct_shard_slices(const ct_shard *s, int *n);
 double ct_shard_clip_grad_norm(ct_shard *s, double max_norm, double norm_type);
 
 /* The full parameters, gathered: every rank calls it; each rank's model then holds
- * every parameter until ct_shard_release_full or the next forward (FULL/HYBRID), or
- * always (the others). */
+ * every parameter until ct_shard_release_full or the next forward (FULL/HYBRID, and
+ * any strategy under param_dtype), or always (the others). Under param_dtype they are
+ * the f32 masters, gathered into f32 parameters. */
 ct_status ct_shard_gather_full(ct_shard *s);
-/* FULL/HYBRID: frees the gathered parameters again (no-op otherwise). */
+/* FULL/HYBRID: frees the gathered parameters again; under param_dtype the parameters
+ * go back to their 16-bit copies (no-op otherwise). */
 void ct_shard_release_full(ct_shard *s);
 /* Ends the engine's hold on the model: gathers every parameter back (collective),
  * removes the hooks; the model is a plain model again. Later finish / after_step

@@ -11,6 +11,7 @@
 /* The dtype gradients are reduced in. */
 static ct_dtype reduce_dtype(const ct_shard *s, const shard_unit *u)
 {
+    if (s->low) return ct_shard_grad_dtype(s, u);
     return s->cfg.reduce_dtype ? s->cfg.reduce_dtype : u->flat->dtype;
 }
 
@@ -51,12 +52,12 @@ static ct_status submit_reduce(ct_shard *s, shard_unit *u)
     ct_frame_push();
     ct_tensor *in = pack(s, u);
     if (in && !u->grad_shard) { /* offloaded: the step's reduced slice, until finish moves it */
-        ct_tensor *g = ct_tensor_empty_on(in->device, u->flat->dtype, 1, (const int64_t[]){u->plan->shard});
+        ct_tensor *g = ct_tensor_empty_on(in->device, ct_shard_grad_dtype(s, u), 1, (const int64_t[]){u->plan->shard});
         if (g) u->grad_shard = ct_tensor_retain(g);
         else in = NULL;
     }
     ct_tensor *out = u->grad_shard;
-    if (in && in->dtype != u->flat->dtype) { /* reduce_dtype: reduced in 16 bits, widened in finish */
+    if (in && in->dtype != out->dtype) { /* reduce_dtype: reduced in 16 bits, widened in finish */
         ct_tensor *low = ct_tensor_empty_on(in->device, in->dtype, 1, (const int64_t[]){u->plan->shard});
         if (low) out = u->reduced_low = ct_tensor_retain(low);
         else in = NULL;
@@ -123,6 +124,8 @@ static ct_status submit_ready(ct_shard *s)
         if (st) break;
         s->next_reduce++;
         st = submit_reduce(s, u);
+        /* overlap_comm off: the reduction is waited for before backward goes on */
+        if (!st && s->cfg.no_overlap_comm) st = retire(s, 0);
     }
     return st ? st : retire(s, MAX_REDUCES_IN_FLIGHT);
 }
@@ -212,13 +215,25 @@ ct_status ct_shard_finish(ct_shard *s)
         ct_tensor_release(u->reduced_low);
         u->reduced_low = NULL;
     }
-    /* CPU offload: the reduced gradients go to the master side; the compute side's go */
+    /* the reduced gradients go to the masters' side, in f32: CPU offload keeps a buffer
+     * for them there (and lets the compute side's go), param_dtype makes one for this
+     * step (freed after it) */
     for (int i = 0; i < s->plan.nunits && !st; i++) {
         shard_unit *u = &s->units[i];
-        if (!u->master_grad || !u->grad_shard) continue;
+        if (!u->master || !u->grad_shard) continue;
+        if (!u->master_grad) {
+            ct_tensor *g = ct_tensor_empty_on(u->master->device, CT_DTYPE_F32, 1, (const int64_t[]){u->plan->shard});
+            if (!g) {
+                st = ct_last_status();
+                break;
+            }
+            u->master_grad = ct_tensor_retain(g);
+        }
         st = ct_tensor_copy_(u->master_grad, u->grad_shard);
-        ct_tensor_release(u->grad_shard);
-        u->grad_shard = NULL;
+        if (s->cfg.offload_optimizer) {
+            ct_tensor_release(u->grad_shard);
+            u->grad_shard = NULL;
+        }
     }
     /* ZeRO-1's full buffers start the next step from zero */
     for (int i = 0; i < s->plan.nunits && !st; i++)
@@ -244,30 +259,57 @@ ct_status ct_shard_after_step(ct_shard *s)
         return ct_error_set(CT_ERR_INVALID, "shard_after_step (rank %d): the model was unwrapped; it no longer "
                                             "trains sharded", s->rank);
     ct_status st = CT_OK;
-    /* CPU offload under FULL/HYBRID: the updated master slices back into the compute
-     * slices, which the next forward gathers from */
+    /* FULL/HYBRID with a master (CPU offload, param_dtype): the updated masters into
+     * the compute slices, which the next forward gathers from */
     if (s->free_params)
         for (int i = 0; i < s->plan.nunits && !st; i++)
             if (s->units[i].master) st = ct_tensor_copy_(s->units[i].shard, s->units[i].master);
-    if (!s->free_params) {
-        /* each rank's updated slice (its master, offloaded) into everyone's full
-         * parameters; the slice is a view of the output, so it travels from a copy, each
-         * copy overlapping the previous unit's all-gather */
-        ct_frame_push();
-        for (int i = 0; i < s->plan.nunits && !st; i++) {
-            shard_unit *u = &s->units[i];
-            ct_tensor *in = ct_tensor_clone(u->master ? u->master : u->shard);
-            ct_work *w = in ? ct_pg_allgather(s->gather_pg, u->flat, in) : NULL;
-            if (!w) st = ct_last_status();
-            else u->gather = (shard_op){.work = w, .keep = ct_tensor_retain(in), .t_submit = ct_shard_now()};
-            s->run_gathers++;
-            ct_shard_count_sent(s, u->plan->padded * (int64_t)ct_dtype_size(u->flat->dtype), s->sworld, 1);
+    /* each rank's updated slice (its master, rounded, when there is one) into
+     * everyone's full parameters, for every unit that keeps them; under OPTIMIZER and
+     * GRAD_OP the slice is a view of the output, so it travels from a copy, each copy
+     * overlapping the previous unit's all-gather. allgather_bucket bounds the elements
+     * in flight; without overlap_comm each gather is waited for at once. */
+    ct_frame_push();
+    int64_t inflight = 0;
+    int oldest = 0;
+    for (int i = 0; i < s->plan.nunits && !st; i++) {
+        shard_unit *u = &s->units[i];
+        if (!ct_shard_keeps_full(s, u)) continue;
+        for (; oldest < i && inflight && s->cfg.allgather_bucket && inflight + u->plan->padded > s->cfg.allgather_bucket;
+             oldest++) {
+            if (!s->units[oldest].gather.work) continue;
+            inflight -= s->units[oldest].plan->padded;
+            st = ct_shard_gather_land(s, &s->units[oldest]);
+            if (st) break;
         }
+        if (st) break;
+        ct_tensor *in = !u->master ? ct_tensor_clone(u->shard)
+                        : u->master->dtype == u->flat->dtype ? u->master
+                                                             : ct_tensor_cast(u->master, u->flat->dtype);
+        ct_work *w = in ? ct_pg_allgather(s->gather_pg, u->flat, in) : NULL;
+        if (!w) st = ct_last_status();
+        else u->gather = (shard_op){.work = w, .keep = ct_tensor_retain(in), .t_submit = ct_shard_now()};
+        inflight += u->plan->padded;
+        s->run_gathers++;
+        ct_shard_count_sent(s, u->plan->padded * (int64_t)ct_dtype_size(u->flat->dtype), s->sworld, 1);
+        if (!st && s->cfg.no_overlap_comm) {
+            st = ct_shard_gather_land(s, u);
+            inflight -= u->plan->padded;
+        }
+    }
+    for (int i = 0; i < s->plan.nunits; i++) {
+        if (!ct_shard_keeps_full(s, &s->units[i])) continue;
+        ct_status w = ct_shard_gather_land(s, &s->units[i]);
+        if (!st) st = w;
+    }
+    ct_frame_pop();
+    /* param_dtype without offload: the step's f32 gradients go, with the slices' views */
+    if (s->low && !s->cfg.offload_optimizer) {
         for (int i = 0; i < s->plan.nunits; i++) {
-            ct_status w = ct_shard_gather_land(s, &s->units[i]);
-            if (!st) st = w;
+            ct_tensor_release(s->units[i].master_grad);
+            s->units[i].master_grad = NULL;
         }
-        ct_frame_pop();
+        for (int i = 0; i < s->nslices; i++) ct_tensor_zero_grad(s->slices[i]);
     }
     ct_shard_step_done(s);
     return st ? ct_error_prefix("shard_after_step (rank %d): ", s->rank) : CT_OK;

@@ -25,10 +25,16 @@ typedef struct shard_unit {
     ct_tensor *grad_shard; /* owned: this rank's averaged gradient slice */
     ct_tensor *flat_grad;  /* OPTIMIZER: owned persistent full gradient buffer (the
                             * parameters' .grad are its views) */
-    ct_tensor *master;      /* CPU offload: owned fp32 master slice, what the optimizer steps */
-    ct_tensor *master_grad; /* CPU offload: owned, its gradient (grad_shard then lives
-                             * only from the reduction to the copy into this) */
+    ct_tensor *master;      /* CPU offload or param_dtype: owned fp32 master slice, what the
+                             * optimizer steps */
+    ct_tensor *master_grad; /* its gradient, owned: CPU offload keeps it (grad_shard then
+                             * lives only from the reduction to the copy into this);
+                             * param_dtype alone makes it in finish and frees it after
+                             * the step */
+    ct_tensor *full32;      /* param_dtype: the f32 parameters ct_shard_gather_full gathered
+                             * from the masters (owned), while the model points at them */
     bool gathered;       /* the full parameters hold data */
+    bool persistent;     /* FULL/HYBRID: below persistence_threshold, never freed */
     shard_op gather;     /* an all-gather into flat in flight (work NULL: none) */
     shard_op reduce;     /* the reduce-scatter of this step's gradients (work NULL: none) */
     shard_op replica;    /* HYBRID: the all-reduce of the reduced slice over the replicas */
@@ -58,6 +64,8 @@ struct ct_shard {
     shard_unit *units;
     int root;           /* index of the unit whose module is the model, or -1 */
     bool free_params;   /* FULL/HYBRID: units hold data only while needed */
+    ct_dtype low;       /* param_dtype when it is 16-bit (the parameters then are); else 0 */
+    bool full_f32;      /* param_dtype: the model points at the full32 buffers */
     bool sync;
 
     /* units in the order their forwards begin, learnt in the first step */
@@ -87,6 +95,12 @@ struct ct_shard {
     bool detached;          /* ct_shard_detach: the model is plain again */
 };
 
+/* u's full parameters are kept between steps (all-gathered after each step). */
+static inline bool ct_shard_keeps_full(const struct ct_shard *s, const shard_unit *u)
+{
+    return !s->free_params || u->persistent;
+}
+
 /* A unit's name for messages: the wrapped module's dotted name, "(root)" for the model. */
 static inline const char *ct_shard_unit_label(const shard_unit *u)
 {
@@ -105,6 +119,11 @@ ct_status ct_shard_gather_wait(ct_shard *s, shard_unit *u);
  * in backward), unless two are in flight already: a prefetch, its failure shows at
  * the wait. */
 void ct_shard_prefetch_previous(ct_shard *s, const shard_unit *u);
+/* The dtype of u's reduced gradient slice (grad_shard). */
+ct_dtype ct_shard_grad_dtype(const ct_shard *s, const shard_unit *u);
+/* param_dtype: points every parameter back at its unit's 16-bit buffer and frees
+ * the f32 ones ct_shard_gather_full made (no-op when it did not). */
+void ct_shard_leave_full_f32(ct_shard *s);
 /* Frees u's full parameters (FULL/HYBRID). */
 void ct_shard_reshard(ct_shard *s, shard_unit *u);
 /* Waits for op, notes its interval and the wait, frees it. */

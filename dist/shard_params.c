@@ -3,9 +3,11 @@
  * (see dist/shard.h). */
 #include "dist/shard_internal.h"
 
+#include "autograd/autograd.h"
 #include "autograd/node.h"
 #include "core/frame.h"
 #include "core/storage.h"
+#include "precision/autocast.h"
 
 #define MAX_GATHERS_IN_FLIGHT 2
 
@@ -48,7 +50,7 @@ ct_status ct_shard_gather_wait(ct_shard *s, shard_unit *u)
 
 void ct_shard_reshard(ct_shard *s, shard_unit *u)
 {
-    if (!s->free_params) return;
+    if (ct_shard_keeps_full(s, u)) return;
     /* memory under a collective in flight stays until it lands */
     if (ct_shard_gather_land(s, u)) return;
     if (!ct_tensor_data(u->flat)) return;
@@ -57,10 +59,13 @@ void ct_shard_reshard(ct_shard *s, shard_unit *u)
     s->gathered_bytes -= flat_bytes(u);
 }
 
-static int gathers_in_flight(const ct_shard *s)
+/* All-gathers in flight, and their elements. */
+static int gathers_in_flight(const ct_shard *s, int64_t *numel)
 {
     int n = 0;
-    for (int i = 0; i < s->plan.nunits; i++) n += s->units[i].gather.work != NULL;
+    *numel = 0;
+    for (int i = 0; i < s->plan.nunits; i++)
+        if (s->units[i].gather.work) n++, *numel += s->units[i].plan->padded;
     return n;
 }
 
@@ -72,14 +77,19 @@ static int order_pos(const ct_shard *s, int i)
     return -1;
 }
 
-/* Starts the gather of the unit at forward-order position k (when there is one and
- * fewer than two are in flight): a prefetch, so its failure shows at the wait. */
+/* Starts the gather of the unit at forward-order position k (when there is one,
+ * fewer than two are in flight, and it keeps to prefetch_bucket elements in flight
+ * unless none is): a prefetch, so its failure shows at the wait. */
 static void prefetch(ct_shard *s, int k)
 {
     if (!s->free_params || !s->order_known || k < 0 || k >= s->norder) return;
-    if (gathers_in_flight(s) >= MAX_GATHERS_IN_FLIGHT) return;
+    int64_t numel;
+    const int n = gathers_in_flight(s, &numel);
+    shard_unit *u = &s->units[s->order[k]];
+    if (n >= MAX_GATHERS_IN_FLIGHT || (n && s->cfg.prefetch_bucket && numel + u->plan->padded > s->cfg.prefetch_bucket))
+        return;
     ct_frame_push();
-    ct_shard_gather_start(s, &s->units[s->order[k]]);
+    ct_shard_gather_start(s, u);
     ct_frame_pop();
 }
 
@@ -127,6 +137,8 @@ static ct_status pre_forward(ct_module *m, void *data)
     (void)m;
     shard_unit *u = data;
     ct_shard *s = u->engine;
+    /* after ct_shard_gather_full under param_dtype, computing goes back to 16 bits */
+    ct_shard_leave_full_f32(s);
     if (!s->order_known && order_pos(s, u->index) < 0) s->order[s->norder++] = u->index;
     ct_shard_unit_begin_pass(s, u);
     if (!s->free_params) return CT_OK;
@@ -165,9 +177,70 @@ void ct_shard_hooks_remove(ct_shard *s)
     for (int i = 0; s->units && i < s->plan.nunits; i++) ct_module_set_hooks((ct_module *)s->plan.units[i].module, NULL);
 }
 
+/* param_dtype: every unit's f32 masters all-gathered into a full f32 buffer, and
+ * the parameters pointed at it. */
+static ct_status gather_full_f32(ct_shard *s)
+{
+    if (s->full_f32) return CT_OK;
+    if (s->failed) return ct_error_set(CT_ERR_PEER, "shard: an earlier collective failed; the group is broken");
+    ct_status st = CT_OK;
+    ct_frame_push();
+    for (int i = 0; i < s->plan.nunits && !st; i++) {
+        shard_unit *u = &s->units[i];
+        ct_tensor *full = ct_tensor_empty_on(u->master->device, CT_DTYPE_F32, 1, (const int64_t[]){u->plan->padded});
+        ct_work *w = full ? ct_pg_allgather(s->gather_pg, full, u->master) : NULL;
+        if (!w) {
+            st = ct_error_prefix("shard: gathering the f32 parameters of unit '%s': ", ct_shard_unit_label(u));
+            break;
+        }
+        u->full32 = ct_tensor_retain(full);
+        u->gather = (shard_op){.work = w, .t_submit = ct_shard_now()};
+        ct_shard_count_sent(s, ct_tensor_nbytes(full), s->sworld, 1);
+    }
+    for (int i = 0; i < s->plan.nunits; i++) {
+        ct_status w = ct_shard_op_wait(s, &s->units[i].gather);
+        if (!st) st = w;
+    }
+    for (int i = 0; i < s->plan.nunits && !st; i++) {
+        shard_unit *u = &s->units[i];
+        for (int k = 0; k < u->plan->nparams && !st; k++) {
+            ct_tensor *p = u->plan->params[k].param;
+            ct_tensor_zero_grad(p);
+            st = ct_tensor_repoint(p, u->full32, u->plan->params[k].offset);
+        }
+    }
+    s->full_f32 = true; /* also on failure: leave_full_f32 points back whatever moved */
+    ct_frame_pop();
+    ct_autocast_weights_changed();
+    return st;
+}
+
+void ct_shard_leave_full_f32(ct_shard *s)
+{
+    if (!s->full_f32) return;
+    for (int i = 0; i < s->plan.nunits; i++) {
+        shard_unit *u = &s->units[i];
+        for (int k = 0; k < u->plan->nparams; k++) {
+            ct_tensor *p = u->plan->params[k].param;
+            ct_tensor_zero_grad(p);
+            /* same device, the buffer it came from: nothing to refuse */
+            ct_tensor_repoint(p, u->flat, u->plan->params[k].offset);
+        }
+        ct_tensor_release(u->full32);
+        u->full32 = NULL;
+    }
+    s->full_f32 = false;
+    ct_autocast_weights_changed();
+}
+
 ct_status ct_shard_gather_full(ct_shard *s)
 {
     if (!s) return ct_error_set(CT_ERR_INVALID, "shard_gather_full: engine is NULL");
+    if (s->detached) return CT_OK;
+    if (s->low) {
+        ct_status st = ct_shard_drain(s);
+        return st ? st : gather_full_f32(s);
+    }
     ct_status st = CT_OK;
     for (int i = 0; i < s->plan.nunits && !st; i++) st = ct_shard_gather_start(s, &s->units[i]);
     for (int i = 0; i < s->plan.nunits && !st; i++) st = ct_shard_gather_wait(s, &s->units[i]);
@@ -176,7 +249,9 @@ ct_status ct_shard_gather_full(ct_shard *s)
 
 void ct_shard_release_full(ct_shard *s)
 {
-    for (int i = 0; s && !s->detached && i < s->plan.nunits; i++) ct_shard_reshard(s, &s->units[i]);
+    if (!s || s->detached) return;
+    ct_shard_leave_full_f32(s);
+    for (int i = 0; i < s->plan.nunits; i++) ct_shard_reshard(s, &s->units[i]);
 }
 
 ct_status ct_shard_detach(ct_shard *s)

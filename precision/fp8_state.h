@@ -49,7 +49,7 @@ typedef struct ct_fp8_use {
                           (a node may retain it too, outliving the state safely) */
 } ct_fp8_use;
 
-/* The slot of w (2-D f32 CPU tensor; made at first use), its quantised copy made if
+/* The slot of w (2-D f32, bf16 or f16 CPU tensor; made at first use), its quantised copy made if
  * this weight generation has none yet. CT_ERR_INVALID for another w. */
 ct_status ct_fp8_state_use(ct_fp8_state *s, ct_tensor *w, ct_fp8_use *u);
 /* Raises the pending amax of slot's input meta. */

@@ -9,6 +9,7 @@
 
 #include "tools/env.h"
 #include "tools/launch.h"
+#include "tools/merge_weights.h"
 
 #define CT_CLI_VERSION "0.1.0"
 
@@ -21,6 +22,7 @@ typedef struct {
 static const subcommand COMMANDS[] = {
     {"launch", ct_launch_main, "run a program as the local ranks of a distributed job"},
     {"env", ct_env_main, "this machine, its libraries, each dtype's GEMM path, thread and job settings"},
+    {"merge-weights", ct_merge_weights_main, "merge a sharded checkpoint (SHARDED_STATE_DICT) into one file"},
 };
 
 #define N_COMMANDS (sizeof COMMANDS / sizeof *COMMANDS)
@@ -28,7 +30,7 @@ static const subcommand COMMANDS[] = {
 static void usage(FILE *f)
 {
     fputs("usage: ctrain [--help] [--version] COMMAND [ARGS...]\n\ncommands:\n", f);
-    for (size_t i = 0; i < N_COMMANDS; i++) fprintf(f, "  %-10s %s\n", COMMANDS[i].name, COMMANDS[i].summary);
+    for (size_t i = 0; i < N_COMMANDS; i++) fprintf(f, "  %-13s %s\n", COMMANDS[i].name, COMMANDS[i].summary);
     fputs("\n`ctrain COMMAND --help` describes a command.\n", f);
 }
 

@@ -13,7 +13,8 @@
 #   configs     w1 (vocab 256, 4 layers, 4 heads, width 256; 3.2M parameters) and
 #               wide (vocab 256, 12 layers, 12 heads, width 768; 85M parameters)
 #   ranks       2 and 4
-#   precisions  f32 and bf16 (autocast; the parameters stay f32)
+#   precisions  f32 and bf16 (DDP: autocast over f32 parameters; the sharded strategies:
+#               16-bit parameters and gradients beside f32 master slices)
 #   strategies  NO_SHARD (DDP), OPTIMIZER (ZeRO-1), GRAD_OP (ZeRO-2), FULL (ZeRO-3),
 #               HYBRID (FULL inside groups of N/2 ranks, replicated across the 2 groups)
 #   LISTs are comma-separated; default all of them.

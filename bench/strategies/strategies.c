@@ -28,8 +28,10 @@
  *                  send them (ct_shard_stats.bytes_sent; DDP: 2 (N-1)/N of the bytes it
  *                  all-reduces per step)
  *   params_bytes, grads_bytes, optimizer_bytes   storage kept between steps: the
- *                  engine's accounting (ct_shard_stats.memory); for DDP 4, 4 and 8 bytes
- *                  per parameter (its gradient buckets, another 4, are not in these)
+ *                  engine's accounting (ct_shard_stats.memory; optimizer = the moments
+ *                  and the f32 master slices, which bf16's 16-bit parameters have); for
+ *                  DDP 4, 4 and 8 bytes per parameter (its gradient buckets, another 4,
+ *                  are not in these)
  *   step_peak_bytes  ctrain's live storage at its highest during a timed step
  *                  (ct_storage_peak_bytes, reset as each step starts; the largest step)
  *   activations_bytes  step_peak - params - grads - optimizer: activations and
@@ -98,7 +100,7 @@ static void usage(FILE *f)
                "                 HYBRID (FULL inside groups of G ranks) (default NO_SHARD)\n"
                "  --wrap         units: one per Block (transformer), per subtree of >= %d parameters\n"
                "                 (size), or one (none) (default transformer)\n"
-               "  --precision    f32 or bf16 autocast (default f32)\n"
+               "  --precision    f32, or bf16 mixed precision (sharded: 16-bit parameters; default f32)\n"
                "  --hybrid_group G  HYBRID's shard group size, dividing N (default: ranks per machine)\n"
                "  --threads K    threads per rank (default 1)\n"
                "  --seed X       seeds the weights and the random tokens (default 1337)\n"
@@ -295,7 +297,8 @@ static int run(const options *o)
     if (shard) {
         m[M_PARAMS] = (double)ss.memory.params;
         m[M_GRADS] = (double)ss.memory.grads;
-        m[M_OPTIMIZER] = (double)ss.memory.optimizer;
+        /* the optimizer's state in ZeRO's sense: the moments and the f32 master slices */
+        m[M_OPTIMIZER] = (double)(ss.memory.optimizer + ss.memory.master);
         m[M_GATHERED] = (double)ss.memory.gathered_peak;
         m[M_SENT] = (double)ss.bytes_sent;
         m[M_GATHERS] = (double)ss.gathers;

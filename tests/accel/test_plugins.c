@@ -64,6 +64,12 @@ Test(plugins, fsdp_plugin_fields)
     cr_assert_eq(s.shard.reduce_dtype, CT_DTYPE_BF16);
     expect_error(ct_sharding_settings_resolve(NULL, &(ct_fsdp_plugin){.reduce_dtype = "int8"}, true, &s),
                  "reduce_dtype 'int8'; allowed: fp32, bf16, fp16");
+    cr_assert_eq(ct_sharding_settings_resolve(NULL, &(ct_fsdp_plugin){.param_dtype = "fp16"}, true, &s), CT_OK);
+    cr_assert_eq(s.shard.param_dtype, CT_DTYPE_F16);
+    cr_assert_eq(ct_sharding_settings_resolve(NULL, &(ct_fsdp_plugin){.param_dtype = "fp32"}, true, &s), CT_OK);
+    cr_assert_eq(s.shard.param_dtype, CT_DTYPE_F32, "fp32 given: kept f32 whatever the mixed precision");
+    expect_error(ct_sharding_settings_resolve(NULL, &(ct_fsdp_plugin){.param_dtype = "fp8"}, true, &s),
+                 "param_dtype 'fp8'; allowed: fp32, bf16, fp16");
     /* defaults: FULL_SHARD, no_wrap, BACKWARD_PRE, reshard, sync; accelerate's numbers */
     cr_assert_eq(ct_sharding_settings_resolve(NULL, &(ct_fsdp_plugin){0}, true, &s), CT_OK);
     cr_assert(s.shard.strategy == CT_SHARD_FULL && s.shard.wrap.policy == CT_WRAP_NONE &&
@@ -146,6 +152,40 @@ static const char *write_text(const char *name, const char *text)
     fputs(text, f);
     fclose(f);
     return p;
+}
+
+/* The zero_optimization communication keys steer the engine when the file gives
+ * them; absent or "auto" they leave its defaults. */
+Test(plugins, a_ds_config_file_sets_the_buckets_and_overlap)
+{
+    clear_vars();
+    make_tmpdir_with("/tmp/ct_plugins_");
+    const char *path = write_text("ds.json", "{\"zero_optimization\": {\"stage\": 3, \"reduce_bucket_size\": 250000, "
+                                             "\"allgather_bucket_size\": 70000, \"stage3_prefetch_bucket_size\": 90000, "
+                                             "\"stage3_param_persistence_threshold\": 1000, \"overlap_comm\": false}}");
+    ct_sharding_settings s;
+    cr_assert_eq(ct_sharding_settings_resolve(&(ct_deepspeed_plugin){.config_file = path}, NULL, true, &s), CT_OK,
+                 "%s", ct_last_error());
+    cr_assert_eq(s.shard.strategy, CT_SHARD_FULL);
+    cr_assert_eq(s.shard.wrap.policy, CT_WRAP_SIZE, "reduce_bucket_size makes the units");
+    cr_assert_eq(s.shard.wrap.min_num_params, 250000);
+    cr_assert_eq(s.shard.allgather_bucket, 70000);
+    cr_assert_eq(s.shard.prefetch_bucket, 90000);
+    cr_assert_eq(s.shard.backward_prefetch, CT_PREFETCH_BACKWARD_PRE);
+    cr_assert_eq(s.shard.persistence_threshold, 1000);
+    cr_assert(s.shard.no_overlap_comm);
+    /* prefetch bucket 0: no prefetch, as in DeepSpeed; "auto" and absent keys: the defaults */
+    path = write_text("ds0.json", "{\"zero_optimization\": {\"stage\": 3, \"stage3_prefetch_bucket_size\": 0, "
+                                  "\"reduce_bucket_size\": \"auto\", \"overlap_comm\": true}}");
+    cr_assert_eq(ct_sharding_settings_resolve(&(ct_deepspeed_plugin){.config_file = path}, NULL, true, &s), CT_OK,
+                 "%s", ct_last_error());
+    cr_assert_eq(s.shard.backward_prefetch, CT_PREFETCH_NONE);
+    cr_assert(!s.shard.forward_prefetch);
+    cr_assert_eq(s.shard.wrap.policy, CT_WRAP_NONE);
+    cr_assert_eq(s.shard.allgather_bucket, 0);
+    cr_assert_eq(s.shard.persistence_threshold, 0);
+    cr_assert(!s.shard.no_overlap_comm);
+    remove_tmpdir();
 }
 
 Test(plugins, a_ds_config_file_sets_stage_offload_precision_and_steps)

@@ -1,6 +1,7 @@
 /* Tests for the fp8 linear (autograd/ops_fp8.c): forward and backward against f64
  * products of the reference-quantised operands (ct_fp8_quantize_ref), both weight
- * layouts, the delayed scales of a second step, ct_linear choosing it in an fp8 scope
+ * layouts, the delayed scales of a second step, 16-bit weights against the same
+ * values in f32, ct_linear choosing it in an fp8 scope
  * for parameters only, and a small regression that trains in fp8 as well as in f32. */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -155,6 +156,42 @@ Test(autograd_fp8_linear, ct_linear_goes_fp8_for_parameters_in_an_fp8_scope)
     cr_assert_not_null(l);
     cr_expect_str_neq(ct_node_op(l->grad_fn), "fp8_linear");
     ct_fp8_state_free(st);
+}
+
+/* 16-bit weights (sharded mixed precision keeps the model's parameters in bf16 or
+ * f16): the same values in f32 give the same y and dx, and dw, db are the f32 ones
+ * rounded to the weight's dtype. */
+Test(autograd_fp8_linear, sixteen_bit_weights_match_their_f32_values)
+{
+    const ct_dtype dts[] = {CT_DTYPE_BF16, CT_DTYPE_F16};
+    for (int t = 0; t < 4; t++) {
+        const ct_dtype dt = dts[t / 2];
+        const bool trans_w = t % 2;
+        ct_fp8_state *s16 = ct_fp8_state_new(NULL), *s32 = ct_fp8_state_new(NULL);
+        ct_tensor *x0 = ct_tensor_randn(CT_DTYPE_F32, CT_SHAPE(9, 20), 0, 2);
+        ct_tensor *w16 = leaf(ct_tensor_cast(trans_w ? ct_tensor_randn(CT_DTYPE_F32, CT_SHAPE(7, 20), 0, 0.5)
+                                                     : ct_tensor_randn(CT_DTYPE_F32, CT_SHAPE(20, 7), 0, 0.5),
+                                             dt));
+        ct_tensor *b16 = leaf(ct_tensor_cast(ct_tensor_randn(CT_DTYPE_F32, CT_SHAPE(7), 0, 1), dt));
+        ct_tensor *w32 = leaf(ct_tensor_cast(w16, CT_DTYPE_F32)), *b32 = leaf(ct_tensor_cast(b16, CT_DTYPE_F32));
+        ct_tensor *x16 = leaf(ct_tensor_clone(x0)), *x32 = leaf(ct_tensor_clone(x0));
+        ct_tensor *gy = ct_tensor_randn(CT_DTYPE_F32, CT_SHAPE(9, 7), 0, 1e-3);
+        ct_tensor *y16 = ct_fp8_linear(s16, x16, w16, b16, trans_w);
+        ct_tensor *y32 = ct_fp8_linear(s32, x32, w32, b32, trans_w);
+        cr_assert(y16 && y32, "%s", ct_last_error());
+        cr_assert_eq(ct_backward_with(y16, gy, NULL), CT_OK, "%s", ct_last_error());
+        cr_assert_eq(ct_backward_with(y32, gy, NULL), CT_OK, "%s", ct_last_error());
+        cr_expect_eq(w16->grad->dtype, dt);
+        cr_expect_eq(b16->grad->dtype, dt);
+        ct_tensor *dw = ct_tensor_cast(w32->grad, dt), *db = ct_tensor_cast(b32->grad, dt);
+        for (int64_t i = 0; i < ct_tensor_numel(y16); i++) cr_expect_eq(at(y16, i), at(y32, i), "y[%ld]", (long)i);
+        for (int64_t i = 0; i < ct_tensor_numel(x0); i++)
+            cr_expect_eq(at(x16->grad, i), at(x32->grad, i), "dx[%ld]", (long)i);
+        for (int64_t i = 0; i < ct_tensor_numel(dw); i++) cr_expect_eq(at(w16->grad, i), at(dw, i), "dw[%ld]", (long)i);
+        for (int64_t i = 0; i < 7; i++) cr_expect_eq(at(b16->grad, i), at(db, i), "db[%ld]", (long)i);
+        ct_fp8_state_free(s16);
+        ct_fp8_state_free(s32);
+    }
 }
 
 Test(autograd_fp8_linear, bad_operands_name_the_shapes)

@@ -261,3 +261,39 @@ Test(tensor, rand_uses_the_seeded_generator)
         cr_assert_not_null(h);
     }
 }
+
+Test(tensor, repoint_takes_the_base_dtype_and_values_without_copying)
+{
+    CT_FRAME {
+        ct_tensor *t = ct_tensor_from_data(CT_DTYPE_F32, CT_SHAPE(2, 3), (float[]){1, 2, 3, 4, 5, 6});
+        /* a bf16 base holding 0.5 * k at element k */
+        ct_tensor *base = ct_tensor_empty(CT_DTYPE_BF16, CT_SHAPE(10));
+        for (int64_t k = 0; k < 10; k++) ct_tensor_set(base, &k, 0.5 * (double)k);
+        ct_storage *old = t->storage;
+        cr_assert_eq(ct_tensor_repoint(t, base, 3), CT_OK, "%s", ct_last_error());
+        cr_expect_eq(t->dtype, CT_DTYPE_BF16);
+        cr_expect_eq(t->storage, base->storage);
+        cr_expect_neq(t->storage, old);
+        cr_expect_eq(t->offset, 3);
+        cr_expect(ct_tensor_is_contiguous(t));
+        cr_expect_eq(t->shape[0], 2);
+        cr_expect_eq(at(t, 0, 0), 1.5, "element 3 of the base");
+        cr_expect_eq(at(t, 1, 2), 4.0, "element 8 of the base");
+        /* writes go to the base */
+        cr_assert_eq(ct_tensor_set(t, (int64_t[]){0, 1}, -2.0), CT_OK);
+        cr_expect_eq(ct_tensor_get(base, (int64_t[]){4}), -2.0);
+        /* back to an f32 base, again without conversion of t's old values */
+        ct_tensor *f = ct_tensor_zeros(CT_DTYPE_F32, CT_SHAPE(6));
+        cr_assert_eq(ct_tensor_repoint(t, f, 0), CT_OK, "%s", ct_last_error());
+        cr_expect_eq(t->dtype, CT_DTYPE_F32);
+        cr_expect_eq(at(t, 0, 1), 0.0);
+        /* errors: no room, negative offset, non-contiguous base; a refusal changes nothing */
+        cr_expect_neq(ct_tensor_repoint(t, base, 5), CT_OK, "6 elements do not fit at 5 of 10");
+        cr_expect(strstr(ct_last_error(), "tensor_repoint"), "%s", ct_last_error());
+        cr_expect_neq(ct_tensor_repoint(t, base, -1), CT_OK);
+        ct_tensor *strided = ct_tensor_slice(ct_tensor_zeros(CT_DTYPE_F32, CT_SHAPE(20)), 0, 0, 20, 2);
+        cr_expect_neq(ct_tensor_repoint(t, strided, 0), CT_OK);
+        cr_expect_eq(t->storage, f->storage);
+        cr_expect_eq(t->dtype, CT_DTYPE_F32);
+    }
+}

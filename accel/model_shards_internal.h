@@ -1,0 +1,88 @@
+/* ctrain — sharded model checkpoints (SHARDED_STATE_DICT), shared by
+ * accel/model_shards.c (the format, its reader, the save and the merge),
+ * accel/model_load.c (ct_accelerator_load_model) and accel/model_state.c (which
+ * dispatches save_model). Not installed.
+ *
+ * A sharded checkpoint is a directory of S files, S the shard group's size when it
+ * was written: model-rank00000-of-0000S.safetensors, ... File r holds rank r's part
+ * of each parameter its slices reach (elements [begin, end) of the flattened
+ * parameter) as a 1-d F32 tensor under the parameter's name; file 0 also holds the
+ * buffers, whole. Each header's __metadata__:
+ *   ctrain.format      "sharded-model-v1"
+ *   ctrain.files       S
+ *   ctrain.file        r
+ *   ctrain.checkpoint  16 hex digits, the same in every file of one save (a hash of
+ *                      all the parts and buffers: files of two saves differ in it)
+ *   ctrain.params      P, the model's parameter count
+ *   ctrain.param.I     (file 0 only) the name of parameter I, 0 <= I < P: a parameter
+ *                      that has no part in any file shows against this list
+ *   ctrain.part.NAME   "begin=B end=E shape=[d0,d1] dtype=f32 index=I": the part's
+ *                      elements, the full parameter's shape and dtype, and its
+ *                      position among the model's parameters (the merged order)
+ */
+#ifndef CT_ACCEL_MODEL_SHARDS_INTERNAL_H
+#define CT_ACCEL_MODEL_SHARDS_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "accel/accelerator.h"
+#include "core/safetensors.h"
+
+#define CT_MODEL_SHARDS_FORMAT "sharded-model-v1"
+
+/* Where one part of a tensor is: elements [begin, end) of the flattened tensor, in
+ * file `file` under the tensor's name. */
+typedef struct ct_ckpt_part {
+    int file;
+    int64_t begin, end;
+} ct_ckpt_part;
+
+/* One parameter or buffer of a checkpoint. */
+typedef struct ct_ckpt_entry {
+    const char *name; /* borrowed from a file's handle */
+    int ndim;
+    int64_t shape[CT_MAX_DIMS];
+    int64_t numel;
+    ct_dtype dtype;   /* of the model's tensor (a part is F32 whatever this is) */
+    int64_t index;    /* the merged order: the parameter's position, buffers after */
+    bool whole;       /* one tensor in its own shape and dtype (a buffer, or any tensor of
+                       * a full file), read as it is */
+    ct_ckpt_part *parts; /* sorted by begin, covering [0, numel) once (checked) */
+    int nparts, cap;
+} ct_ckpt_entry;
+
+/* An open checkpoint: a full safetensors file or a validated sharded directory. */
+typedef struct ct_ckpt {
+    bool sharded;
+    int nfiles;
+    ct_safetensors **files;
+    char **paths;     /* each file's path, for messages */
+    ct_ckpt_entry *e;
+    int n, cap;
+} ct_ckpt;
+
+/* Opens path: a directory is read as a sharded checkpoint and validated whole
+ * (ct_sharded_model_merge lists the checks), a file as one full safetensors file
+ * (unless sharded_only: then it is an error naming it). Fills *ck (ct_ckpt_close,
+ * also after a failure). */
+ct_status ct_ckpt_open(const char *path, bool sharded_only, ct_ckpt *ck);
+void ct_ckpt_close(ct_ckpt *ck);
+/* The entry named name, or NULL. Borrowed. */
+const ct_ckpt_entry *ct_ckpt_find(const ct_ckpt *ck, const char *name);
+/* Elements [begin, end) of x, flattened, into dst (1-d, end - begin elements, any
+ * floating dtype: converted). */
+ct_status ct_ckpt_read(const ct_ckpt *ck, const ct_ckpt_entry *x, int64_t begin, int64_t end, ct_tensor *dst);
+/* All of x in its shape and dtype: new tensor in the current frame, NULL + error. */
+ct_tensor *ct_ckpt_read_whole(const ct_ckpt *ck, const ct_ckpt_entry *x);
+
+/* Every rank's status, agreed over the Accelerator's group (a collective): CT_OK on
+ * every rank when each had CT_OK; else every rank returns the status and the message
+ * of the lowest rank that failed (the others' say which rank it was). A failure of
+ * the collective itself is returned as it is. */
+ct_status ct_ckpt_agree(ct_accelerator *acc, ct_status st);
+
+/* ct_accelerator_save_model under a sharded strategy with SHARDED_STATE_DICT. */
+ct_status ct_model_shards_save(ct_accelerator *acc, ct_module *model, const char *dir);
+
+#endif
