@@ -1,10 +1,12 @@
 /* Tests for dist/shard*.c, through the Accelerator: every sharded strategy on the W1
  * GPT (4 layers, 4 heads, width 256, bytes) over 2 and 4 fork()ed ranks against DDP
  * on the same ranks and batches (f32: parameters after 5 AdamW steps within 1e-5
- * relative; bf16: the loss curve within 1%); on a smaller GPT with gradient
- * accumulation, clipping, CPU offload, fp16 and fp8, the state-dict functions; on a
- * GPT whose unit sizes divide by no rank count; the engine's memory and wire
- * accounting against the ZeRO formulas, and against the process's peak RSS. */
+ * relative; bf16, with 16-bit parameters: the loss curve within 1%; on 4 ranks with
+ * gradient accumulation and clipping); on a smaller GPT with accumulation, clipping,
+ * CPU offload, fp16, fp8 and DeepSpeed's communication settings, the state-dict
+ * functions; on a GPT whose unit sizes divide by no rank count; the engine's memory
+ * and wire accounting against the ZeRO formulas (f32 and mixed precision), and
+ * against the process's peak RSS. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -374,7 +376,8 @@ Test(dist_shard, w1_f32_2_ranks_match_ddp, .timeout = 240)
 Test(dist_shard, w1_f32_4_ranks_match_ddp, .timeout = 240)
 {
     SKIP_UNDER_ASAN();
-    strategies_match_ddp(4, (shard_case){.K = 1, .wrap = CT_WRAP_TRANSFORMER, .forward_prefetch = true});
+    /* with gradient accumulation and clipping, on W1 and 4 ranks too */
+    strategies_match_ddp(4, (shard_case){.K = 2, .clip = 1.0, .wrap = CT_WRAP_TRANSFORMER, .forward_prefetch = true});
 }
 
 Test(dist_shard, w1_bf16_2_ranks_match_ddp, .timeout = 240)
@@ -386,7 +389,7 @@ Test(dist_shard, w1_bf16_2_ranks_match_ddp, .timeout = 240)
 Test(dist_shard, w1_bf16_4_ranks_match_ddp, .timeout = 240)
 {
     SKIP_UNDER_ASAN();
-    strategies_match_ddp(4, (shard_case){.K = 1, .precision = "bf16", .wrap = CT_WRAP_TRANSFORMER,
+    strategies_match_ddp(4, (shard_case){.K = 1, .precision = "bf16", .clip = 1.0, .wrap = CT_WRAP_TRANSFORMER,
                                          .prefetch = CT_PREFETCH_BACKWARD_POST});
 }
 

@@ -168,18 +168,20 @@ static double final_val(const char *text)
 /* The W1 GPT (the example's defaults: vocab 256, block 256, 4 layers, 4 heads, width 256,
  * batch 8) trained 300 steps on the default text with CTRAIN_MIXED_PRECISION=mp (what
  * `ctrain launch --mixed_precision mp` sets), alone or under ctrain launch with 2 ranks
- * of 4 sequences each (the same 8 per step); the final validation loss. */
+ * of 4 sequences each (the same 8 per step); the final validation loss. The time
+ * limits only catch a hang: alone a run takes about two minutes, but the parallel suite
+ * puts it beside multi-rank tests on two cores, where it has taken over six. */
 static double w1_val_loss(const char *mp, int ranks)
 {
     const char *ctrain = bin_or_skip("CTRAIN_BIN"), *ex = bin_or_skip("CTRAIN_EXAMPLES");
     char cmd[4096];
     const char *common = "--steps 300 --eval_every 300 --eval_batches 8 --sample_tokens 0";
     if (ranks == 1)
-        snprintf(cmd, sizeof cmd, "env CTRAIN_MIXED_PRECISION=%s timeout 400 %s/gpt_train %s --out_dir %s/%s1", mp, ex,
+        snprintf(cmd, sizeof cmd, "env CTRAIN_MIXED_PRECISION=%s timeout 900 %s/gpt_train %s --out_dir %s/%s1", mp, ex,
                  common, tmpdir, mp);
     else
         snprintf(cmd, sizeof cmd,
-                 "env CTRAIN_MIXED_PRECISION=%s timeout 400 %s launch --num_processes 2 --main_process_port 0 "
+                 "env CTRAIN_MIXED_PRECISION=%s timeout 900 %s launch --num_processes 2 --main_process_port 0 "
                  "%s/gpt_train %s --batch_size 4 --out_dir %s/%s2",
                  mp, ctrain, ex, common, tmpdir, mp);
     cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
@@ -203,6 +205,6 @@ static void w1_precisions(int ranks)
     remove_tmpdir();
 }
 
-Test(examples, gpt_w1_in_bf16_and_fp8_ends_near_f32_alone, .timeout = 900) { w1_precisions(1); }
+Test(examples, gpt_w1_in_bf16_and_fp8_ends_near_f32_alone, .timeout = 2400) { w1_precisions(1); }
 
-Test(examples, gpt_w1_in_bf16_and_fp8_ends_near_f32_under_ddp, .timeout = 900) { w1_precisions(2); }
+Test(examples, gpt_w1_in_bf16_and_fp8_ends_near_f32_under_ddp, .timeout = 2400) { w1_precisions(2); }
