@@ -383,7 +383,9 @@ Test(dist_shard, w1_f32_4_ranks_match_ddp, .timeout = 240)
 Test(dist_shard, w1_bf16_2_ranks_match_ddp, .timeout = 240)
 {
     SKIP_UNDER_ASAN();
-    strategies_match_ddp(2, (shard_case){.K = 1, .precision = "bf16", .wrap = CT_WRAP_TRANSFORMER});
+    /* 16-bit parameters with accumulation; the state dict, the saved model and the
+     * unwrapped model are f32 (the masters, gathered) */
+    strategies_match_ddp(2, (shard_case){.K = 2, .precision = "bf16", .wrap = CT_WRAP_TRANSFORMER, .state_api = true});
 }
 
 Test(dist_shard, w1_bf16_4_ranks_match_ddp, .timeout = 240)
@@ -538,14 +540,15 @@ Test(dist_shard, accounting_follows_the_mixed_precision_formulas_on_4_ranks, .ti
     accounting_on(4, "bf16");
 }
 
-/* fp16 (the loss scaler: the ranks agree on an overflow seen in any slice) and fp8
- * (delayed scaling, amaxes exchanged) under every strategy, against DDP in the same
- * precision: the loss curves within 1%. */
+/* fp16 (the loss scaler: the ranks agree on an overflow seen in any slice; here with
+ * CPU offload and accumulation) and fp8 (delayed scaling, amaxes exchanged) under every
+ * strategy, with 16-bit parameters, against DDP in the same precision: the loss curves
+ * within 1%. */
 Test(dist_shard, fp16_and_fp8_match_ddp, .timeout = 300)
 {
     SKIP_UNDER_ASAN();
-    strategies_match_ddp(2, (shard_case){.K = 1, .precision = "fp16", .clip = 1.0, .wrap = CT_WRAP_TRANSFORMER,
-                                         .model = &small});
+    strategies_match_ddp(2, (shard_case){.K = 2, .precision = "fp16", .clip = 1.0, .offload = true,
+                                         .wrap = CT_WRAP_TRANSFORMER, .model = &small});
     strategies_match_ddp(2, (shard_case){.K = 1, .precision = "fp8", .wrap = CT_WRAP_TRANSFORMER, .model = &small});
 }
 
