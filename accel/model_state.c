@@ -70,14 +70,9 @@ ct_status ct_accelerator_save_model(ct_accelerator *acc, ct_module *model, const
     if (st) return st;
     if (ct_accelerator_is_main_process(acc)) st = ct_module_save(model, path, 0, NULL, NULL);
     ct_shard_release_full(ct_accelerator_shard(acc));
-    /* the others return when the file is there (or rank 0 failed: then everyone fails) */
-    CT_FRAME {
-        ct_tensor *ok = ct_tensor_from_data(CT_DTYPE_I32, CT_SHAPE(1), (int32_t[]){st != CT_OK});
-        ct_tensor *all = ok ? ct_accelerator_reduce(acc, ok, false) : NULL;
-        ct_status rs = all ? CT_OK : ct_last_status();
-        if (!st && (rs || *(const int32_t *)ct_tensor_data(all)))
-            st = rs ? rs : ct_error_set(CT_ERR_IO, "rank 0 could not write '%s'", path);
-    }
+    /* the others return when the file is there (or rank 0 failed: then everyone fails
+     * with its message), as the sharded save agrees */
+    st = ct_ckpt_agree(acc, st);
     return st ? ct_error_prefix("accelerator_save_model (rank %d): ", ct_accelerator_process_index(acc)) : CT_OK;
 }
 

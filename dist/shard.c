@@ -106,14 +106,16 @@ static ct_status check_config(const ct_shard_config *c)
         c->param_dtype != CT_DTYPE_F32)
         return ct_error_set(CT_ERR_INVALID, "param_dtype %s; allowed: bf16, f16, f32 (or 0: the parameters')",
                             ct_dtype_name(c->param_dtype));
-    if (c->allgather_bucket < 0 || c->prefetch_bucket < 0 || c->persistence_threshold < 0)
-        return ct_error_set(CT_ERR_INVALID, "%s = %lld; expected >= 0 elements (0: the default)",
-                            c->allgather_bucket < 0  ? "allgather_bucket"
-                            : c->prefetch_bucket < 0 ? "prefetch_bucket"
-                                                     : "persistence_threshold",
-                            (long long)(c->allgather_bucket < 0  ? c->allgather_bucket
-                                        : c->prefetch_bucket < 0 ? c->prefetch_bucket
-                                                                 : c->persistence_threshold));
+    const struct {
+        const char *name;
+        int64_t v;
+    } counts[] = {{"allgather_bucket", c->allgather_bucket},
+                  {"prefetch_bucket", c->prefetch_bucket},
+                  {"persistence_threshold", c->persistence_threshold}};
+    for (size_t i = 0; i < sizeof counts / sizeof *counts; i++)
+        if (counts[i].v < 0)
+            return ct_error_set(CT_ERR_INVALID, "%s = %lld; expected >= 0 elements (0: the default)", counts[i].name,
+                                (long long)counts[i].v);
     if (c->shard_group_size < 0)
         return ct_error_set(CT_ERR_INVALID, "shard_group_size = %d; expected >= 1 (0 = ranks per machine)",
                             c->shard_group_size);
@@ -194,12 +196,8 @@ static ct_status to_low(ct_shard *s, shard_unit *u)
     ct_tensor *m = mine ? ct_tensor_clone(mine) : NULL;
     ct_tensor *low = m ? ct_tensor_cast(u->flat, s->low) : NULL;
     if (!low) return ct_last_status();
-    for (int k = 0; k < u->plan->nparams; k++) {
-        ct_tensor *p = u->plan->params[k].param;
-        ct_tensor_zero_grad(p);
-        ct_status st = ct_tensor_repoint(p, low, u->plan->params[k].offset);
-        if (st) return st;
-    }
+    ct_status st = ct_shard_unit_point(u, low);
+    if (st) return st;
     s->gathered_bytes += (int64_t)ct_tensor_nbytes(low) - (int64_t)ct_tensor_nbytes(u->flat);
     ct_tensor_release(u->flat);
     u->flat = ct_tensor_retain(low);

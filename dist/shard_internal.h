@@ -121,6 +121,9 @@ ct_status ct_shard_gather_wait(ct_shard *s, shard_unit *u);
 void ct_shard_prefetch_previous(ct_shard *s, const shard_unit *u);
 /* The dtype of u's reduced gradient slice (grad_shard). */
 ct_dtype ct_shard_grad_dtype(const ct_shard *s, const shard_unit *u);
+/* Points every parameter of u at its place in buf (u's flat layout, any dtype: the
+ * parameters take buf's), dropping their gradients. */
+ct_status ct_shard_unit_point(shard_unit *u, ct_tensor *buf);
 /* param_dtype: points every parameter back at its unit's 16-bit buffer and frees
  * the f32 ones ct_shard_gather_full made (no-op when it did not). */
 void ct_shard_leave_full_f32(ct_shard *s);

@@ -177,6 +177,17 @@ void ct_shard_hooks_remove(ct_shard *s)
     for (int i = 0; s->units && i < s->plan.nunits; i++) ct_module_set_hooks((ct_module *)s->plan.units[i].module, NULL);
 }
 
+ct_status ct_shard_unit_point(shard_unit *u, ct_tensor *buf)
+{
+    for (int k = 0; k < u->plan->nparams; k++) {
+        ct_tensor *p = u->plan->params[k].param;
+        ct_tensor_zero_grad(p); /* a gradient of the old dtype would not fit */
+        ct_status st = ct_tensor_repoint(p, buf, u->plan->params[k].offset);
+        if (st) return st;
+    }
+    return CT_OK;
+}
+
 /* param_dtype: every unit's f32 masters all-gathered into a full f32 buffer, and
  * the parameters pointed at it. */
 static ct_status gather_full_f32(ct_shard *s)
@@ -201,14 +212,7 @@ static ct_status gather_full_f32(ct_shard *s)
         ct_status w = ct_shard_op_wait(s, &s->units[i].gather);
         if (!st) st = w;
     }
-    for (int i = 0; i < s->plan.nunits && !st; i++) {
-        shard_unit *u = &s->units[i];
-        for (int k = 0; k < u->plan->nparams && !st; k++) {
-            ct_tensor *p = u->plan->params[k].param;
-            ct_tensor_zero_grad(p);
-            st = ct_tensor_repoint(p, u->full32, u->plan->params[k].offset);
-        }
-    }
+    for (int i = 0; i < s->plan.nunits && !st; i++) st = ct_shard_unit_point(&s->units[i], s->units[i].full32);
     s->full_f32 = true; /* also on failure: leave_full_f32 points back whatever moved */
     ct_frame_pop();
     ct_autocast_weights_changed();
@@ -220,12 +224,8 @@ void ct_shard_leave_full_f32(ct_shard *s)
     if (!s->full_f32) return;
     for (int i = 0; i < s->plan.nunits; i++) {
         shard_unit *u = &s->units[i];
-        for (int k = 0; k < u->plan->nparams; k++) {
-            ct_tensor *p = u->plan->params[k].param;
-            ct_tensor_zero_grad(p);
-            /* same device, the buffer it came from: nothing to refuse */
-            ct_tensor_repoint(p, u->flat, u->plan->params[k].offset);
-        }
+        /* same device, the buffer the parameters came from: nothing to refuse */
+        ct_shard_unit_point(u, u->flat);
         ct_tensor_release(u->full32);
         u->full32 = NULL;
     }
