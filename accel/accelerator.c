@@ -340,12 +340,6 @@ double ct_accelerator_clip_grad_norm(ct_accelerator *acc, double max_norm, doubl
 
 /* ---- collectives on tensors ---------------------------------------------------------- */
 
-static ct_status run(ct_work *w)
-{
-    ct_status st = w ? ct_work_wait(w) : ct_last_status();
-    ct_work_free(w);
-    return st;
-}
 
 ct_tensor *ct_accelerator_gather(ct_accelerator *acc, const ct_tensor *t)
 {
@@ -360,7 +354,7 @@ ct_tensor *ct_accelerator_gather(ct_accelerator *acc, const ct_tensor *t)
     for (int i = 0; i < nd; i++) shape[i] = in->ndim ? in->shape[i] : 1;
     shape[0] *= ct_pg_size(acc->pg);
     ct_tensor *out = ct_tensor_empty_on(in->device, in->dtype, nd, shape);
-    if (!out || run(ct_pg_allgather(acc->pg, out, in))) {
+    if (!out || ct_work_run(ct_pg_allgather(acc->pg, out, in))) {
         ct_error_prefix("accelerator_gather: ");
         return NULL;
     }
@@ -374,7 +368,7 @@ ct_tensor *ct_accelerator_gather_for_metrics(ct_accelerator *acc, const ct_tenso
     const int world = ct_pg_size(acc->pg);
     ct_tensor *pads = ct_tensor_empty(CT_DTYPE_I64, CT_SHAPE(world));
     ct_tensor *mine = ct_tensor_from_data(CT_DTYPE_I64, CT_SHAPE(1), (int64_t[]){ct_loader_last_padding(acc->loader)});
-    if (!pads || !mine || run(ct_pg_allgather(acc->pg, pads, mine))) {
+    if (!pads || !mine || ct_work_run(ct_pg_allgather(acc->pg, pads, mine))) {
         ct_error_prefix("accelerator_gather_for_metrics: ");
         return NULL;
     }
@@ -412,7 +406,7 @@ ct_tensor *ct_accelerator_reduce(ct_accelerator *acc, const ct_tensor *t, bool m
     }
     ct_tensor *in = ct_tensor_contiguous((ct_tensor *)t);
     ct_tensor *out = in ? ct_tensor_empty_like(in) : NULL;
-    if (!out || run(ct_pg_allreduce_out(acc->pg, out, in, mean ? CT_REDUCE_MEAN : CT_REDUCE_SUM))) {
+    if (!out || ct_work_run(ct_pg_allreduce_out(acc->pg, out, in, mean ? CT_REDUCE_MEAN : CT_REDUCE_SUM))) {
         ct_error_prefix("accelerator_reduce: ");
         return NULL;
     }
@@ -435,7 +429,7 @@ ct_tensor *ct_accelerator_pad_across_processes(ct_accelerator *acc, const ct_ten
         return NULL;
     }
     ct_tensor *size = ct_tensor_from_data(CT_DTYPE_I64, CT_SHAPE(1), (int64_t[]){t->shape[dim]});
-    if (!size || run(ct_pg_allreduce(acc->pg, size, CT_REDUCE_MAX))) {
+    if (!size || ct_work_run(ct_pg_allreduce(acc->pg, size, CT_REDUCE_MAX))) {
         ct_error_prefix("accelerator_pad_across_processes: ");
         return NULL;
     }
@@ -454,7 +448,7 @@ ct_tensor *ct_accelerator_pad_across_processes(ct_accelerator *acc, const ct_ten
 ct_status ct_accelerator_wait_for_everyone(ct_accelerator *acc)
 {
     if (!acc) return ct_error_set(CT_ERR_INVALID, "accelerator_wait_for_everyone: accelerator is NULL");
-    ct_status st = run(ct_pg_barrier(acc->pg));
+    ct_status st = ct_work_run(ct_pg_barrier(acc->pg));
     return st ? ct_error_prefix("accelerator_wait_for_everyone: ") : CT_OK;
 }
 

@@ -427,12 +427,6 @@ ct_tensor *ct_ckpt_read_whole(const ct_ckpt *ck, const ct_ckpt_entry *x)
 
 /* ---- the ranks' agreement ------------------------------------------------------------- */
 
-static ct_status run(ct_work *w)
-{
-    ct_status st = w ? ct_work_wait(w) : ct_last_status();
-    ct_work_free(w);
-    return st;
-}
 
 ct_status ct_ckpt_agree(ct_accelerator *acc, ct_status st)
 {
@@ -444,12 +438,12 @@ ct_status ct_ckpt_agree(ct_accelerator *acc, ct_status st)
     ct_frame_push();
     /* the lowest failing rank, then its message from it */
     ct_tensor *who = ct_tensor_from_data(CT_DTYPE_I32, CT_SHAPE(1), (int32_t[]){st ? rank : world});
-    ct_status cs = who ? run(ct_pg_allreduce(pg, who, CT_REDUCE_MIN)) : ct_last_status();
+    ct_status cs = who ? ct_work_run(ct_pg_allreduce(pg, who, CT_REDUCE_MIN)) : ct_last_status();
     const int first = cs ? world : *(const int32_t *)ct_tensor_data(who);
     ct_tensor *m = NULL;
     if (!cs && first < world) {
         m = ct_tensor_from_data(CT_DTYPE_U8, CT_SHAPE(AGREE_BYTES), msg);
-        cs = m ? run(ct_pg_broadcast(pg, m, first)) : ct_last_status();
+        cs = m ? ct_work_run(ct_pg_broadcast(pg, m, first)) : ct_last_status();
     }
     if (cs) out = cs;
     else if (first < world && first != rank) {
@@ -606,7 +600,7 @@ ct_status ct_model_shards_save(ct_accelerator *acc, ct_module *model, const char
             int64_t mine = 0;
             if (writer) memcpy(&mine, &h, sizeof mine);
             ct_tensor *t = ct_tensor_from_data(CT_DTYPE_I64, CT_SHAPE(1), &mine);
-            st = t ? run(ct_pg_allreduce(ct_accelerator_pg(acc), t, CT_REDUCE_SUM)) : ct_last_status();
+            st = t ? ct_work_run(ct_pg_allreduce(ct_accelerator_pg(acc), t, CT_REDUCE_SUM)) : ct_last_status();
             if (!st) memcpy(&h, ct_tensor_data(t), sizeof h);
         }
     if (!st) {

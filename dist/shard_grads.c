@@ -334,8 +334,7 @@ double ct_shard_clip_grad_norm(ct_shard *s, double max_norm, double norm_type)
     CT_FRAME {
         ct_tensor *t = ct_tensor_from_data(CT_DTYPE_F64, CT_SHAPE(1), &partial);
         ct_work *w = t ? ct_pg_allreduce(s->reduce_pg, t, isinf(norm_type) ? CT_REDUCE_MAX : CT_REDUCE_SUM) : NULL;
-        ct_status st = w ? ct_work_wait(w) : ct_last_status();
-        ct_work_free(w);
+        ct_status st = ct_work_run(w);
         if (!st) total = ct_grad_norm_from_partial(*(const double *)ct_tensor_data(t), norm_type);
         else ct_error_prefix("shard_clip_grad_norm (rank %d): ", s->rank);
     }

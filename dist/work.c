@@ -76,6 +76,13 @@ ct_status ct_work_wait(ct_work *w)
     return report(st, msg);
 }
 
+ct_status ct_work_run(ct_work *w)
+{
+    ct_status st = w ? ct_work_wait(w) : ct_last_status();
+    ct_work_free(w);
+    return st;
+}
+
 ct_status ct_work_wait_timeout(ct_work *w, double seconds)
 {
     if (!w) return ct_error_set(CT_ERR_INVALID, "ct_work_wait_timeout: NULL work");

@@ -21,6 +21,11 @@ typedef struct ct_work ct_work;
  * cannot complete fails within the group timeout. NULL: CT_ERR_INVALID. */
 ct_status ct_work_wait(ct_work *w);
 
+/* The common blocking call: w is the result of submitting a collective (NULL when
+ * the submit failed, its error set); waits for it and frees it. The status is
+ * ct_work_wait's, or the submit's failure. */
+ct_status ct_work_run(ct_work *w);
+
 /* As ct_work_wait, but gives up after seconds (>= 0): CT_ERR_TIMEOUT if the work is
  * still running, which it keeps doing (wait again, test or free it later). */
 ct_status ct_work_wait_timeout(ct_work *w, double seconds);
