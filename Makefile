@@ -26,7 +26,7 @@ endif
 VERSION  := 0.1.0
 # sub-makes build in parallel unless the caller already chose -j
 JOBS     := $(if $(findstring j,$(firstword -$(MAKEFLAGS))),,-j$(shell nproc 2>/dev/null || echo 2))
-LIB_DIRS := core kernels kernels/cpu precision autograd nn optim data dist accel
+LIB_DIRS := core kernels kernels/cpu precision autograd nn optim data dist parallel accel
 LIB_SRC  := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
 LIB_HDR  := ctrain.h $(filter-out %_internal.h,$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.h)))
 TEST_SRC := $(wildcard tests/*/*.c tests/*/*/*.c)

@@ -58,13 +58,13 @@
 #include "data/token_dataset.h"
 #include "data/tokenizer.h"
 
-#include "dist/ddp.h"
+#include "parallel/ddp.h"
 #include "dist/env.h"
 #include "dist/pg.h"
-#include "dist/shard.h"
-#include "dist/shard_flat.h"
-#include "dist/shard_plan.h"
-#include "dist/shard_state.h"
+#include "parallel/shard.h"
+#include "parallel/shard_flat.h"
+#include "parallel/shard_plan.h"
+#include "parallel/shard_state.h"
 #include "dist/store.h"
 #include "dist/work.h"
 

@@ -19,10 +19,10 @@
  * `ctrain launch --num_processes N` (or mpirun, or Slurm) every process runs the same
  * program as one rank of N: prepare broadcasts rank 0's parameters, gives each rank
  * its share of the loader's batches (loader.h: "Ranks"), and wraps the model in DDP
- * (dist/ddp.h), so backward averages the gradients over the ranks while it runs. With
+ * (parallel/ddp.h), so backward averages the gradients over the ranks while it runs. With
  * a sharded strategy (the shard config, a DeepSpeed or FSDP plugin, or the launcher's
  * --use_deepspeed / --use_fsdp: accel/plugins.h) it builds the sharding engine
- * (dist/shard.h) instead and hands the optimizer this rank's slices of the parameters
+ * (parallel/shard.h) instead and hands the optimizer this rank's slices of the parameters
  * (docs/strategies.md).
  *
  * What prepare installs:
@@ -53,9 +53,9 @@
 
 #include "core/tensor.h"
 #include "data/loader.h"
-#include "dist/ddp.h"
+#include "parallel/ddp.h"
 #include "dist/pg.h"
-#include "dist/shard.h"
+#include "parallel/shard.h"
 #include "accel/plugins.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
@@ -81,7 +81,7 @@ typedef struct ct_accelerator_config {
     ct_ddp_config ddp;               /* bucket sizes, compression */
     ct_shard_config shard;           /* strategy NO_SHARD (default): replicated, DDP with several
                                       * ranks; OPTIMIZER, GRAD_OP, FULL, HYBRID: the sharding engine
-                                      * (dist/shard.h), also with one rank. Its param_dtype 0
+                                      * (parallel/shard.h), also with one rank. Its param_dtype 0
                                       * follows mixed_precision: bf16 (fp8: bf16) and fp16 make
                                       * the parameters 16-bit beside f32 masters; CT_DTYPE_F32
                                       * keeps them f32 (autocast per op) */
@@ -220,7 +220,7 @@ ct_status ct_accelerator_save_model(ct_accelerator *acc, ct_module *model, const
  * plain model, which prepare then shares out from rank 0). Replicated (one process,
  * DDP), each rank loads the whole model (a directory is merged in memory); under a
  * sharded strategy each rank reads only the elements of its slices, into the engine
- * (ct_shard_load_params, dist/shard_state.h), and the buffers. Names and shapes must
+ * (ct_shard_load_params, parallel/shard_state.h), and the buffers. Names and shapes must
  * match the model's exactly: a tensor missing from the checkpoint, one the model does
  * not have, another shape, or a sharded directory that fails the checks of
  * ct_sharded_model_merge is an error naming it, and this rank's model is then left as

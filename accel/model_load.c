@@ -8,7 +8,7 @@
 
 #include "accel/model_shards_internal.h"
 #include "core/frame.h"
-#include "dist/shard_state.h"
+#include "parallel/shard_state.h"
 #include "precision/autocast.h"
 
 /* ---- the engine's view of a checkpoint -------------------------------------------------- */

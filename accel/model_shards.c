@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "core/frame.h"
-#include "dist/shard_state.h"
+#include "parallel/shard_state.h"
 
 #define PART_KEY "ctrain.part."
 /* a whole tensor's place in the merged order: after every parameter, in file order */

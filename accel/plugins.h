@@ -1,7 +1,7 @@
 /* ctrain — the sharding settings as users know them from Accelerate: a DeepSpeed
  * plugin (or a DeepSpeed ds_config.json), an FSDP plugin, or the same settings from
  * `ctrain launch` flags, turned into the sharding engine's configuration
- * (dist/shard.h).
+ * (parallel/shard.h).
  *
  *   DeepSpeed                        the engine
  *   zero_stage 0                     NO_SHARD (DDP)
@@ -57,7 +57,7 @@
 
 #include "accel/ds_config.h"
 #include "core/error.h"
-#include "dist/shard.h"
+#include "parallel/shard.h"
 #include "precision/loss_scaler.h"
 
 /* A setting whose default is on: zero (DEFAULT) takes the default. */

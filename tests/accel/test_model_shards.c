@@ -1,5 +1,5 @@
 /* Tests for accel/model_shards.c, accel/model_load.c and ct_shard_load_params
- * (dist/shard_state.c): FSDP's SHARDED_STATE_DICT end to end, on fork()ed ranks.
+ * (parallel/shard_state.c): FSDP's SHARDED_STATE_DICT end to end, on fork()ed ranks.
  *
  * Each strategy (FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD; FULL_SHARD also in bf16)
  * trains a small GPT for two AdamW steps on 2 and on 4 ranks, then saves the model

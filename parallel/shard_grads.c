@@ -1,6 +1,6 @@
 /* ctrain — the sharding engine's gradients: grad-ready hooks, reduce-scatters in a
- * fixed order, finish, the all-gather after the step, clipping (see dist/shard.h). */
-#include "dist/shard_internal.h"
+ * fixed order, finish, the all-gather after the step, clipping (see parallel/shard.h). */
+#include "parallel/shard_internal.h"
 
 #include <math.h>
 

@@ -1,7 +1,7 @@
 /* ctrain — rank 0's tensors on every rank, for the engines that start a model on
- * several ranks (dist/ddp.c, dist/shard.c). Not installed. */
-#ifndef CT_DIST_MODULE_SYNC_INTERNAL_H
-#define CT_DIST_MODULE_SYNC_INTERNAL_H
+ * several ranks (parallel/ddp.c, parallel/shard.c). Not installed. */
+#ifndef CT_PARALLEL_MODULE_SYNC_INTERNAL_H
+#define CT_PARALLEL_MODULE_SYNC_INTERNAL_H
 
 #include "dist/pg.h"
 #include "nn/module.h"

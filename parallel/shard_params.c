@@ -1,7 +1,7 @@
 /* ctrain — the sharding engine's parameters: gathering and freeing units, the
  * forward hooks, the node that gathers a unit again for its backward, and prefetch
- * (see dist/shard.h). */
-#include "dist/shard_internal.h"
+ * (see parallel/shard.h). */
+#include "parallel/shard_internal.h"
 
 #include "autograd/autograd.h"
 #include "autograd/node.h"

@@ -1,4 +1,4 @@
-/* Tests for dist/ddp.c on fork()ed ranks: every gradient is checked against the mean
+/* Tests for parallel/ddp.c on fork()ed ranks: every gradient is checked against the mean
  * over ranks computed in each rank from the inputs of all of them. The model is
  * y = x W + b followed by sum(y * c), so dW = x^T c and db = column sums of c:
  * exact in f32 for the small integers used here. */
@@ -8,7 +8,7 @@
 
 #include "autograd/autograd.h"
 #include "autograd/ops_math.h"
-#include "dist/ddp.h"
+#include "parallel/ddp.h"
 #include "nn/layers.h"
 #include "tests/dist/ranks.h"
 

@@ -1,4 +1,4 @@
-/* Tests for dist/shard_plan.c: units from the wrap policies on the GPT, the flat
+/* Tests for parallel/shard_plan.c: units from the wrap policies on the GPT, the flat
  * layout, the padding to the world size and each rank's slice. Expected units are
  * written out from the GPT's structure (wte, wpe, h.{i}.*, ln_f) and its sizes
  * computed by hand from the config. */
@@ -7,7 +7,7 @@
 
 #include "core/frame.h"
 #include "core/philox.h"
-#include "dist/shard_plan.h"
+#include "parallel/shard_plan.h"
 #include "nn/gpt.h"
 
 /* vocab 64, block 16, 2 layers, width 24 (odd sizes on purpose: nothing divides). */

@@ -37,8 +37,8 @@
  *
  * Thread-safety: one training thread per handle.
  */
-#ifndef CT_DIST_DDP_H
-#define CT_DIST_DDP_H
+#ifndef CT_PARALLEL_DDP_H
+#define CT_PARALLEL_DDP_H
 
 #include <stdbool.h>
 #include <stdint.h>

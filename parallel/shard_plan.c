@@ -1,5 +1,5 @@
-/* ctrain — the sharding engine's plan (see dist/shard_plan.h). */
-#include "dist/shard_plan.h"
+/* ctrain — the sharding engine's plan (see parallel/shard_plan.h). */
+#include "parallel/shard_plan.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,5 +1,5 @@
-/* ctrain — rank 0's tensors on every rank (dist/module_sync_internal.h). */
-#include "dist/module_sync_internal.h"
+/* ctrain — rank 0's tensors on every rank (parallel/module_sync_internal.h). */
+#include "parallel/module_sync_internal.h"
 
 #include "precision/autocast.h"
 

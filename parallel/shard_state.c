@@ -1,11 +1,11 @@
-/* ctrain — the sharding engine's state as parts (see dist/shard_state.h). */
-#include "dist/shard_state.h"
+/* ctrain — the sharding engine's state as parts (see parallel/shard_state.h). */
+#include "parallel/shard_state.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/frame.h"
-#include "dist/shard_internal.h"
+#include "parallel/shard_internal.h"
 #include "precision/autocast.h"
 
 ct_status ct_shard_local_parts(const ct_shard *s, ct_shard_part **parts, int *n, bool *writer)

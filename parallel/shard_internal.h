@@ -1,11 +1,11 @@
-/* ctrain — the sharding engine's handle, shared by dist/shard.c (set-up, optimizer
- * slices, accounting), dist/shard_params.c (gathering and freeing units, the forward
- * hooks, prefetch) and dist/shard_grads.c (reductions, finish, clipping). Not
+/* ctrain — the sharding engine's handle, shared by parallel/shard.c (set-up, optimizer
+ * slices, accounting), parallel/shard_params.c (gathering and freeing units, the forward
+ * hooks, prefetch) and parallel/shard_grads.c (reductions, finish, clipping). Not
  * installed. */
-#ifndef CT_DIST_SHARD_INTERNAL_H
-#define CT_DIST_SHARD_INTERNAL_H
+#ifndef CT_PARALLEL_SHARD_INTERNAL_H
+#define CT_PARALLEL_SHARD_INTERNAL_H
 
-#include "dist/shard.h"
+#include "parallel/shard.h"
 
 /* One collective in flight, with what it holds and when it started. */
 typedef struct shard_op {

@@ -18,8 +18,8 @@
  * padded = N * shard. Rank r owns elements [r*shard, (r+1)*shard): any parameter count
  * works, the last rank simply owns the padding.
  */
-#ifndef CT_DIST_SHARD_PLAN_H
-#define CT_DIST_SHARD_PLAN_H
+#ifndef CT_PARALLEL_SHARD_PLAN_H
+#define CT_PARALLEL_SHARD_PLAN_H
 
 #include <stdbool.h>
 #include <stdint.h>

@@ -1,4 +1,4 @@
-/* Tests for dist/shard_flat.c and core's ct_tensor_rebind: a unit's parameters moved
+/* Tests for parallel/shard_flat.c and core's ct_tensor_rebind: a unit's parameters moved
  * into one flat buffer keep their values and their identity, and a GPT whose
  * parameters were flattened trains exactly (bit for bit) like one that was not. */
 #include <criterion/criterion.h>
@@ -9,7 +9,7 @@
 #include "autograd/ops_math.h"
 #include "core/frame.h"
 #include "core/philox.h"
-#include "dist/shard_flat.h"
+#include "parallel/shard_flat.h"
 #include "nn/gpt.h"
 #include "optim/optimizer.h"
 

@@ -1,5 +1,5 @@
 /* ctrain — the sharding engine: ZeRO-1/2/3 and FSDP's strategies as settings of one
- * engine over the shard plan's flat buffers (dist/shard_plan.h, dist/shard_flat.h).
+ * engine over the shard plan's flat buffers (parallel/shard_plan.h, parallel/shard_flat.h).
  *
  *     ct_shard *s = ct_shard_new(pg, &model->base, &(ct_shard_config){.strategy = CT_SHARD_FULL});
  *     ct_shard_prepare_optimizer(s, opt);       the optimizer now holds this rank's slices
@@ -23,7 +23,7 @@
  * parameters, S ranks in the shard group):
  *
  *   strategy                    params   grads          optimizer   total per rank
- *   NO_SHARD (DDP: dist/ddp.h)  4Psi     4Psi           8Psi        16Psi
+ *   NO_SHARD (DDP: parallel/ddp.h)  4Psi     4Psi           8Psi        16Psi
  *   OPTIMIZER (ZeRO-1)          4Psi     4Psi + 4Psi/S  8Psi/S      8Psi + 12Psi/S
  *   GRAD_OP (ZeRO-2)            4Psi     4Psi/S         8Psi/S      4Psi + 12Psi/S
  *   FULL (ZeRO-3)               4Psi/S   4Psi/S         8Psi/S      16Psi/S
@@ -106,14 +106,14 @@
  *
  * Thread-safety: one training thread per handle.
  */
-#ifndef CT_DIST_SHARD_H
-#define CT_DIST_SHARD_H
+#ifndef CT_PARALLEL_SHARD_H
+#define CT_PARALLEL_SHARD_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
 #include "dist/pg.h"
-#include "dist/shard_plan.h"
+#include "parallel/shard_plan.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
 

@@ -1,5 +1,5 @@
-/* ctrain — flat unit buffers (see dist/shard_flat.h). */
-#include "dist/shard_flat.h"
+/* ctrain — flat unit buffers (see parallel/shard_flat.h). */
+#include "parallel/shard_flat.h"
 
 #include "autograd/autograd.h"
 #include "core/frame.h"

@@ -1,13 +1,13 @@
 /* ctrain — the sharding engine's state as parts: what each rank holds of each
  * parameter, for sharded checkpoints (SHARDED_STATE_DICT), without gathering.
  */
-#ifndef CT_DIST_SHARD_STATE_H
-#define CT_DIST_SHARD_STATE_H
+#ifndef CT_PARALLEL_SHARD_STATE_H
+#define CT_PARALLEL_SHARD_STATE_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "dist/shard.h"
+#include "parallel/shard.h"
 
 /* This rank's part of one parameter (SHARDED_STATE_DICT): elements [begin, end) of
  * the flattened parameter, and their values (1-d, end - begin elements, f32: the

@@ -1,4 +1,4 @@
-/* Tests for dist/shard*.c, through the Accelerator: every sharded strategy on the W1
+/* Tests for parallel/shard*.c, through the Accelerator: every sharded strategy on the W1
  * GPT (4 layers, 4 heads, width 256, bytes) over 2 and 4 fork()ed ranks against DDP
  * on the same ranks and batches (f32: parameters after 5 AdamW steps within 1e-5
  * relative; bf16, with 16-bit parameters: the loss curve within 1%; on 4 ranks with
@@ -18,7 +18,7 @@
 #include "core/frame.h"
 #include "core/philox.h"
 #include "core/storage.h"
-#include "dist/shard_plan.h"
+#include "parallel/shard_plan.h"
 #include "nn/gpt.h"
 #include "tests/clock.h"
 #include "tests/env_ranks.h"
@@ -450,7 +450,7 @@ static void plan_of(const ct_gpt_config *gc, ct_wrap_policy policy, int S, int64
 }
 
 /* Per rank, f32 parameters: params 4 bytes, gradients 4, AdamW moments 8 per element
- * (the table of dist/shard.h), and on the wire (S-1)/S of 4 bytes per element per
+ * (the table of parallel/shard.h), and on the wire (S-1)/S of 4 bytes per element per
  * reduce-scatter or all-gather of a unit: 2 Psi for ZeRO-1/2; for ZeRO-3 every unit
  * gathered twice but the root once (it stays from its forward to its backward), and
  * reduced once: 3 Psi less the root's second gather. Under bf16 (16-bit parameters

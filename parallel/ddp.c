@@ -1,6 +1,6 @@
-/* ctrain — DDP (dist/ddp.h): buckets filled from grad-ready hooks, reduced on the
+/* ctrain — DDP (parallel/ddp.h): buckets filled from grad-ready hooks, reduced on the
  * comm thread while backward continues. */
-#include "dist/ddp.h"
+#include "parallel/ddp.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -8,7 +8,7 @@
 #include <uv.h>
 
 #include "autograd/autograd.h"
-#include "dist/module_sync_internal.h"
+#include "parallel/module_sync_internal.h"
 #include "core/frame.h"
 
 typedef struct bucket {

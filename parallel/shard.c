@@ -1,6 +1,6 @@
 /* ctrain — the sharding engine: set-up, the optimizer's slices, accounting (see
- * dist/shard.h; gathering in dist/shard_params.c, reductions in dist/shard_grads.c). */
-#include "dist/shard_internal.h"
+ * parallel/shard.h; gathering in parallel/shard_params.c, reductions in parallel/shard_grads.c). */
+#include "parallel/shard_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -10,8 +10,8 @@
 #include "core/frame.h"
 #include "core/storage.h"
 #include "dist/env.h"
-#include "dist/module_sync_internal.h"
-#include "dist/shard_flat.h"
+#include "parallel/module_sync_internal.h"
+#include "parallel/shard_flat.h"
 
 double ct_shard_now(void) { return (double)uv_hrtime() * 1e-9; }
 
@@ -92,7 +92,7 @@ void ct_shard_step_done(ct_shard *s)
 static ct_status check_config(const ct_shard_config *c)
 {
     if (c->strategy == CT_SHARD_NO_SHARD)
-        return ct_error_set(CT_ERR_INVALID, "strategy NO_SHARD replicates the parameters: use DDP (dist/ddp.h)");
+        return ct_error_set(CT_ERR_INVALID, "strategy NO_SHARD replicates the parameters: use DDP (parallel/ddp.h)");
     if (c->strategy < CT_SHARD_NO_SHARD || c->strategy > CT_SHARD_HYBRID)
         return ct_error_set(CT_ERR_INVALID, "strategy %d; allowed: OPTIMIZER, GRAD_OP, FULL, HYBRID", (int)c->strategy);
     if (c->backward_prefetch < CT_PREFETCH_BACKWARD_PRE || c->backward_prefetch > CT_PREFETCH_NONE)

@@ -6,11 +6,11 @@
  * one buffer. The padding is zero. A collective can then gather or scatter a whole
  * unit in one call, and rank r's slice is elements [r*shard, (r+1)*shard).
  */
-#ifndef CT_DIST_SHARD_FLAT_H
-#define CT_DIST_SHARD_FLAT_H
+#ifndef CT_PARALLEL_SHARD_FLAT_H
+#define CT_PARALLEL_SHARD_FLAT_H
 
 #include "core/tensor.h"
-#include "dist/shard_plan.h"
+#include "parallel/shard_plan.h"
 
 /* The flat buffer, 1-d of u->padded elements, in the current frame (retain it to keep
  * it). Every parameter of the unit must have one floating dtype and one device: the
