@@ -42,6 +42,7 @@ struct ct_accelerator {
     ct_sharding_settings sharding; /* from a plugin, a ds_config or the launcher */
     double auto_clip;     /* DeepSpeed's gradient_clipping: clip before every step; 0 none */
     bool overflow_skip;   /* the last optimizer step was skipped for an overflow */
+    bool backward_ran;    /* accelerator_backward ran since the last optimizer step */
 };
 
 /* ---- settings ------------------------------------------------------------------ */
@@ -172,6 +173,32 @@ static ct_status finish_reductions(ct_accelerator *a)
     return a->shard ? ct_shard_finish(a->shard) : CT_OK;
 }
 
+/* The safety net under every strategy: backward ran, yet none of the tensors the
+ * optimizer steps on this rank has a gradient, so the step would change nothing. A
+ * run that trains nothing must say so. (A rank whose slices are all empty -- a model
+ * smaller than the shard group -- has nothing to step and is fine.) */
+static ct_status check_something_steps(ct_accelerator *a)
+{
+    if (!a->backward_ran) return CT_OK;
+    int n = 0, nonempty = 0;
+    ct_tensor *const *p = stepped(a, &n);
+    for (int i = 0; i < n; i++) {
+        if (!ct_tensor_numel(p[i]) || !p[i]->requires_grad) continue;
+        if (p[i]->grad) return CT_OK;
+        nonempty++;
+    }
+    if (!nonempty) return CT_OK;
+    return ct_error_set(CT_ERR_INVALID,
+                        "accelerator: optimizer step (rank %d of %d, %s): backward ran but none of the %d tensors the "
+                        "optimizer steps has a gradient, so this step would change no parameter. Every parameter the "
+                        "loss uses must be registered in the prepared model (ct_module_add_param) and be one of the "
+                        "optimizer's; the loop must call ct_optimizer_step on the optimizer given to prepare",
+                        a->env.rank, a->env.world_size ? a->env.world_size : 1,
+                        a->shard ? ct_shard_strategy_name(ct_shard_stats_get(a->shard).strategy)
+                                 : a->ddp ? "DDP" : "one process",
+                        nonempty);
+}
+
 static ct_status hook_before_step(ct_optimizer *o, void *data, bool *skip)
 {
     (void)o;
@@ -182,6 +209,8 @@ static ct_status hook_before_step(ct_optimizer *o, void *data, bool *skip)
         return CT_OK;
     }
     ct_status st = finish_reductions(a);
+    if (!st) st = check_something_steps(a);
+    a->backward_ran = false;
     if (!st && a->scaling) {
         st = unscale_once(a);
         /* every rank sees the same all-reduced gradients, so every rank skips alike */
@@ -285,6 +314,7 @@ ct_status ct_accelerator_backward(ct_accelerator *acc, ct_tensor *loss)
         ct_tensor *l = factor != 1.0 ? ct_mul_scalar(loss, factor) : loss;
         st = l ? ct_backward(l) : ct_last_status();
     }
+    if (!st) acc->backward_ran = true;
     return st;
 }
 

@@ -27,6 +27,7 @@
 #define CT_AUTOGRAD_AUTOGRAD_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "core/tensor.h"
 
@@ -85,5 +86,10 @@ ct_status ct_backward_with(ct_tensor *root, const ct_tensor *grad, const ct_back
 typedef ct_status (*ct_grad_ready_fn)(ct_tensor *leaf, void *data);
 ct_status ct_tensor_on_grad_ready(ct_tensor *leaf, ct_grad_ready_fn fn, void *data);
 void ct_tensor_clear_grad_hooks(ct_tensor *leaf);
+/* The id of the backward running on the calling thread (a hook's own), 0 outside
+ * one; every backward gets a new one. A hook that counts the leaves of a group
+ * (the sharding engine's units) starts its count afresh on a new id, whatever
+ * forward ran before. */
+uint64_t ct_backward_pass(void);
 
 #endif

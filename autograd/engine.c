@@ -22,6 +22,10 @@
 #include "kernels/elementwise.h"
 
 static _Atomic uint64_t pass_counter;
+/* the backward running on this thread (0: none), for grad-ready hooks */
+static _Thread_local uint64_t current_pass;
+
+uint64_t ct_backward_pass(void) { return current_pass; }
 
 typedef struct {
     ct_tensor *leaf;
@@ -270,6 +274,9 @@ ct_status ct_backward_with(ct_tensor *root, const ct_tensor *grad, const ct_back
                             "grad, or it was computed under CT_NO_GRAD)", ct_tensor_describe(root, d, sizeof d));
     bool retain = cfg && cfg->retain_graph;
     ct_status st = CT_OK;
+    const uint64_t outer = current_pass;
+    uint64_t pass = atomic_fetch_add(&pass_counter, 1) + 1;
+    current_pass = pass;
     bool prev = ct_grad_set_enabled(false);
     ct_frame_push();
     ct_tensor *seed;
@@ -299,7 +306,6 @@ ct_status ct_backward_with(ct_tensor *root, const ct_tensor *grad, const ct_back
         goto out;
     }
     pass_state s = {0};
-    uint64_t pass = atomic_fetch_add(&pass_counter, 1) + 1;
     st = collect(&s, root->grad_fn, pass);
     if (!st) {
         root->grad_fn->grad = ct_tensor_retain(seed);
@@ -316,6 +322,7 @@ ct_status ct_backward_with(ct_tensor *root, const ct_tensor *grad, const ct_back
 out:
     ct_frame_pop();
     ct_grad_set_enabled(prev);
+    current_pass = outer;
     if (st && strncmp(ct_last_error(), "backward", 8) != 0) ct_error_prefix("backward: ");
     return st;
 }

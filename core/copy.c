@@ -18,6 +18,8 @@ static ct_status copy_impl(ct_tensor *dst, const ct_tensor *src, bool saturate)
     if (dst->device.type != CT_DEVICE_CPU || src->device.type != CT_DEVICE_CPU)
         return ct_error_set(CT_ERR_UNSUPPORTED, "tensor_copy_: %s <- %s: only cpu tensors in this build",
                             ct_tensor_describe(dst, a, sizeof a), ct_tensor_describe(src, b, sizeof b));
+    if (ct_tensor_require_data(src, "tensor_copy_") || ct_tensor_require_data(dst, "tensor_copy_"))
+        return ct_last_status();
     /* broadcast src to dst's shape without allocating a header in the frame */
     int64_t sst[CT_MAX_DIMS];
     int lead = dst->ndim - src->ndim;
@@ -143,6 +145,7 @@ static char *element_ptr(const char *op, const ct_tensor *t, const int64_t *inde
         }
         off += index[d] * t->strides[d];
     }
+    if (ct_tensor_require_data(t, op)) return NULL;
     return (char *)t->storage->data + off * (int64_t)ct_dtype_size(t->dtype);
 }
 

@@ -235,6 +235,21 @@ ct_status ct_storage_resize(ct_storage *s, size_t nbytes)
     return CT_OK;
 }
 
+void ct_storage_set_residency(ct_storage *s, const ct_storage_residency *r)
+{
+    if (s) s->residency = r ? *r : (ct_storage_residency){0};
+}
+
+ct_status ct_storage_materialize(ct_storage *s)
+{
+    if (!s || s->data || !s->residency.materialize) return CT_OK; /* nothing it can do */
+    if (s->materializing) return CT_ERR_INVALID;                   /* re-entered: the caller reports */
+    s->materializing = true;
+    ct_status st = s->residency.materialize(s->residency.ctx);
+    s->materializing = false;
+    return st;
+}
+
 void ct_storage_release(ct_storage *s)
 {
     if (!s) return;

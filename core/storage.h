@@ -16,6 +16,21 @@
 
 typedef void (*ct_storage_release_fn)(void *ctx, void *data, size_t nbytes);
 
+/* Who released a storage's memory on purpose, and how to get it back: the sharding
+ * engine (parallel/shard.h) frees a unit's gathered parameters between uses and sets
+ * this on their storage, so that any read of a parameter -- through a module's
+ * forward or not -- gathers the unit again (ct_tensor_data), and what cannot be
+ * gathered is an error naming the parameter and the strategy (ct_tensor_require_data)
+ * instead of a NULL pointer. */
+typedef struct ct_storage_residency {
+    /* Gives the storage its memory (and contents) back; called on the thread that
+     * reads, only when the storage has none; may refuse (returns the error). */
+    ct_status (*materialize)(void *ctx);
+    /* "parameter 'fc1.weight' of unit '(root)' (FULL sharding)": for messages. */
+    void (*describe)(void *ctx, const void *tensor, char *buf, int cap);
+    void *ctx;
+} ct_storage_residency;
+
 typedef struct ct_storage {
     int refcount; /* atomic */
     void *data;
@@ -25,6 +40,8 @@ typedef struct ct_storage {
     bool owned;                    /* true: ctrain allocated data and frees it */
     ct_storage_release_fn release; /* called for wrapped memory when set */
     void *release_ctx;
+    ct_storage_residency residency; /* all NULL: none (see above) */
+    bool materializing;             /* materialize is running: no re-entry */
 } ct_storage;
 
 #define CT_CPU_ALIGN 64
@@ -44,6 +61,14 @@ void ct_storage_release(ct_storage *s);
  * storage without memory has no data (ct_tensor_data is NULL); do not compute with it.
  * Errors: NULL, a wrapped storage, no memory (the old memory is then kept). */
 ct_status ct_storage_resize(ct_storage *s, size_t nbytes);
+
+/* Installs r (copied) on s, or removes it with NULL. The owner of r's ctx removes it
+ * before ctx goes. */
+void ct_storage_set_residency(ct_storage *s, const ct_storage_residency *r);
+/* Gives s its memory back through its residency when it has none and has one.
+ * CT_OK also when there is nothing to do (the caller checks s->data); else the
+ * residency's error, or CT_ERR_INVALID (no message) when called from within it. */
+ct_status ct_storage_materialize(ct_storage *s);
 
 /* Bytes of CPU storage currently allocated by ctrain and in use (not wrapped
  * buffers, not the cache): for leak tests. */

@@ -3,6 +3,7 @@
 #include "core/tensor.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,8 +40,37 @@ bool ct_tensor_is_contiguous(const ct_tensor *t)
 
 void *ct_tensor_data(const ct_tensor *t)
 {
-    if (!t || !t->storage || !t->storage->data) return NULL;
+    if (!t || !t->storage) return NULL;
+    /* a worker of a parallel region never starts the collective that gathers it */
+    if (!t->storage->data && t->storage->residency.materialize && !omp_in_parallel()) {
+        ct_frame_push(); /* the residency's temporaries go with it */
+        ct_storage_materialize(t->storage);
+        ct_frame_pop();
+    }
+    if (!t->storage->data) return NULL;
     return (char *)t->storage->data + t->offset * (int64_t)ct_dtype_size(t->dtype);
+}
+
+ct_status ct_tensor_require_data(const ct_tensor *t, const char *op)
+{
+    if (!t || !t->storage || t->storage->data || ct_tensor_numel(t) == 0) return CT_OK;
+    const ct_storage_residency *r = &t->storage->residency;
+    char d[200], who[300] = "";
+    ct_tensor_describe(t, d, sizeof d);
+    if (r->describe) r->describe(r->ctx, t, who, sizeof who);
+    if (!r->materialize)
+        return ct_error_set(CT_ERR_INVALID, "%s: %s%s%s%s has no memory: its storage was released (ct_storage_resize "
+                            "to 0) and nothing can give it back", op, t->name ? "'" : "", t->name ? t->name : "",
+                            t->name ? "' " : "", d);
+    ct_status st = CT_OK;
+    ct_frame_push();
+    st = ct_storage_materialize(t->storage);
+    ct_frame_pop();
+    if (t->storage->data) return CT_OK;
+    if (!st) st = CT_ERR_INTERNAL;
+    if (st == CT_ERR_INVALID && t->storage->materializing)
+        return ct_error_set(st, "%s: %s (%s) was read while it was being gathered", op, who, d);
+    return ct_error_prefix("%s: %s (%s) is sharded and could not be gathered: ", op, who[0] ? who : "a tensor", d);
 }
 
 const char *ct_shape_str(int ndim, const int64_t *shape, char *buf, int cap)

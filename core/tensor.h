@@ -66,8 +66,16 @@ typedef struct ct_tensor {
 int64_t ct_tensor_numel(const ct_tensor *t);
 size_t ct_tensor_nbytes(const ct_tensor *t);
 bool ct_tensor_is_contiguous(const ct_tensor *t);
-/* Pointer to element 0 of the view (storage data + offset). Borrowed. */
+/* Pointer to element 0 of the view (storage data + offset). Borrowed. When the
+ * storage's memory was released by its owner (a sharded parameter between uses:
+ * core/storage.h, residency) and this is the thread that may get it back, it is got
+ * back first; NULL when that fails (ct_tensor_require_data says why). */
 void *ct_tensor_data(const ct_tensor *t);
+/* CT_OK when t is NULL, has no elements or its data is there (after getting it
+ * back as ct_tensor_data does); else records "op: <t's name and shape> has no memory:
+ * <who released it and why it cannot be had>" and returns the status. What every
+ * entry point that reads a tensor calls before computing. */
+ct_status ct_tensor_require_data(const ct_tensor *t, const char *op);
 /* "[2, 3]" into buf; returns buf. */
 const char *ct_shape_str(int ndim, const int64_t *shape, char *buf, int cap);
 /* "f32[2, 3] cpu" into buf; "NULL" for a NULL tensor; returns buf. */

@@ -12,6 +12,8 @@ ct_status ct_kernel_same_device(const char *op, const ct_tensor *const *ts, int 
     const ct_tensor *first = NULL;
     for (int i = 0; i < n; i++) {
         if (!ts[i]) continue;
+        /* every entry point that checks devices reads its tensors next */
+        if (ct_tensor_require_data(ts[i], op)) return ct_last_status();
         if (!first) {
             first = ts[i];
         } else if (!ct_device_equal(first->device, ts[i]->device)) {

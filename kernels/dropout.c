@@ -24,7 +24,7 @@ ct_tensor *ct_kernel_dropout(const ct_tensor *x, double p, ct_rng *rng, ct_tenso
     const char *op = "dropout";
     if (mask) *mask = NULL;
     if (!x) return NULL;
-    if (ct_kernel_check_float(op, "x", x) || !check_p(op, p, x)) return NULL;
+    if (ct_kernel_check_float(op, "x", x) || !check_p(op, p, x) || ct_tensor_require_data(x, op)) return NULL;
     ct_dropout_fn fn = dropout_impl[x->device.type];
     if (!fn) {
         ct_kernel_unavailable(op, x->device);

@@ -92,7 +92,7 @@ static ct_tensor *reduce(ct_reduce_op op, const ct_tensor *x, const int *dims, i
     ct_threads_sync();
     const char *name = reduce_names[op];
     uint32_t mask;
-    if (check_dtype(name, x, op != CT_REDUCE_MEAN) || parse_dims(name, x, dims, ndims, &mask)) return NULL;
+    if (ct_tensor_require_data(x, name) || check_dtype(name, x, op != CT_REDUCE_MEAN) || parse_dims(name, x, dims, ndims, &mask)) return NULL;
     if ((op == CT_REDUCE_MAX || op == CT_REDUCE_MIN) && check_nonempty(name, x, mask)) return NULL;
     if (!reduce_impl[x->device.type]) {
         ct_kernel_unavailable(name, x->device);
@@ -150,7 +150,7 @@ ct_tensor *ct_kernel_argmax(const ct_tensor *x, int dim, bool keepdim)
     if (!x) return NULL;
     ct_threads_sync();
     uint32_t mask;
-    if (check_dtype("argmax", x, true) || parse_dims("argmax", x, &dim, 1, &mask) ||
+    if (ct_tensor_require_data(x, "argmax") || check_dtype("argmax", x, true) || parse_dims("argmax", x, &dim, 1, &mask) ||
         check_nonempty("argmax", x, mask))
         return NULL;
     if (!argmax_impl[x->device.type]) {
@@ -192,7 +192,7 @@ ct_tensor *ct_kernel_sum_to_shape(const ct_tensor *x, int ndim, const int64_t *s
         }
         mask |= 1u << (lead + i);
     }
-    if (check_dtype("sum_to_shape", x, true)) return NULL;
+    if (ct_tensor_require_data(x, "sum_to_shape") || check_dtype("sum_to_shape", x, true)) return NULL;
     if (!reduce_impl[x->device.type]) {
         ct_kernel_unavailable("sum_to_shape", x->device);
         return NULL;

@@ -32,7 +32,7 @@ static bool check_input(const char *op, const char *name, const ct_tensor *t, in
 static ct_tensor *forward(const char *op, const ct_softmax_fn *impl, const ct_tensor *x, int dim)
 {
     if (!x) return NULL;
-    if (!check_input(op, "x", x, &dim)) return NULL;
+    if (!check_input(op, "x", x, &dim) || ct_tensor_require_data(x, op)) return NULL;
     ct_softmax_fn fn = impl[x->device.type];
     if (!fn) {
         ct_kernel_unavailable(op, x->device);

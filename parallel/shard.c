@@ -259,6 +259,7 @@ ct_shard *ct_shard_new(ct_pg *pg, ct_module *model, const ct_shard_config *cfg)
         return NULL;
     }
     s->pg = pg, s->model = model, s->cfg = c;
+    s->thread = pthread_self();
     s->rank = rank, s->world = world;
     s->sync = true;
     s->root = -1;
@@ -309,6 +310,7 @@ ct_shard *ct_shard_new(ct_pg *pg, ct_module *model, const ct_shard_config *cfg)
     s->shard_ready = true;
     if ((st = ct_shard_grad_hooks_install(s))) goto fail;
     ct_shard_hooks_install(s);
+    ct_shard_residency_install(s);
     s->stats.memory.gathered_peak = s->gathered_bytes;
     s->stats.strategy = c.strategy;
     s->stats.units = s->plan.nunits;
@@ -353,8 +355,12 @@ ct_status ct_shard_prepare_optimizer(ct_shard *s, ct_optimizer *opt)
         int ui = -1;
         char d[200];
         if (!find_param(s, p, &ui, &sp)) {
-            st = ct_error_set(CT_ERR_INVALID, "optimizer parameter %d (%s) is not a parameter of the prepared model", i,
-                              ct_tensor_describe(p, d, sizeof d));
+            st = ct_error_set(CT_ERR_INVALID,
+                              "optimizer parameter %d (%s%s%s%s) is not a parameter of the prepared model: the %s "
+                              "strategy shards only what the model holds; register it in the model "
+                              "(ct_module_add_param) before prepare, or leave it out of this optimizer",
+                              i, p->name ? "'" : "", p->name ? p->name : "", p->name ? "' " : "",
+                              ct_tensor_describe(p, d, sizeof d), ct_shard_strategy_name(s->cfg.strategy));
             break;
         }
         const shard_unit *u = &s->units[ui];
@@ -429,6 +435,7 @@ void ct_shard_free(ct_shard *s)
         ct_status st = ct_shard_drain(s);
         ct_shard_hooks_remove(s);
         ct_shard_grad_hooks_remove(s);
+        ct_shard_residency_remove(s);
         /* the model keeps its values: gather every unit back (collective), f32 from
          * the masters under param_dtype */
         if (!st && !s->failed && !s->detached && s->gather_pg && s->shard_ready) {

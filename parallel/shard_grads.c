@@ -142,6 +142,19 @@ static ct_status grad_ready(ct_tensor *leaf, void *data)
     (void)leaf;
     shard_unit *u = data;
     ct_shard *s = u->engine;
+    /* the counts start afresh in every backward, whether or not the units' module
+     * forwards ran (layers may be called directly, parameters used in plain ops): the
+     * first hook of a new backward resets every unit, so that none is taken for
+     * ready on the strength of the previous backward */
+    const uint64_t pass = ct_backward_pass();
+    if (s->pass != pass) {
+        s->pass = pass;
+        for (int i = 0; i < s->plan.nunits; i++) {
+            s->units[i].pending = s->units[i].nreq;
+            s->units[i].grads_ready = false;
+        }
+    }
+    s->pass_open = true;
     if (--u->pending > 0) return CT_OK;
     unit_done(s, u);
     if (s->cfg.backward_prefetch == CT_PREFETCH_BACKWARD_POST) ct_shard_prefetch_previous(s, u);

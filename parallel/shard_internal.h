@@ -5,6 +5,8 @@
 #ifndef CT_PARALLEL_SHARD_INTERNAL_H
 #define CT_PARALLEL_SHARD_INTERNAL_H
 
+#include <pthread.h>
+
 #include "parallel/shard.h"
 
 /* One collective in flight, with what it holds and when it started. */
@@ -52,6 +54,7 @@ typedef struct shard_interval {
 
 struct ct_shard {
     ct_pg *pg;          /* borrowed: every rank */
+    pthread_t thread;   /* the training thread: the only one that gathers */
     ct_pg *gather_pg;   /* owned: the shard group, for all-gathers */
     ct_pg *reduce_pg;   /* owned: the shard group again, for reduce-scatters (its own order) */
     ct_pg *replica_pg;  /* owned: HYBRID's ranks holding the same slice; NULL when one */
@@ -82,7 +85,8 @@ struct ct_shard {
     int64_t *slice_offset; /* first element of slice i in its unit's shard */
     ct_optimizer *opt;     /* borrowed */
 
-    bool pass_open;         /* a forward ran since the last finish */
+    bool pass_open;         /* a forward or a gradient came since the last finish */
+    uint64_t pass;          /* the backward (ct_backward_pass) the units' counts are of */
     ct_shard_stats stats;   /* as of the last completed step */
     int64_t gathered_bytes; /* gathered units' bytes now */
     /* the running step's counters, moved into stats by ct_shard_after_step */
@@ -134,6 +138,10 @@ ct_status ct_shard_op_wait(ct_shard *s, shard_op *op);
 /* Adds the bytes a ring collective sends: factor 1 for reduce-scatter and
  * all-gather, 2 for all-reduce, of nbytes over g ranks. */
 void ct_shard_count_sent(ct_shard *s, int64_t nbytes, int g, int factor);
+/* Makes every freeable unit's storage gather itself when read (core/storage.h,
+ * residency) / stops it. */
+void ct_shard_residency_install(ct_shard *s);
+void ct_shard_residency_remove(ct_shard *s);
 /* Installs the forward hooks on every unit's module / removes them. */
 void ct_shard_hooks_install(ct_shard *s);
 void ct_shard_hooks_remove(ct_shard *s);

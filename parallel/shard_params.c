@@ -3,6 +3,9 @@
  * (see parallel/shard.h). */
 #include "parallel/shard_internal.h"
 
+#include <pthread.h>
+#include <stdio.h>
+
 #include "autograd/autograd.h"
 #include "autograd/node.h"
 #include "core/frame.h"
@@ -53,7 +56,7 @@ void ct_shard_reshard(ct_shard *s, shard_unit *u)
     if (ct_shard_keeps_full(s, u)) return;
     /* memory under a collective in flight stays until it lands */
     if (ct_shard_gather_land(s, u)) return;
-    if (!ct_tensor_data(u->flat)) return;
+    if (!u->flat->storage->data) return; /* (ct_tensor_data would gather it) */
     ct_storage_resize(u->flat->storage, 0);
     u->gathered = false;
     s->gathered_bytes -= flat_bytes(u);
@@ -100,6 +103,59 @@ void ct_shard_unit_begin_pass(ct_shard *s, shard_unit *u)
     u->pending = u->nreq;
     u->grads_ready = false;
     s->pass_open = true;
+}
+
+/* ---- any read of a freed parameter gathers its unit (core/storage.h, residency) --------- */
+
+/* Whatever reads a parameter of u while u is freed -- a layer's forward called
+ * directly instead of through the unit's module, a parameter used in a plain C
+ * function, a tied weight read by another unit, a backward node -- lands here
+ * through ct_tensor_data: the unit is gathered and stays so until its gradients
+ * are final (or the step's finish), as the root unit does. Every rank reads the
+ * same parameters in the same order, so the all-gathers match as the module
+ * hooks' do. */
+static ct_status unit_materialize(void *ctx)
+{
+    shard_unit *u = ctx;
+    ct_shard *s = u->engine;
+    if (!pthread_equal(pthread_self(), s->thread))
+        return ct_error_set(CT_ERR_INVALID, "unit '%s' is read from a thread other than the one that created the %s "
+                            "engine: only the training thread gathers parameters", ct_shard_unit_label(u),
+                            ct_shard_strategy_name(s->cfg.strategy));
+    if (!s->order_known && order_pos(s, u->index) < 0) s->order[s->norder++] = u->index;
+    return ct_shard_gather_wait(s, u);
+}
+
+static void unit_describe(void *ctx, const void *tensor, char *buf, int cap)
+{
+    const shard_unit *u = ctx;
+    const ct_tensor *t = tensor;
+    const char *name = NULL;
+    for (int k = 0; k < u->plan->nparams && !name; k++) {
+        const ct_tensor *p = u->plan->params[k].param;
+        if (t == p || (t->offset >= p->offset && t->offset < p->offset + u->plan->params[k].numel))
+            name = u->plan->params[k].name;
+    }
+    snprintf(buf, (size_t)cap, "parameter '%s' of unit '%s' (%s sharding, rank %d of %d)", name ? name : "?",
+             ct_shard_unit_label(u), ct_shard_strategy_name(u->engine->cfg.strategy), u->engine->rank,
+             u->engine->world);
+}
+
+void ct_shard_residency_install(ct_shard *s)
+{
+    for (int i = 0; i < s->plan.nunits; i++) {
+        shard_unit *u = &s->units[i];
+        if (ct_shard_keeps_full(s, u)) continue;
+        ct_storage_set_residency(u->flat->storage,
+                                 &(ct_storage_residency){.materialize = unit_materialize, .describe = unit_describe,
+                                                         .ctx = u});
+    }
+}
+
+void ct_shard_residency_remove(ct_shard *s)
+{
+    for (int i = 0; s->units && i < s->plan.nunits; i++)
+        if (s->units[i].flat) ct_storage_set_residency(s->units[i].flat->storage, NULL);
 }
 
 /* ---- the node that gathers a unit before its backward ----------------------------------- */
@@ -263,6 +319,7 @@ ct_status ct_shard_detach(ct_shard *s)
     if (st) return ct_error_prefix("shard_detach (rank %d): ", s->rank);
     ct_shard_hooks_remove(s);
     ct_shard_grad_hooks_remove(s);
+    ct_shard_residency_remove(s);
     s->detached = true;
     return CT_OK;
 }

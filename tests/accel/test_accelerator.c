@@ -220,6 +220,31 @@ Test(accelerator, one_process_is_a_plain_loop)
     }
 }
 
+/* The safety net: a step after which no parameter can have changed although backward
+ * ran (here the loop drops the gradients before the step) is an error that says so,
+ * not a run that silently trains nothing. */
+Test(accelerator, a_step_that_would_change_nothing_is_an_error)
+{
+    clear_launch_env();
+    CT_FRAME {
+        run a;
+        run_init(&a, 8, 11);
+        ct_accelerator *acc = ct_accelerator_new(NULL);
+        cr_assert_eq(ct_accelerator_prepare(acc, &a.m->base, a.opt, a.loader, NULL), CT_OK, "%s", ct_last_error());
+        ct_tensor *x, *y;
+        cr_assert_eq(ct_loader_next(a.loader, &x, &y), CT_LOADER_BATCH);
+        cr_assert_eq(ct_accelerator_backward(acc, mlp_loss(a.m, x, y)), CT_OK, "%s", ct_last_error());
+        ct_optimizer_zero_grad(a.opt);
+        cr_assert_neq(ct_optimizer_step(a.opt), CT_OK);
+        cr_assert(strstr(ct_last_error(), "would change no parameter"), "%s", ct_last_error());
+        /* a step with its gradients goes through */
+        cr_assert_eq(ct_accelerator_backward(acc, mlp_loss(a.m, x, y)), CT_OK, "%s", ct_last_error());
+        cr_assert_eq(ct_optimizer_step(a.opt), CT_OK, "%s", ct_last_error());
+        ct_accelerator_free(acc);
+        run_free(&a);
+    }
+}
+
 /* K micro-steps of batch b = one step of batch K*b: steps are skipped (and the
  * scheduler held) on the micro-steps, and the loss is divided by K. */
 Test(accelerator, gradient_accumulation_equals_the_large_batch)
