@@ -242,6 +242,26 @@ static bool hook_skip_zero_grad(ct_optimizer *o, void *data)
     return !((ct_accelerator *)data)->sync;
 }
 
+/* DDP averages the model's gradients only: a parameter the optimizer steps that the
+ * model does not hold would drift apart on every rank without a word. */
+static ct_status check_ddp_optimizer(const ct_accelerator *a, const ct_optimizer *opt)
+{
+    for (int i = 0; i < ct_optimizer_param_count(opt); i++) {
+        const ct_tensor *p = ct_optimizer_param(opt, i);
+        bool found = false;
+        for (int k = 0; k < a->params.n && !found; k++) found = a->params.tensors[k] == p;
+        if (found) continue;
+        char d[200];
+        return ct_error_set(CT_ERR_INVALID,
+                            "optimizer parameter %d (%s%s%s%s) is not a parameter of the prepared model: DDP averages "
+                            "only the model's gradients, so it would train apart on every rank; register it in the "
+                            "model (ct_module_add_param) before prepare, or leave it out of this optimizer",
+                            i, p->name ? "'" : "", p->name ? p->name : "", p->name ? "' " : "",
+                            ct_tensor_describe(p, d, sizeof d));
+    }
+    return CT_OK;
+}
+
 ct_status ct_accelerator_prepare(ct_accelerator *acc, ct_module *model, ct_optimizer *opt, ct_loader *loader,
                                  ct_scheduler *sched)
 {
@@ -272,6 +292,8 @@ ct_status ct_accelerator_prepare(ct_accelerator *acc, ct_module *model, ct_optim
         acc->opt = opt;
         if (acc->shard) {
             st = ct_shard_prepare_optimizer(acc->shard, opt);
+        } else if (acc->ddp) {
+            st = check_ddp_optimizer(acc, opt);
         } else if (!model) { /* clip what the optimizer holds */
             int n = ct_optimizer_param_count(opt);
             acc->params.tensors = calloc((size_t)(n ? n : 1), sizeof(ct_tensor *));

@@ -95,14 +95,27 @@
  * reduction in 16 bits (FSDP's MixedPrecision.reduce_dtype, DeepSpeed's
  * communication_data_type).
  *
+ * What a model must do (nothing more than any plain C model does). Parameters may be
+ * read in any way: through a unit's module forward (the hooks above: gathered just
+ * before, freed just after, prefetch), or otherwise -- a layer's forward called
+ * directly, a parameter passed to an op, a tied weight read by another unit, a backward
+ * node. A freed unit's storage carries a residency (core/storage.h): the first read of
+ * any of its parameters on the training thread all-gathers the unit, which then stays
+ * gathered until its gradients are final (or ct_shard_finish); a read that cannot
+ * gather (another thread, a broken group) is an error naming the parameter, its unit
+ * and the strategy. Gradients are reduced when the grad-ready hooks say a unit's
+ * parameters are final in the running backward (ct_backward_pass), whatever ran the
+ * forward. The contract: every parameter the loss uses is one of the model's, and the
+ * loop steps the optimizer given to ct_shard_prepare_optimizer.
+ *
  * Gradient accumulation: with ct_shard_set_sync(s, false) gradients accumulate in the
  * parameters' .grad, unsharded (as FSDP's no_sync), and the next synchronised backward
  * reduces the sums.
  *
  * Every rank of pg must create the engine with the same model structure and the
- * same settings, and must run the same forwards and backwards (the collectives are
- * issued from the hooks in program order; a rank that does otherwise makes them fail
- * with a desync error, not hang).
+ * same settings, and must run the same forwards and backwards and read the same
+ * parameters (the collectives are issued from the hooks and the reads in program
+ * order; a rank that does otherwise makes them fail with a desync error, not hang).
  *
  * Thread-safety: one training thread per handle.
  */
