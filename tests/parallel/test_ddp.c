@@ -153,16 +153,16 @@ static void run_case(int world, ct_dtype compress, int mode)
     expect_all_ok(res, world);
 }
 
-Test(dist_ddp, gradients_are_the_mean_over_ranks, .timeout = 60)
+Test(parallel_ddp, gradients_are_the_mean_over_ranks, .timeout = 60)
 {
     run_case(2, 0, 0);
     run_case(3, 0, 0);
 }
 
-Test(dist_ddp, bf16_compression_is_close, .timeout = 30) { run_case(2, CT_DTYPE_BF16, 0); }
-Test(dist_ddp, no_sync_micro_steps_accumulate_locally, .timeout = 30) { run_case(2, 0, 1); }
-Test(dist_ddp, a_second_backward_before_finish_restarts_the_round, .timeout = 30) { run_case(2, 0, 2); }
-Test(dist_ddp, a_parameter_one_rank_did_not_use, .timeout = 30) { run_case(2, 0, 3); }
+Test(parallel_ddp, bf16_compression_is_close, .timeout = 30) { run_case(2, CT_DTYPE_BF16, 0); }
+Test(parallel_ddp, no_sync_micro_steps_accumulate_locally, .timeout = 30) { run_case(2, 0, 1); }
+Test(parallel_ddp, a_second_backward_before_finish_restarts_the_round, .timeout = 30) { run_case(2, 0, 2); }
+Test(parallel_ddp, a_parameter_one_rank_did_not_use, .timeout = 30) { run_case(2, 0, 3); }
 
 /* Rank 1 wraps a model without b's bias: every rank fails, naming the mismatch. */
 static int mismatch_rank(rank_ctx *c)
@@ -184,14 +184,14 @@ static int mismatch_rank(rank_ctx *c)
     return rc;
 }
 
-Test(dist_ddp, different_models_fail_on_every_rank, .timeout = 30)
+Test(parallel_ddp, different_models_fail_on_every_rank, .timeout = 30)
 {
     rank_result res[MAX_RANKS];
     run_ranks(2, mismatch_rank, NULL, res, 20);
     expect_all_ok(res, 2);
 }
 
-Test(dist_ddp, bad_config)
+Test(parallel_ddp, bad_config)
 {
     CT_FRAME {
         ct_pg *g = ct_pg_new(&(ct_pg_config){.world_size = 1});

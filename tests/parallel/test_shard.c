@@ -22,6 +22,7 @@
 #include "nn/gpt.h"
 #include "tests/clock.h"
 #include "tests/env_ranks.h"
+#include "tests/rank_files.h"
 #include "tests/tmpdir.h"
 
 #define STEPS 5
@@ -87,32 +88,6 @@ static ct_tensor *tokens(int64_t vocab, int m, int r, int world)
     free(u);
     free(ids);
     return t;
-}
-
-static void write_file(const char *dir, const char *name, const char *ext, const void *p, size_t n)
-{
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s.%s", dir, name, ext);
-    FILE *f = fopen(path, "wb");
-    if (f) {
-        fwrite(p, 1, n, f);
-        fclose(f);
-    }
-}
-
-static void *read_file(const char *name, const char *ext, size_t *n)
-{
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s.%s", tmpdir, name, ext);
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f, "%s is missing", path);
-    fseek(f, 0, SEEK_END);
-    *n = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    void *p = malloc(*n ? *n : 1);
-    cr_assert_eq(fread(p, 1, *n, f), *n);
-    fclose(f);
-    return p;
 }
 
 /* Trains STEPS optimizer steps; rank 0 writes the parameters (after the engine gave
@@ -368,19 +343,19 @@ static void strategies_match_ddp(int world, shard_case base)
     remove_tmpdir();
 }
 
-Test(dist_shard, w1_f32_2_ranks_match_ddp, .timeout = 240)
+Test(parallel_shard, w1_f32_2_ranks_match_ddp, .timeout = 240)
 {
     strategies_match_ddp(2, (shard_case){.K = 1, .wrap = CT_WRAP_TRANSFORMER});
 }
 
-Test(dist_shard, w1_f32_4_ranks_match_ddp, .timeout = 240)
+Test(parallel_shard, w1_f32_4_ranks_match_ddp, .timeout = 240)
 {
     SKIP_UNDER_ASAN();
     /* with gradient accumulation and clipping, on W1 and 4 ranks too */
     strategies_match_ddp(4, (shard_case){.K = 2, .clip = 1.0, .wrap = CT_WRAP_TRANSFORMER, .forward_prefetch = true});
 }
 
-Test(dist_shard, w1_bf16_2_ranks_match_ddp, .timeout = 240)
+Test(parallel_shard, w1_bf16_2_ranks_match_ddp, .timeout = 240)
 {
     SKIP_UNDER_ASAN();
     /* 16-bit parameters with accumulation; the state dict, the saved model and the
@@ -388,26 +363,26 @@ Test(dist_shard, w1_bf16_2_ranks_match_ddp, .timeout = 240)
     strategies_match_ddp(2, (shard_case){.K = 2, .precision = "bf16", .wrap = CT_WRAP_TRANSFORMER, .state_api = true});
 }
 
-Test(dist_shard, w1_bf16_4_ranks_match_ddp, .timeout = 240)
+Test(parallel_shard, w1_bf16_4_ranks_match_ddp, .timeout = 240)
 {
     SKIP_UNDER_ASAN();
     strategies_match_ddp(4, (shard_case){.K = 1, .precision = "bf16", .clip = 1.0, .wrap = CT_WRAP_TRANSFORMER,
                                          .prefetch = CT_PREFETCH_BACKWARD_POST});
 }
 
-Test(dist_shard, accumulation_and_clipping_match_ddp, .timeout = 240)
+Test(parallel_shard, accumulation_and_clipping_match_ddp, .timeout = 240)
 {
     strategies_match_ddp(2, (shard_case){.K = 3, .clip = 0.5, .wrap = CT_WRAP_TRANSFORMER, .model = &small,
                                          .keep_after_forward = true, .state_api = true});
 }
 
-Test(dist_shard, odd_sizes_on_3_ranks_match_ddp, .timeout = 240)
+Test(parallel_shard, odd_sizes_on_3_ranks_match_ddp, .timeout = 240)
 {
     strategies_match_ddp(3, (shard_case){.odd = true, .K = 2, .clip = 0.1, .wrap = CT_WRAP_SIZE,
                                          .prefetch = CT_PREFETCH_NONE});
 }
 
-Test(dist_shard, cpu_offload_matches_ddp, .timeout = 240)
+Test(parallel_shard, cpu_offload_matches_ddp, .timeout = 240)
 {
     strategies_match_ddp(2, (shard_case){.K = 2, .clip = 0.5, .offload = true, .wrap = CT_WRAP_TRANSFORMER,
                                          .model = &small});
@@ -417,7 +392,7 @@ Test(dist_shard, cpu_offload_matches_ddp, .timeout = 240)
  * after the step), after-step gathers one unit at a time, prefetch within one
  * unit's elements, no overlap; then some units persistent (the root and not the
  * blocks), with prefetch. */
-Test(dist_shard, deepspeed_comm_settings_match_ddp, .timeout = 240)
+Test(parallel_shard, deepspeed_comm_settings_match_ddp, .timeout = 240)
 {
     strategies_match_ddp(2, (shard_case){.K = 2, .wrap = CT_WRAP_TRANSFORMER, .model = &small, .persist = INT64_MAX,
                                          .ag_bucket = 1, .pf_bucket = 1, .serial = true});
@@ -522,19 +497,19 @@ static void accounting_on(int world, const char *precision)
     remove_tmpdir();
 }
 
-Test(dist_shard, accounting_follows_the_zero_formulas_on_2_ranks, .timeout = 240) { accounting_on(2, NULL); }
-Test(dist_shard, accounting_follows_the_zero_formulas_on_4_ranks, .timeout = 240)
+Test(parallel_shard, accounting_follows_the_zero_formulas_on_2_ranks, .timeout = 240) { accounting_on(2, NULL); }
+Test(parallel_shard, accounting_follows_the_zero_formulas_on_4_ranks, .timeout = 240)
 {
     SKIP_UNDER_ASAN();
     accounting_on(4, NULL);
 }
 /* one test per rank count: a second run's fork()s would follow the first's model
  * building, and OpenMP does not survive a fork() */
-Test(dist_shard, accounting_follows_the_mixed_precision_formulas_on_2_ranks, .timeout = 240)
+Test(parallel_shard, accounting_follows_the_mixed_precision_formulas_on_2_ranks, .timeout = 240)
 {
     accounting_on(2, "bf16");
 }
-Test(dist_shard, accounting_follows_the_mixed_precision_formulas_on_4_ranks, .timeout = 240)
+Test(parallel_shard, accounting_follows_the_mixed_precision_formulas_on_4_ranks, .timeout = 240)
 {
     SKIP_UNDER_ASAN();
     accounting_on(4, "bf16");
@@ -544,7 +519,7 @@ Test(dist_shard, accounting_follows_the_mixed_precision_formulas_on_4_ranks, .ti
  * CPU offload and accumulation) and fp8 (delayed scaling, amaxes exchanged) under every
  * strategy, with 16-bit parameters, against DDP in the same precision: the loss curves
  * within 1%. */
-Test(dist_shard, fp16_and_fp8_match_ddp, .timeout = 300)
+Test(parallel_shard, fp16_and_fp8_match_ddp, .timeout = 300)
 {
     SKIP_UNDER_ASAN();
     strategies_match_ddp(2, (shard_case){.K = 2, .precision = "fp16", .clip = 1.0, .offload = true,
@@ -562,7 +537,7 @@ static const ct_gpt_config mem_big = {.vocab_size = 256, .block_size = 64, .n_la
  * peak (live storage and the allocator's cache) grows by: the runtime's fixed costs
  * (libraries, threads, the comm rings) cancel out, and what is left is the memory the
  * accounting is about. The peak in turn holds at least the state the engine reports. */
-Test(dist_shard, peak_rss_agrees_with_the_accounting, .timeout = 300)
+Test(parallel_shard, peak_rss_agrees_with_the_accounting, .timeout = 300)
 {
     SKIP_UNDER_ASAN();
     make_tmpdir_with("/tmp/ct_shard_rss_");
@@ -597,7 +572,7 @@ Test(dist_shard, peak_rss_agrees_with_the_accounting, .timeout = 300)
 
 /* Gradients reduced in bf16: half the reduce-scatter bytes, the loss curve within 1% of
  * DDP's f32 one. */
-Test(dist_shard, bf16_reduction_halves_the_gradient_bytes, .timeout = 240)
+Test(parallel_shard, bf16_reduction_halves_the_gradient_bytes, .timeout = 240)
 {
     make_tmpdir_with("/tmp/ct_shard_rd_");
     shard_case ref = {.name = "ddp", .strategy = CT_SHARD_NO_SHARD, .K = 1, .model = &small,
@@ -671,7 +646,7 @@ static int dying_rank(int rank, int world, const char *dir, void *ctx)
     return rc;
 }
 
-Test(dist_shard, a_dead_peer_is_an_error_not_a_hang, .timeout = 120)
+Test(parallel_shard, a_dead_peer_is_an_error_not_a_hang, .timeout = 120)
 {
     make_tmpdir_with("/tmp/ct_shard_dead_");
     double t0 = now_s();

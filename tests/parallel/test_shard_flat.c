@@ -44,7 +44,7 @@ static void unit_buffers(const ct_shard_plan *p, ct_tensor *(*make)(const ct_sha
     }
 }
 
-Test(shard_flat, rebind_moves_values_and_keeps_the_tensor)
+Test(parallel_shard_flat, rebind_moves_values_and_keeps_the_tensor)
 {
     CT_FRAME {
         ct_tensor *t = ct_tensor_randn(CT_DTYPE_F32, CT_SHAPE(3, 4), 0, 1);
@@ -79,7 +79,7 @@ Test(shard_flat, rebind_moves_values_and_keeps_the_tensor)
     }
 }
 
-Test(shard_flat, a_unit_becomes_one_padded_buffer)
+Test(parallel_shard_flat, a_unit_becomes_one_padded_buffer)
 {
     ct_gpt *m = small_gpt();
     ct_shard_plan p;
@@ -137,7 +137,7 @@ static void train(ct_gpt *m, double loss[2], ct_tensor **params_out, int *n_out)
     ct_param_list_free(&l);
 }
 
-Test(shard_flat, a_flattened_gpt_trains_bit_for_bit_like_the_original)
+Test(parallel_shard_flat, a_flattened_gpt_trains_bit_for_bit_like_the_original)
 {
     ct_gpt *a = small_gpt(), *b = small_gpt();
     ct_shard_plan p;
@@ -202,7 +202,7 @@ static void expect_same_grads(ct_gpt *a, ct_gpt *b, double factor)
     ct_param_list_free(&lb);
 }
 
-Test(shard_flat, gradients_accumulate_in_the_flat_buffer)
+Test(parallel_shard_flat, gradients_accumulate_in_the_flat_buffer)
 {
     ct_gpt *a = small_gpt(), *b = small_gpt();
     ct_shard_plan p;
@@ -238,7 +238,7 @@ Test(shard_flat, gradients_accumulate_in_the_flat_buffer)
     ct_module_free(&b->base);
 }
 
-Test(shard_flat, set_grad_checks_its_arguments)
+Test(parallel_shard_flat, set_grad_checks_its_arguments)
 {
     CT_FRAME {
         ct_tensor *w = ct_tensor_zeros(CT_DTYPE_F32, CT_SHAPE(2, 3));

@@ -24,6 +24,7 @@
 #include "precision/autocast.h"
 #include "precision/fp8_state.h"
 #include "tests/env_ranks.h"
+#include "tests/rank_files.h"
 #include "tests/tmpdir.h"
 
 #define STEPS 5
@@ -152,29 +153,6 @@ static void batch(const model_spec *s, int k, int r, ct_tensor **x, ct_tensor **
     *x = ct_tensor_from_data(CT_DTYPE_F32, CT_SHAPE(ROWS, in), mine);
     *y = ct_tensor_from_data(CT_DTYPE_F32, CT_SHAPE(ROWS, out), mine + ROWS * in);
     free(u);
-}
-
-static void write_file(const char *dir, const char *name, const char *ext, const void *p, size_t n)
-{
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s.%s", dir, name, ext);
-    FILE *f = fopen(path, "wb");
-    if (f) fwrite(p, 1, n, f), fclose(f);
-}
-
-static void *read_file(const char *name, const char *ext, size_t *n)
-{
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s.%s", tmpdir, name, ext);
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f, "%s is missing", path);
-    fseek(f, 0, SEEK_END);
-    *n = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    void *p = malloc(*n ? *n : 1);
-    cr_assert_eq(fread(p, 1, *n, f), *n);
-    fclose(f);
-    return p;
 }
 
 static int train_rank(int rank, int world, const char *dir, void *ctx)
@@ -445,9 +423,7 @@ static int safety_rank(int rank, int world, const char *dir, void *ctx)
 
 Test(parallel_shard_models, a_sharded_parameter_read_outside_a_forward, .timeout = 60)
 {
-    make_tmpdir_with("/tmp/ct_shard_models_");
-    run_env_ranks(2, safety_rank, tmpdir, NULL, 50);
-    remove_tmpdir();
+    run_env_ranks(2, safety_rank, NULL, NULL, 50);
 }
 
 /* A parameter the optimizer steps but the model does not hold is refused by prepare,
@@ -483,9 +459,7 @@ static int foreign_rank(int rank, int world, const char *dir, void *ctx)
 
 Test(parallel_shard_models, a_parameter_outside_the_model_is_refused, .timeout = 60)
 {
-    make_tmpdir_with("/tmp/ct_shard_models_");
-    run_env_ranks(2, foreign_rank, tmpdir, NULL, 50);
-    remove_tmpdir();
+    run_env_ranks(2, foreign_rank, NULL, NULL, 50);
 }
 
 #if defined(__SANITIZE_ADDRESS__)

@@ -58,7 +58,7 @@ static void check_layout(const ct_shard_plan *p, const ct_module *root)
     cr_expect_eq(total, ct_module_num_params(root), "every parameter in exactly one unit");
 }
 
-Test(shard_plan, transformer_wrap_one_unit_per_block_then_the_root)
+Test(parallel_shard_plan, transformer_wrap_one_unit_per_block_then_the_root)
 {
     ct_gpt *m = small_gpt();
     const char *cls[] = {"Block"};
@@ -88,7 +88,7 @@ Test(shard_plan, transformer_wrap_one_unit_per_block_then_the_root)
     ct_module_free(&m->base);
 }
 
-Test(shard_plan, no_wrap_is_one_unit_in_registration_order)
+Test(parallel_shard_plan, no_wrap_is_one_unit_in_registration_order)
 {
     ct_gpt *m = small_gpt();
     for (int world = 1; world <= 5; world++) {
@@ -109,7 +109,7 @@ Test(shard_plan, no_wrap_is_one_unit_in_registration_order)
     ct_module_free(&m->base);
 }
 
-Test(shard_plan, size_wrap_takes_subtrees_that_reach_the_minimum)
+Test(parallel_shard_plan, size_wrap_takes_subtrees_that_reach_the_minimum)
 {
     ct_gpt *m = small_gpt();
     const int64_t C = 24;
@@ -143,7 +143,7 @@ static ct_module *leaf_module(const char *type, ct_tensor *w)
     return m;
 }
 
-Test(shard_plan, a_tied_weight_belongs_to_the_first_unit_that_registers_it)
+Test(parallel_shard_plan, a_tied_weight_belongs_to_the_first_unit_that_registers_it)
 {
     CT_FRAME {
         ct_tensor *shared = ct_tensor_zeros(CT_DTYPE_F32, CT_SHAPE(5, 3));
@@ -173,7 +173,7 @@ Test(shard_plan, a_tied_weight_belongs_to_the_first_unit_that_registers_it)
     }
 }
 
-Test(shard_plan, bad_settings_are_errors)
+Test(parallel_shard_plan, bad_settings_are_errors)
 {
     ct_gpt *m = small_gpt();
     ct_shard_plan p;
