@@ -9,10 +9,11 @@
  * Threads. The caller's thread creates a work, fills in its request and hands it to
  * the loop (ct_comm_submit); from then on only the loop thread touches the fields
  * under "loop side" and the algorithm's state, until the work is released. The
- * completion fields are shared under the work's mutex.
+ * completion (the req member) is dist/work.c's, under the work's mutex.
  *
  * A work holds two references: the caller's (ct_work_free) and the engine's. The
- * engine drops its own when the work has finished AND no transport I/O refers to its
+ * engine holds its own across ct_work_complete and drops it when the work has
+ * finished AND no transport I/O refers to its
  * memory any more (io_pending == 0: sends not yet written, a payload being received
  * into its buffers); so a work that failed while the network still held on to its
  * buffers keeps them, and its tensors, alive until the transport lets go.
