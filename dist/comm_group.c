@@ -43,6 +43,27 @@ void ct_comm_send_control(ct_comm_link *L, int peer, ct_msg *m, const void *payl
 
 /* ---- works ---------------------------------------------------------------------------- */
 
+/* The request's destructor (dist/work_internal.h): the work's tensors and memory. */
+static void work_free(ct_work *w)
+{
+    ct_tensor_release(w->t_out);
+    ct_tensor_release(w->t_in);
+    free(w);
+}
+
+ct_work *ct_comm_work_new(void)
+{
+    ct_work *w = calloc(1, sizeof *w);
+    if (!w) {
+        ct_error_set(CT_ERR_NOMEM, "pg: out of memory for a work");
+        return NULL;
+    }
+    if (ct_work_req_init(w, work_free)) {
+        free(w);
+        return NULL;
+    }
+    return w;
+}
 
 static void work_release(ct_work *w)
 {

@@ -1,15 +1,19 @@
 /* The comm engine's insides, shared by dist/comm.c (the loop thread, matching,
- * failures), dist/work.c (requests), dist/pg.c and dist/pg_submit.c (the caller's
- * side), the algorithms (dist/ring.c, dist/collectives.c) and the reduction kernels
- * (dist/reduce_op.c). The design is in docs/maintainers/comm.md.
+ * failures), dist/comm_group.c (works on the loop), dist/pg.c, dist/pg_submit.c and
+ * dist/pg_direct.c (the caller's side), the algorithms (dist/ring.c,
+ * dist/collectives.c, dist/shm_direct.c) and the reduction kernels
+ * (dist/reduce_op.c). The design is in docs/maintainers/comm.md. The request a work
+ * is to its waiters (dist/work_internal.h) knows nothing of this header: the engine
+ * and the group complete works, waiters only wait.
  *
  * Threads. The caller's thread creates a work, fills in its request and hands it to
  * the loop (ct_comm_submit); from then on only the loop thread touches the fields
  * under "loop side" and the algorithm's state, until the work is released. The
- * completion fields are shared under the work's mutex.
+ * completion (the req member) is dist/work.c's, under the work's mutex.
  *
  * A work holds two references: the caller's (ct_work_free) and the engine's. The
- * engine drops its own when the work has finished AND no transport I/O refers to its
+ * engine holds its own across ct_work_complete and drops it when the work has
+ * finished AND no transport I/O refers to its
  * memory any more (io_pending == 0: sends not yet written, a payload being received
  * into its buffers); so a work that failed while the network still held on to its
  * buffers keeps them, and its tensors, alive until the transport lets go.
@@ -29,9 +33,9 @@
 #include "dist/pg.h"
 #include "dist/shm_direct_internal.h"
 #include "dist/transport_internal.h"
-#include "dist/work.h"
+#include "dist/work_internal.h"
 
-#define CT_COMM_MSG 1024 /* bytes of a work's error message */
+#define CT_COMM_MSG CT_WORK_MSG /* bytes of a work's error message */
 
 /* Defaults, chosen by measurement (docs/maintainers/comm.md). */
 #define CT_COMM_RING_MIN_BYTES ((size_t)64 * 1024)
@@ -93,14 +97,8 @@ typedef struct ct_comm_cmd {
 enum { CT_WORK_QUEUED = 0, CT_WORK_RUNNING, CT_WORK_FINISHED };
 
 struct ct_work {
-    /* completion, shared with waiters under mu */
-    uv_mutex_t mu;
-    uv_cond_t cv;
-    bool done;
-    ct_status status;
-    char msg[CT_COMM_MSG];
-    double t_end; /* uv_hrtime seconds at completion */
-    int refs; /* atomic: the caller's and the engine's */
+    /* completion and references (dist/work_internal.h); must stay the first member */
+    ct_work_req req;
 
     /* the request, fixed before submission */
     ct_comm_op op;
@@ -118,10 +116,6 @@ struct ct_work {
     const void *in;          /* data of t_in, or NULL */
     bool in_scratch;         /* the caller gave in up: a reduction may run in it */
 
-    /* a direct allreduce (dist/shm_direct_internal.h) not yet run: the group that will run it;
-     * set at submit, cleared under ct_pg_direct_lock when it has run or failed */
-    struct ct_pg *deferred_on;
-
     /* loop side */
     ct_comm_group *grp;
     ct_work *next; /* in the group's queue or its list of running sends and receives */
@@ -135,6 +129,8 @@ struct ct_work {
     bool probed;
     void *algo_state;
 };
+
+_Static_assert(offsetof(struct ct_work, req) == 0, "dist/work.c reaches the request through the work");
 
 /* ---- the handle (dist/pg.c, dist/pg_submit.c), used by the caller's thread only ---- */
 
@@ -154,39 +150,29 @@ struct ct_pg {
     ct_p2p_count *p2p;
     int np2p, cap_p2p;
     /* direct allreduce (shm world groups unless async_collectives; dist/shm_direct_internal.h):
-     * the slots (the transport's), the allreduce submitted but not run yet, and the last
-     * collective handed to the loop (a direct one runs only after it completed); both
-     * hold a reference, and change under ct_pg_direct_lock */
+     * the slots (the transport's) and the last collective handed to the loop (a direct
+     * one runs only after it completed; a reference, or NULL) */
     ct_shm_direct *direct;
-    ct_work *deferred, *last;
+    ct_work *last;
 };
 
-/* Direct allreduce: one process-wide lock over every group's deferred work (a waiter
- * on another thread finds the group through the work, so it cannot be per group). */
-void ct_pg_direct_lock(void);
-void ct_pg_direct_unlock(void);
-/* Runs w if it is a deferred direct allreduce (the lock taken inside): CT_ERR_TIMEOUT
- * when the other ranks have not all called it by arrive_by (uv_hrtime seconds; nothing
- * done), else CT_OK (it ran, or was not deferred). */
-ct_status ct_pg_run_deferred(ct_work *w, double arrive_by);
-/* For ct_pg_submit on a group with direct: runs the deferred allreduce, announces w,
- * and defers w when it is a direct allreduce (true: w must not go to the loop). */
+/* For ct_pg_submit on a group with direct slots (dist/pg_direct.c): announces w; a
+ * direct allreduce then runs to completion on this thread (true: w is complete and
+ * the engine's reference dropped; it must not go to the loop); anything else is
+ * remembered as the group's last loop collective (false: submit it to the loop). */
 bool ct_pg_direct_submit(ct_pg *g, ct_work *w);
-/* For ct_pg_free: fails a deferred allreduce ("freed before it ran"), drops the references. */
+/* For ct_pg_free: drops the reference to the last loop collective. */
 void ct_pg_direct_release(ct_pg *g);
 
 /* Submits w (request filled in) on g: numbers it, or runs it at once on a group of
  * one. Returns w. */
 ct_work *ct_pg_submit(ct_pg *g, ct_work *w);
 
-/* ---- requests (dist/work.c) ------------------------------------------------------- */
+/* ---- works (dist/comm_group.c) and names (dist/comm_names.c) ------------------------ */
 
-/* A new work with both references taken; NULL on allocation failure (error set). */
-ct_work *ct_work_new(void);
-/* Records the outcome and wakes the waiters; msg may be NULL for success. */
-void ct_work_complete(ct_work *w, ct_status st, const char *msg);
-/* Drops one reference; the last releases the tensors and frees the work. */
-void ct_work_unref(ct_work *w);
+/* A new, zeroed work with both references taken (dist/work_internal.h); its last
+ * unref releases the tensors and frees it. NULL on failure (error set). */
+ct_work *ct_comm_work_new(void);
 
 /* "allreduce", "broadcast", ...; borrowed. */
 const char *ct_comm_op_name(int op);

@@ -84,7 +84,7 @@ static ct_pg *pg_alloc(int rank, int size, uint64_t id, double timeout_s, size_t
 /* A barrier on g whose signature carries (count, root), waited for. */
 static ct_status check_across(ct_pg *g, ct_comm_op op, int64_t count, int root)
 {
-    ct_work *w = ct_work_new();
+    ct_work *w = ct_comm_work_new();
     if (!w) return ct_last_status();
     w->op = op;
     w->dtype = CT_DTYPE_U8;

@@ -28,14 +28,17 @@
  * recv) takes every dtype.
  *
  * Direct allreduce. On a world group whose ranks share a host ("shm"), an allreduce
- * does not go to the communication thread: the rank that waits for it (ct_work_wait,
- * ct_work_test, ct_work_wait_timeout, ct_work_free, or its next collective on the
- * group) reduces it itself through shared memory, in microseconds for small tensors
- * and at memory speed for large ones, with no thread hop or wake-up. The work is
- * still returned at once, but nothing moves before one of those calls: to overlap an
- * allreduce with computation (as DDP does with its gradient buckets), use a group
- * with async_collectives set, or a sub-group (sub-groups always run on the comm
- * thread). Errors, desyncs, timeouts and dead peers are reported as for the others.
+ * does not go to the communication thread: the submitting thread reduces it itself
+ * through shared memory, in microseconds for small tensors and at memory speed for
+ * large ones, with no thread hop or wake-up. The submit blocks, as MPI_Allreduce
+ * does, until every rank has submitted it and the result is written (at most the
+ * group timeout, then a timeout error naming the ranks missing) and returns the work
+ * already complete; its errors are still the work's status, reported by the wait. So
+ * a rank must not make its peers wait, before their allreduce, for something it
+ * submits only after its own. To overlap an allreduce with computation (as DDP does
+ * with its gradient buckets), use a group with async_collectives set, or a sub-group
+ * (sub-groups always run on the comm thread). Errors, desyncs, timeouts and dead
+ * peers are reported as for the others.
  *
  * Failures. A submit function returns NULL for a bad argument (NULL or
  * non-contiguous tensor, a CUDA tensor, dtype or size mismatch, a root or peer out of

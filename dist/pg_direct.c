@@ -1,114 +1,70 @@
-/* The caller's side of the direct allreduce (dist/shm_direct_internal.h): when it runs.
+/* The caller's side of the direct allreduce (dist/shm_direct_internal.h): it runs on
+ * the submitting thread, inside the submit, and its work is returned complete.
  *
- * An allreduce submitted on a group with direct slots is deferred: it runs on the
- * first thread that needs it to be done — a wait, test, timed wait or free of the
- * work, or the group's next collective (collectives of a group run in submission
- * order). Before it runs, the collectives handed to the loop before it must have
- * completed. A test or timed wait gives up while some rank has not called it yet
- * (nothing has moved, so it can run later); once every rank is there it runs to the
- * end.
+ * Why at submit. A work is an inert request (dist/work_internal.h): waiting on it
+ * must not run anything, so whoever owns the operation has to execute it. The
+ * owners were weighed:
+ *   - the comm thread: it would put back the thread hop and the two wake-ups the
+ *     direct path exists to remove (tens of microseconds on a 1 KiB allreduce
+ *     instead of one), and a reduction blocking the loop would also stall the
+ *     dead-peer and goodbye handling the direct wait relies on;
+ *   - the next submit or an explicit flush: a plain submit-then-wait (ct_work_run,
+ *     every clip, found_inf and fp8 exchange) would never complete, since a wait may
+ *     not flush;
+ *   - the submitting thread, now: costs what running it at the first wait cost,
+ *     because nothing moved before that wait anyway (the overlap the comm thread
+ *     gives was never available on this path), and every caller waits at once — DDP
+ *     sends only its last bucket here, which it waits for as backward ends.
+ * So the submit blocks until every rank has submitted the allreduce and the result
+ * is written, as MPI_Allreduce does; a rank that never comes is a timeout after the
+ * group timeout, naming it, and every failure is the work's status with the same
+ * message as before (the submit still returns the work, so callers learn it at the
+ * wait). What changes for a program is that a rank must not make its peers wait,
+ * before their allreduce, for something it submits only after its own; a group with
+ * async_collectives (or a sub-group) keeps such allreduces on the comm thread.
  *
- * One process-wide mutex guards every group's deferred work: a waiter on another
- * thread finds the group through the work, and ct_pg_free clears that link under
- * the same mutex, so the group is never used after it was freed.
+ * Order. Collectives of a group run in submission order: before a direct allreduce
+ * runs, the group's last collective handed to the loop must have completed (it is
+ * bounded by the group timeout like any collective). Only the submitting thread
+ * touches the group handle (dist/pg.h: one thread at a time submits), so no lock is
+ * needed here.
  */
-#include <math.h>
-#include <stdio.h>
-
 #include "dist/comm_internal.h"
-
-static uv_mutex_t direct_mu;
-static uv_once_t direct_once = UV_ONCE_INIT;
-
-static void direct_init(void) { CT_ASSERT(uv_mutex_init(&direct_mu) == 0); }
-
-void ct_pg_direct_lock(void)
-{
-    uv_once(&direct_once, direct_init);
-    uv_mutex_lock(&direct_mu);
-}
-
-void ct_pg_direct_unlock(void) { uv_mutex_unlock(&direct_mu); }
 
 static double now_s(void) { return (double)uv_hrtime() * 1e-9; }
 
-static void work_ref(ct_work *w) { __atomic_add_fetch(&w->refs, 1, __ATOMIC_RELAXED); }
-
-/* Waits for the last collective handed to the loop, until by; false when it is
- * still running then. */
-static bool last_done(ct_pg *g, double by)
+/* Waits for the group's last loop collective and forgets it; its outcome is not
+ * ours to report (a failure broke the group, which the allreduce then reports). */
+static void await_last(ct_pg *g)
 {
-    ct_work *l = g->last;
-    if (!l) return true;
-    uv_mutex_lock(&l->mu);
-    while (!l->done) {
-        double t = now_s();
-        if (t >= by) break;
-        if (isinf(by)) uv_cond_wait(&l->cv, &l->mu);
-        else uv_cond_timedwait(&l->cv, &l->mu, (uint64_t)((by - t) * 1e9) + 1);
-    }
-    bool done = l->done;
-    uv_mutex_unlock(&l->mu);
-    if (!done) return false;
+    if (!g->last) return;
+    ct_work_await(g->last);
+    ct_work_unref(g->last);
     g->last = NULL;
-    ct_work_unref(l);
-    return true;
-}
-
-/* Under the lock: runs g's deferred w. */
-static ct_status run_locked(ct_pg *g, ct_work *w, double arrive_by)
-{
-    if (!last_done(g, arrive_by)) return CT_ERR_TIMEOUT;
-    if (ct_shm_direct_allreduce(g->direct, g->grp, w, arrive_by)) return CT_ERR_TIMEOUT;
-    g->deferred = NULL;
-    w->deferred_on = NULL;
-    ct_work_unref(w); /* the group's reference */
-    return CT_OK;
-}
-
-ct_status ct_pg_run_deferred(ct_work *w, double arrive_by)
-{
-    ct_pg_direct_lock();
-    ct_pg *g = w->deferred_on;
-    ct_status st = g ? run_locked(g, w, arrive_by) : CT_OK;
-    ct_pg_direct_unlock();
-    return st;
 }
 
 bool ct_pg_direct_submit(ct_pg *g, ct_work *w)
 {
-    ct_pg_direct_lock();
-    if (g->deferred) run_locked(g, g->deferred, INFINITY);
     bool direct = w->op == CT_OP_ALLREDUCE;
+    /* published at submit, as the loop's collectives are: the peers compare it */
     ct_shm_direct_announce(g->direct, w, direct);
-    if (direct) {
-        w->grp = g->grp;
-        w->deferred_on = g;
-        w->deadline = now_s() + g->timeout_s;
-        g->deferred = w; /* holds the engine's reference */
-    } else {
+    if (!direct) {
         if (g->last) ct_work_unref(g->last);
-        work_ref(w);
+        ct_work_ref(w);
         g->last = w;
+        return false;
     }
-    ct_pg_direct_unlock();
-    return direct;
+    await_last(g);
+    w->grp = g->grp;
+    /* the group timeout runs from when the collective can start, as on the loop */
+    w->deadline = now_s() + g->timeout_s;
+    ct_shm_direct_allreduce(g->direct, g->grp, w); /* completes w, success or failure */
+    ct_work_unref(w);                              /* the engine's reference */
+    return true;
 }
 
 void ct_pg_direct_release(ct_pg *g)
 {
-    ct_pg_direct_lock();
-    ct_work *w = g->deferred;
-    if (w) {
-        char title[256], text[CT_COMM_MSG];
-        snprintf(text, sizeof text, "%s: the process group was freed before it ran",
-                 ct_comm_work_title(title, sizeof title, w));
-        g->deferred = NULL;
-        w->deferred_on = NULL;
-        ct_work_complete(w, CT_ERR_INVALID, text);
-        ct_work_unref(w);
-    }
     if (g->last) ct_work_unref(g->last);
     g->last = NULL;
-    ct_pg_direct_unlock();
 }

@@ -81,7 +81,7 @@ static void *data_of(const ct_tensor *t) { return t ? (ct_tensor_numel(t) ? ct_t
 static ct_work *make(const ct_pg *g, ct_comm_op op, ct_reduce_op rop, ct_dtype dt, int64_t count, int root,
                      ct_tensor *out, const ct_tensor *in)
 {
-    ct_work *w = ct_work_new();
+    ct_work *w = ct_comm_work_new();
     if (!w) return NULL;
     w->op = op;
     w->rop = rop;

@@ -152,13 +152,13 @@ static int lagging(const ct_shm_direct *d, int f, uint64_t want)
     return -1;
 }
 
-typedef enum { WAIT_OK, WAIT_LATE, WAIT_BROKEN, WAIT_GONE, WAIT_TIMEOUT } wait_result;
+typedef enum { WAIT_OK, WAIT_BROKEN, WAIT_GONE, WAIT_TIMEOUT } wait_result;
 
-/* Waits until every rank's field f >= want. WAIT_LATE at give_up (before the deadline),
- * WAIT_TIMEOUT at w->deadline, WAIT_BROKEN when the group failed, WAIT_GONE when the rank
- * waited for freed the group; *who = the rank waited for. */
+/* Waits until every rank's field f >= want. WAIT_TIMEOUT at w->deadline, WAIT_BROKEN
+ * when the group failed, WAIT_GONE when the rank waited for freed the group; *who =
+ * the rank waited for. */
 static wait_result wait_for(ct_shm_direct *d, ct_comm_group *grp, const ct_work *w, int f, uint64_t want,
-                            double give_up, int *who)
+                            int *who)
 {
     int q = lagging(d, f, want);
     if (q < 0) return WAIT_OK;
@@ -174,7 +174,7 @@ static wait_result wait_for(ct_shm_direct *d, ct_comm_group *grp, const ct_work 
         uint32_t bell = atomic_load(&b->bell);
         q = lagging(d, f, want);
         if (q >= 0) {
-            double t = now_s(), until = fmin(give_up, w->deadline);
+            double t = now_s(), until = w->deadline;
             /* alert: the group failed, or some rank freed it (it wrote what it wrote
              * before it said so: look once more) */
             if (atomic_load_explicit(&grp->alert, memory_order_acquire) &&
@@ -187,7 +187,7 @@ static wait_result wait_for(ct_shm_direct *d, ct_comm_group *grp, const ct_work 
             if (t >= until) {
                 atomic_fetch_sub(&b->sleepers, 1);
                 *who = q;
-                return t >= w->deadline ? WAIT_TIMEOUT : WAIT_LATE;
+                return WAIT_TIMEOUT;
             }
             double nap = fmin(until - t, CT_DIRECT_NAP_MS * 1e-3);
             struct timespec ts = {.tv_sec = (time_t)nap, .tv_nsec = (long)((nap - floor(nap)) * 1e9)};
@@ -211,7 +211,7 @@ static void fail(ct_comm_group *grp, ct_work *w, ct_status st, const char *text)
     ct_work_complete(w, st, msg);
 }
 
-/* The wait for rank q ended with r (not WAIT_OK or WAIT_LATE): fail w saying why. */
+/* The wait for rank q ended with r (not WAIT_OK): fail w saying why. */
 static void fail_wait(ct_shm_direct *d, ct_comm_group *grp, ct_work *w, wait_result r, int q)
 {
     char title[256], text[CT_COMM_MSG], who[64];
@@ -321,7 +321,7 @@ static void reduce_segment(ct_shm_direct *d, const ct_work *w, size_t buf_off, i
     memcpy(mine, out, bytes);
 }
 
-ct_status ct_shm_direct_allreduce(ct_shm_direct *d, ct_comm_group *grp, ct_work *w, double arrive_by)
+void ct_shm_direct_allreduce(ct_shm_direct *d, ct_comm_group *grp, ct_work *w)
 {
     int who = -1;
     if (atomic_load_explicit(&grp->alert, memory_order_acquire) && grp->broken) {
@@ -329,20 +329,18 @@ ct_status ct_shm_direct_allreduce(ct_shm_direct *d, ct_comm_group *grp, ct_work 
         ct_comm_work_title(title, sizeof title, w);
         snprintf(text, sizeof text, "%s: not run: the group had failed: %.700s", title, grp->broken_msg);
         ct_work_complete(w, grp->broken, text);
-        return CT_OK;
+        return;
     }
-    wait_result r = wait_for(d, grp, w, F_SEQ, w->seq, arrive_by, &who);
-    if (r == WAIT_LATE) return CT_ERR_TIMEOUT;
+    wait_result r = wait_for(d, grp, w, F_SEQ, w->seq, &who);
     if (r != WAIT_OK) {
         fail_wait(d, grp, w, r, who);
-        return CT_OK;
+        return;
     }
-    if (!same_signature(d, grp, w)) return CT_OK;
+    if (!same_signature(d, grp, w)) return;
     atomic_store(&grp->seq_direct, w->seq);
     w->deadline = now_s() + grp->timeout_s;
 
     /* committed: every rank is in it, so it runs to the end (or to a failure) */
-    const double forever = INFINITY;
     size_t es = ct_dtype_size(w->dtype);
     int64_t per = (int64_t)(d->slot / es), n = w->count;
     int64_t chunks = n ? (n + per - 1) / per : 1; /* an empty one still meets once */
@@ -354,7 +352,7 @@ ct_status ct_shm_direct_allreduce(ct_shm_direct *d, ct_comm_group *grp, ct_work 
         size_t buf = (size_t)(k & 1) * d->slot;
         int64_t e0 = c * per, m = n - e0 < per ? n - e0 : per;
         if (m < 0) m = 0;
-        if (k >= 1 && (r = wait_for(d, grp, w, F_CONSUMED, k - 1, forever, &who)) != WAIT_OK) goto failed;
+        if (k >= 1 && (r = wait_for(d, grp, w, F_CONSUMED, k - 1, &who)) != WAIT_OK) goto failed;
         /* the others' segments of this rank's input (its own it reduces from in) */
         int64_t lo = ct_comm_part_lo(m, d->size, d->rank), hi = ct_comm_part_lo(m, d->size, d->rank + 1);
         uint8_t *slot = d->data[d->rank] + buf;
@@ -362,11 +360,11 @@ ct_status ct_shm_direct_allreduce(ct_shm_direct *d, ct_comm_group *grp, ct_work 
         if (m > hi) memcpy(slot + (size_t)hi * es, in + (size_t)(e0 + hi) * es, (size_t)(m - hi) * es);
         post(d, &me->posted, k + 1);
 
-        if ((r = wait_for(d, grp, w, F_POSTED, k + 1, forever, &who)) != WAIT_OK) goto failed;
+        if ((r = wait_for(d, grp, w, F_POSTED, k + 1, &who)) != WAIT_OK) goto failed;
         reduce_segment(d, w, buf, lo, hi - lo, in + (size_t)(e0 + lo) * es, out + (size_t)(e0 + lo) * es);
         post(d, &me->reduced, k + 1);
 
-        if ((r = wait_for(d, grp, w, F_REDUCED, k + 1, forever, &who)) != WAIT_OK) goto failed;
+        if ((r = wait_for(d, grp, w, F_REDUCED, k + 1, &who)) != WAIT_OK) goto failed;
         for (int q = 0; q < d->size; q++) {
             if (q == d->rank) continue;
             int64_t qlo = ct_comm_part_lo(m, d->size, q), qhi = ct_comm_part_lo(m, d->size, q + 1);
@@ -377,10 +375,9 @@ ct_status ct_shm_direct_allreduce(ct_shm_direct *d, ct_comm_group *grp, ct_work 
         d->k = k + 1;
     }
     ct_work_complete(w, CT_OK, NULL);
-    return CT_OK;
+    return;
 
 failed:
     /* the counters are out of step from here: the group is broken for good */
     fail_wait(d, grp, w, r, who);
-    return CT_OK;
 }

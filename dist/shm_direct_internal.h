@@ -91,13 +91,12 @@ ct_status ct_shm_direct_check_modes(const ct_shm_direct *d);
 /* Publishes the signature of collective w (any op) as this rank's latest. */
 void ct_shm_direct_announce(ct_shm_direct *d, const ct_work *w, bool direct);
 
-/* Runs allreduce w on the caller's thread (w's request filled in, announced; this
- * rank's earlier collectives of the group complete). Until every rank has announced
- * w, it gives up at arrive_by (CT_ERR_TIMEOUT returned, nothing done, w untouched:
- * it may be run again); after that it runs to the end. Completes w otherwise
- * (success or failure; a failure also fails the group on every rank) and returns
- * CT_OK. grp supplies the failure flags and the group timeout; w->deadline (the
- * absolute uv_hrtime time in seconds) bounds the whole collective. */
-ct_status ct_shm_direct_allreduce(ct_shm_direct *d, ct_comm_group *grp, ct_work *w, double arrive_by);
+/* Runs allreduce w to the end on the caller's thread (w's request filled in,
+ * announced; this rank's earlier collectives of the group complete) and completes w,
+ * with success or a failure (which also fails the group on every rank). grp supplies
+ * the failure flags and the group timeout; w->deadline (the absolute uv_hrtime time
+ * in seconds) bounds the wait for the other ranks to call it, and the group timeout
+ * after that the rest. */
+void ct_shm_direct_allreduce(ct_shm_direct *d, ct_comm_group *grp, ct_work *w);
 
 #endif

@@ -1,61 +1,74 @@
-/* Requests: completion, waiting, reference counting, and the names used in messages.
- * The fields and the two-reference rule are described in dist/comm_internal.h. */
+/* Requests: completion, waiting, callbacks and reference counting (dist/work.h,
+ * dist/work_internal.h). Everything here waits on the request's own mutex and
+ * condition variable; the operation itself belongs to its executor, which completes
+ * the work when it is done, so no call here can run, advance or block on a process
+ * group, a transport or the comm engine. */
 #include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
-#include "dist/comm_internal.h"
+#include "dist/work_internal.h"
 
-ct_work *ct_work_new(void)
+/* The request is the first member of every executor's struct ct_work (see the header). */
+static ct_work_req *req(ct_work *w) { return (ct_work_req *)(void *)w; }
+
+ct_status ct_work_req_init(ct_work *w, void (*release)(ct_work *w))
 {
-    ct_work *w = calloc(1, sizeof *w);
-    if (!w) {
-        ct_error_set(CT_ERR_NOMEM, "pg: out of memory for a work");
-        return NULL;
+    ct_work_req *r = req(w);
+    if (uv_mutex_init(&r->mu)) return ct_error_set(CT_ERR_INTERNAL, "work: uv_mutex_init failed");
+    if (uv_cond_init(&r->cv)) {
+        uv_mutex_destroy(&r->mu);
+        return ct_error_set(CT_ERR_INTERNAL, "work: uv_cond_init failed");
     }
-    if (uv_mutex_init(&w->mu)) {
-        free(w);
-        ct_error_set(CT_ERR_INTERNAL, "pg: uv_mutex_init failed");
-        return NULL;
-    }
-    if (uv_cond_init(&w->cv)) {
-        uv_mutex_destroy(&w->mu);
-        free(w);
-        ct_error_set(CT_ERR_INTERNAL, "pg: uv_cond_init failed");
-        return NULL;
-    }
-    w->refs = 2;
-    return w;
+    r->refs = 2;
+    r->release = release;
+    return CT_OK;
 }
 
 void ct_work_complete(ct_work *w, ct_status st, const char *msg)
 {
-    uv_mutex_lock(&w->mu);
-    CT_ASSERT(!w->done);
-    w->status = st;
-    snprintf(w->msg, sizeof w->msg, "%s", msg ? msg : "");
-    w->t_end = (double)uv_hrtime() * 1e-9;
-    w->done = true;
-    uv_cond_broadcast(&w->cv);
-    uv_mutex_unlock(&w->mu);
+    ct_work_req *r = req(w);
+    uv_mutex_lock(&r->mu);
+    CT_ASSERT(!r->completing);
+    r->status = st;
+    snprintf(r->msg, sizeof r->msg, "%s", msg ? msg : "");
+    r->t_end = (double)uv_hrtime() * 1e-9;
+    r->completing = true; /* from here a setter runs its callback itself */
+    ct_work_cb cb = r->cb;
+    void *arg = r->cb_arg;
+    uv_mutex_unlock(&r->mu);
+    /* outside the lock (the callback may look at other works), before the waiters
+     * wake: a waiter that frees its callback's state after the wait is safe */
+    if (cb) cb(w, st, arg);
+    uv_mutex_lock(&r->mu);
+    r->done = true;
+    uv_cond_broadcast(&r->cv);
+    uv_mutex_unlock(&r->mu);
 }
+
+void ct_work_ref(ct_work *w) { __atomic_add_fetch(&req(w)->refs, 1, __ATOMIC_RELAXED); }
 
 void ct_work_unref(ct_work *w)
 {
-    if (__atomic_sub_fetch(&w->refs, 1, __ATOMIC_ACQ_REL)) return;
-    ct_tensor_release(w->t_out);
-    ct_tensor_release(w->t_in);
-    uv_cond_destroy(&w->cv);
-    uv_mutex_destroy(&w->mu);
-    free(w);
+    ct_work_req *r = req(w);
+    if (__atomic_sub_fetch(&r->refs, 1, __ATOMIC_ACQ_REL)) return;
+    uv_cond_destroy(&r->cv);
+    uv_mutex_destroy(&r->mu);
+    r->release(w);
+}
+
+void ct_work_await(ct_work *w)
+{
+    ct_work_req *r = req(w);
+    uv_mutex_lock(&r->mu);
+    while (!r->done) uv_cond_wait(&r->cv, &r->mu);
+    uv_mutex_unlock(&r->mu);
 }
 
 /* Copies the outcome out under the lock; the caller sets its thread's error. */
-static ct_status outcome(ct_work *w, char *msg, size_t cap)
+static ct_status outcome(ct_work_req *r, char *msg, size_t cap)
 {
-    ct_status st = w->status;
-    if (st) snprintf(msg, cap, "%s", w->msg);
+    ct_status st = r->status;
+    if (st) snprintf(msg, cap, "%s", r->msg);
     return st;
 }
 
@@ -67,12 +80,12 @@ static ct_status report(ct_status st, const char *msg)
 ct_status ct_work_wait(ct_work *w)
 {
     if (!w) return ct_error_set(CT_ERR_INVALID, "ct_work_wait: NULL work");
-    ct_pg_run_deferred(w, INFINITY);
-    char msg[CT_COMM_MSG];
-    uv_mutex_lock(&w->mu);
-    while (!w->done) uv_cond_wait(&w->cv, &w->mu);
-    ct_status st = outcome(w, msg, sizeof msg);
-    uv_mutex_unlock(&w->mu);
+    ct_work_req *r = req(w);
+    char msg[CT_WORK_MSG];
+    uv_mutex_lock(&r->mu);
+    while (!r->done) uv_cond_wait(&r->cv, &r->mu);
+    ct_status st = outcome(r, msg, sizeof msg);
+    uv_mutex_unlock(&r->mu);
     return report(st, msg);
 }
 
@@ -87,21 +100,18 @@ ct_status ct_work_wait_timeout(ct_work *w, double seconds)
 {
     if (!w) return ct_error_set(CT_ERR_INVALID, "ct_work_wait_timeout: NULL work");
     if (!(seconds >= 0)) return ct_error_set(CT_ERR_INVALID, "ct_work_wait_timeout: seconds = %g, want >= 0", seconds);
+    ct_work_req *r = req(w);
     uint64_t deadline = uv_hrtime() + (uint64_t)fmin(seconds * 1e9, 1e18);
-    /* a direct allreduce waits for the other ranks until the deadline, then keeps */
-    if (ct_pg_run_deferred(w, (double)deadline * 1e-9) == CT_ERR_TIMEOUT)
-        return ct_error_set(CT_ERR_TIMEOUT, "ct_work_wait_timeout: not complete after %g s (it keeps running)",
-                            seconds);
-    char msg[CT_COMM_MSG];
-    uv_mutex_lock(&w->mu);
-    while (!w->done) {
+    char msg[CT_WORK_MSG];
+    uv_mutex_lock(&r->mu);
+    while (!r->done) {
         uint64_t now = uv_hrtime();
         if (now >= deadline) break;
-        uv_cond_timedwait(&w->cv, &w->mu, deadline - now); /* wakes early or times out: the loop decides */
+        uv_cond_timedwait(&r->cv, &r->mu, deadline - now); /* wakes early or times out: the loop decides */
     }
-    bool done = w->done;
-    ct_status st = done ? outcome(w, msg, sizeof msg) : CT_OK;
-    uv_mutex_unlock(&w->mu);
+    bool done = r->done;
+    ct_status st = done ? outcome(r, msg, sizeof msg) : CT_OK;
+    uv_mutex_unlock(&r->mu);
     if (!done)
         return ct_error_set(CT_ERR_TIMEOUT, "ct_work_wait_timeout: not complete after %g s (it keeps running)",
                             seconds);
@@ -111,109 +121,46 @@ ct_status ct_work_wait_timeout(ct_work *w, double seconds)
 ct_status ct_work_test(ct_work *w, bool *done)
 {
     if (!w || !done) return ct_error_set(CT_ERR_INVALID, "ct_work_test: NULL %s", w ? "done" : "work");
-    ct_pg_run_deferred(w, (double)uv_hrtime() * 1e-9); /* when every rank is there already */
-    char msg[CT_COMM_MSG];
-    uv_mutex_lock(&w->mu);
-    *done = w->done;
-    ct_status st = w->done ? outcome(w, msg, sizeof msg) : CT_OK;
-    uv_mutex_unlock(&w->mu);
+    ct_work_req *r = req(w);
+    char msg[CT_WORK_MSG];
+    uv_mutex_lock(&r->mu);
+    *done = r->done;
+    ct_status st = r->done ? outcome(r, msg, sizeof msg) : CT_OK;
+    uv_mutex_unlock(&r->mu);
     return report(st, msg);
 }
 
 void ct_work_free(ct_work *w)
 {
     if (!w) return;
-    ct_pg_run_deferred(w, INFINITY);
-    uv_mutex_lock(&w->mu);
-    while (!w->done) uv_cond_wait(&w->cv, &w->mu);
-    uv_mutex_unlock(&w->mu);
+    ct_work_await(w);
     ct_work_unref(w);
 }
 
-/* ---- names ------------------------------------------------------------------------------ */
-
-const char *ct_comm_op_name(int op)
+void ct_work_on_complete(ct_work *w, ct_work_cb cb, void *arg)
 {
-    static const char *const names[CT_OP_COUNT] = {
-        [CT_OP_INIT] = "init",           [CT_OP_NEW_SUBGROUP] = "new_subgroup",
-        [CT_OP_ALLREDUCE] = "allreduce", [CT_OP_REDUCE_SCATTER] = "reduce_scatter",
-        [CT_OP_ALLGATHER] = "allgather", [CT_OP_BROADCAST] = "broadcast",
-        [CT_OP_REDUCE] = "reduce",       [CT_OP_GATHER] = "gather",
-        [CT_OP_SCATTER] = "scatter",     [CT_OP_ALL_TO_ALL] = "all_to_all",
-        [CT_OP_BARRIER] = "barrier",     [CT_OP_SEND] = "send",
-        [CT_OP_RECV] = "recv",
-    };
-    return op > 0 && op < CT_OP_COUNT ? names[op] : "unknown-op";
-}
-
-const char *ct_reduce_op_name(ct_reduce_op op)
-{
-    switch (op) {
-    case CT_REDUCE_SUM: return "sum";
-    case CT_REDUCE_MEAN: return "avg";
-    case CT_REDUCE_MAX: return "max";
-    case CT_REDUCE_MIN: return "min";
-    default: break;
+    if (!w) return;
+    ct_work_req *r = req(w);
+    uv_mutex_lock(&r->mu);
+    bool late = r->completing;
+    if (!late) {
+        r->cb = cb;
+        r->cb_arg = arg;
     }
-    return "invalid";
-}
-
-static bool has_reduction(int op) { return op == CT_OP_ALLREDUCE || op == CT_OP_REDUCE_SCATTER || op == CT_OP_REDUCE; }
-
-static bool has_root(int op)
-{
-    return op == CT_OP_BROADCAST || op == CT_OP_REDUCE || op == CT_OP_GATHER || op == CT_OP_SCATTER;
-}
-
-const char *ct_comm_sig_str(char *buf, size_t cap, int op, int rop, int dtype, int64_t count, int root)
-{
-    const char *name = ct_comm_op_name(op);
-    if (op == CT_OP_BARRIER)
-        snprintf(buf, cap, "barrier()");
-    else if (op == CT_OP_INIT)
-        snprintf(buf, cap, "init(%lld ranks)", (long long)count);
-    else if (op == CT_OP_NEW_SUBGROUP)
-        snprintf(buf, cap, "new_subgroup(%lld ranks, list hash %08x)", (long long)count, (unsigned)root);
-    else if (has_reduction(op) && has_root(op))
-        snprintf(buf, cap, "%s(%s, %s, %lld, root %d)", name, ct_reduce_op_name((ct_reduce_op)rop),
-                 ct_dtype_name((ct_dtype)dtype), (long long)count, root);
-    else if (has_reduction(op))
-        snprintf(buf, cap, "%s(%s, %s, %lld)", name, ct_reduce_op_name((ct_reduce_op)rop),
-                 ct_dtype_name((ct_dtype)dtype), (long long)count);
-    else if (has_root(op))
-        snprintf(buf, cap, "%s(%s, %lld, root %d)", name, ct_dtype_name((ct_dtype)dtype), (long long)count, root);
-    else
-        snprintf(buf, cap, "%s(%s, %lld)", name, ct_dtype_name((ct_dtype)dtype), (long long)count);
-    return buf;
-}
-
-const char *ct_comm_work_title(char *buf, size_t cap, const ct_work *w)
-{
-    if (w->op == CT_OP_SEND || w->op == CT_OP_RECV) {
-        snprintf(buf, cap, "%s #%llu %s rank %d (tag %d, %s, %lld)", ct_comm_op_name(w->op),
-                 (unsigned long long)w->seq, w->op == CT_OP_SEND ? "to" : "from", w->root, w->tag,
-                 ct_dtype_name(w->dtype), (long long)w->count);
-        return buf;
-    }
-    char sig[160];
-    ct_comm_sig_str(sig, sizeof sig, w->op, w->rop, w->dtype, w->count, w->root);
-    /* "allreduce #7 (sum, f32, 1000)": the signature's arguments after the number */
-    const char *args = strchr(sig, '(');
-    size_t alen = strlen(args);
-    if (alen <= 2)
-        snprintf(buf, cap, "%s #%llu", ct_comm_op_name(w->op), (unsigned long long)w->seq);
-    else
-        snprintf(buf, cap, "%s #%llu (%.*s)", ct_comm_op_name(w->op), (unsigned long long)w->seq, (int)alen - 2,
-                 args + 1);
-    return buf;
+    uv_mutex_unlock(&r->mu);
+    if (!late || !cb) return;
+    /* the executor has passed the point where it takes the callback: run it here,
+     * once the outcome is final (it is set before completing, so at most a moment) */
+    ct_work_await(w);
+    cb(w, r->status, arg);
 }
 
 double ct_work_end_time(const ct_work *w)
 {
     if (!w) return 0;
-    ct_work *m = (ct_work *)w; /* the mutex, not the work, changes */
-    uv_mutex_lock(&m->mu);
-    double t = m->done ? m->t_end : 0;
-    uv_mutex_unlock(&m->mu);
+    ct_work_req *r = req((ct_work *)w); /* the mutex, not the work, changes */
+    uv_mutex_lock(&r->mu);
+    double t = r->done ? r->t_end : 0;
+    uv_mutex_unlock(&r->mu);
     return t;
 }

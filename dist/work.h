@@ -4,6 +4,12 @@
  * the caller, who frees it with ct_work_free. It completes exactly once, with a
  * status; waiting again returns the same status (and sets the same message).
  *
+ * A work is a request in libuv's sense: it does not run anything itself. Whoever
+ * executes the operation — the communication thread, or the submitting thread for a
+ * group of one and for the direct shared-memory allreduce (dist/pg.h) — completes it;
+ * the functions below only wait for, look at or react to that completion, so they
+ * never block on anything but the work and never move data.
+ *
  * Thread-safety: any thread may wait on, test or free a work, also while another
  * thread waits on it, but ct_work_free must be the last call on it.
  */
@@ -40,5 +46,16 @@ double ct_work_end_time(const ct_work *w);
 
 /* Waits for completion if still running, then frees. NULL is a no-op. */
 void ct_work_free(ct_work *w);
+
+/* Called once when w completes, with its status (the message is ct_work_wait's).
+ * It runs on the thread that completes the work — usually the communication thread —
+ * before the waiters wake, so once ct_work_wait or ct_work_test reports completion
+ * the callback has returned; it must be short, must not wait on, test or free w, and
+ * must not submit to a group (on the comm thread that would stall every group).
+ * When w has already completed (as a direct allreduce has once its submit returns),
+ * cb runs at once on the calling thread. Setting another callback before completion
+ * replaces the first; NULL removes it. NULL w: nothing. */
+typedef void (*ct_work_cb)(ct_work *w, ct_status status, void *arg);
+void ct_work_on_complete(ct_work *w, ct_work_cb cb, void *arg);
 
 #endif

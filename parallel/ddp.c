@@ -62,8 +62,8 @@ static ct_status submit(ct_ddp *d, int k)
     b->t_submit = now_s();
     /* The last bucket fills when backward is over, and ct_ddp_finish waits for it at
      * once: nothing is left to overlap, so it goes on the group given, where (with
-     * shm) the waiting thread reduces it directly, several times faster than the comm
-     * thread. The others overlap with backward on the sub-group. */
+     * shm) this thread reduces it directly inside the submit, several times faster
+     * than the comm thread. The others overlap with backward on the sub-group. */
     ct_pg *g = k == d->nb - 1 ? d->world : d->pg;
     b->work = ct_pg_allreduce(g, b->wire ? b->wire : b->flat, CT_REDUCE_MEAN);
     if (!b->work) return ct_error_prefix("ddp: bucket %d (%lld elements): ", k, (long long)b->numel);
@@ -226,7 +226,7 @@ ct_ddp *ct_ddp_new(ct_pg *pg, ct_module *model, const ct_ddp_config *cfg)
         return NULL;
     }
     /* A sub-group of the same ranks runs every collective on the comm thread (the
-     * world group's allreduce may run directly, when waited for: dist/pg.h), so the
+     * world group's allreduce may run directly, inside the submit: dist/pg.h), so the
      * buckets reduce while backward goes on. */
     int n = ct_pg_size(pg), *all = malloc((size_t)n * sizeof *all);
     for (int i = 0; all && i < n; i++) all[i] = i;
