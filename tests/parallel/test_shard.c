@@ -343,19 +343,19 @@ static void strategies_match_ddp(int world, shard_case base)
     remove_tmpdir();
 }
 
-Test(parallel_shard, w1_f32_2_ranks_match_ddp, .timeout = 240)
+Test(parallel_shard, w1_f32_2_ranks_match_ddp, .timeout = 600)
 {
     strategies_match_ddp(2, (shard_case){.K = 1, .wrap = CT_WRAP_TRANSFORMER});
 }
 
-Test(parallel_shard, w1_f32_4_ranks_match_ddp, .timeout = 240)
+Test(parallel_shard, w1_f32_4_ranks_match_ddp, .timeout = 600)
 {
     SKIP_UNDER_ASAN();
     /* with gradient accumulation and clipping, on W1 and 4 ranks too */
     strategies_match_ddp(4, (shard_case){.K = 2, .clip = 1.0, .wrap = CT_WRAP_TRANSFORMER, .forward_prefetch = true});
 }
 
-Test(parallel_shard, w1_bf16_2_ranks_match_ddp, .timeout = 240)
+Test(parallel_shard, w1_bf16_2_ranks_match_ddp, .timeout = 600)
 {
     SKIP_UNDER_ASAN();
     /* 16-bit parameters with accumulation; the state dict, the saved model and the
@@ -363,7 +363,7 @@ Test(parallel_shard, w1_bf16_2_ranks_match_ddp, .timeout = 240)
     strategies_match_ddp(2, (shard_case){.K = 2, .precision = "bf16", .wrap = CT_WRAP_TRANSFORMER, .state_api = true});
 }
 
-Test(parallel_shard, w1_bf16_4_ranks_match_ddp, .timeout = 240)
+Test(parallel_shard, w1_bf16_4_ranks_match_ddp, .timeout = 600)
 {
     SKIP_UNDER_ASAN();
     strategies_match_ddp(4, (shard_case){.K = 1, .precision = "bf16", .clip = 1.0, .wrap = CT_WRAP_TRANSFORMER,
