@@ -22,7 +22,6 @@
 #include "core/threads.h"
 
 #include "kernels/attention.h"
-#include "kernels/dispatch.h"
 #include "kernels/dropout.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"

@@ -22,13 +22,13 @@ static uv_once_t direct_once = UV_ONCE_INIT;
 
 static void direct_init(void) { CT_ASSERT(uv_mutex_init(&direct_mu) == 0); }
 
-void ct_pg_direct_lock(void)
+void cti_pg_direct_lock(void)
 {
     uv_once(&direct_once, direct_init);
     uv_mutex_lock(&direct_mu);
 }
 
-void ct_pg_direct_unlock(void) { uv_mutex_unlock(&direct_mu); }
+void cti_pg_direct_unlock(void) { uv_mutex_unlock(&direct_mu); }
 
 static double now_s(void) { return (double)uv_hrtime() * 1e-9; }
 
@@ -51,7 +51,7 @@ static bool last_done(ct_pg *g, double by)
     uv_mutex_unlock(&l->mu);
     if (!done) return false;
     g->last = NULL;
-    ct_work_unref(l);
+    cti_work_unref(l);
     return true;
 }
 
@@ -59,56 +59,56 @@ static bool last_done(ct_pg *g, double by)
 static ct_status run_locked(ct_pg *g, ct_work *w, double arrive_by)
 {
     if (!last_done(g, arrive_by)) return CT_ERR_TIMEOUT;
-    if (ct_shm_direct_allreduce(g->direct, g->grp, w, arrive_by)) return CT_ERR_TIMEOUT;
+    if (cti_shm_direct_allreduce(g->direct, g->grp, w, arrive_by)) return CT_ERR_TIMEOUT;
     g->deferred = NULL;
     w->deferred_on = NULL;
-    ct_work_unref(w); /* the group's reference */
+    cti_work_unref(w); /* the group's reference */
     return CT_OK;
 }
 
-ct_status ct_pg_run_deferred(ct_work *w, double arrive_by)
+ct_status cti_pg_run_deferred(ct_work *w, double arrive_by)
 {
-    ct_pg_direct_lock();
+    cti_pg_direct_lock();
     ct_pg *g = w->deferred_on;
     ct_status st = g ? run_locked(g, w, arrive_by) : CT_OK;
-    ct_pg_direct_unlock();
+    cti_pg_direct_unlock();
     return st;
 }
 
-bool ct_pg_direct_submit(ct_pg *g, ct_work *w)
+bool cti_pg_direct_submit(ct_pg *g, ct_work *w)
 {
-    ct_pg_direct_lock();
+    cti_pg_direct_lock();
     if (g->deferred) run_locked(g, g->deferred, INFINITY);
     bool direct = w->op == CT_OP_ALLREDUCE;
-    ct_shm_direct_announce(g->direct, w, direct);
+    cti_shm_direct_announce(g->direct, w, direct);
     if (direct) {
         w->grp = g->grp;
         w->deferred_on = g;
         w->deadline = now_s() + g->timeout_s;
         g->deferred = w; /* holds the engine's reference */
     } else {
-        if (g->last) ct_work_unref(g->last);
+        if (g->last) cti_work_unref(g->last);
         work_ref(w);
         g->last = w;
     }
-    ct_pg_direct_unlock();
+    cti_pg_direct_unlock();
     return direct;
 }
 
-void ct_pg_direct_release(ct_pg *g)
+void cti_pg_direct_release(ct_pg *g)
 {
-    ct_pg_direct_lock();
+    cti_pg_direct_lock();
     ct_work *w = g->deferred;
     if (w) {
         char title[256], text[CT_COMM_MSG];
         snprintf(text, sizeof text, "%s: the process group was freed before it ran",
-                 ct_comm_work_title(title, sizeof title, w));
+                 cti_comm_work_title(title, sizeof title, w));
         g->deferred = NULL;
         w->deferred_on = NULL;
-        ct_work_complete(w, CT_ERR_INVALID, text);
-        ct_work_unref(w);
+        cti_work_complete(w, CT_ERR_INVALID, text);
+        cti_work_unref(w);
     }
-    if (g->last) ct_work_unref(g->last);
+    if (g->last) cti_work_unref(g->last);
     g->last = NULL;
-    ct_pg_direct_unlock();
+    cti_pg_direct_unlock();
 }

@@ -7,7 +7,7 @@
 
 #include "dist/comm_internal.h"
 
-ct_work *ct_work_new(void)
+ct_work *cti_work_new(void)
 {
     ct_work *w = calloc(1, sizeof *w);
     if (!w) {
@@ -29,7 +29,7 @@ ct_work *ct_work_new(void)
     return w;
 }
 
-void ct_work_complete(ct_work *w, ct_status st, const char *msg)
+void cti_work_complete(ct_work *w, ct_status st, const char *msg)
 {
     uv_mutex_lock(&w->mu);
     CT_ASSERT(!w->done);
@@ -41,7 +41,7 @@ void ct_work_complete(ct_work *w, ct_status st, const char *msg)
     uv_mutex_unlock(&w->mu);
 }
 
-void ct_work_unref(ct_work *w)
+void cti_work_unref(ct_work *w)
 {
     if (__atomic_sub_fetch(&w->refs, 1, __ATOMIC_ACQ_REL)) return;
     ct_tensor_release(w->t_out);
@@ -67,7 +67,7 @@ static ct_status report(ct_status st, const char *msg)
 ct_status ct_work_wait(ct_work *w)
 {
     if (!w) return ct_error_set(CT_ERR_INVALID, "ct_work_wait: NULL work");
-    ct_pg_run_deferred(w, INFINITY);
+    cti_pg_run_deferred(w, INFINITY);
     char msg[CT_COMM_MSG];
     uv_mutex_lock(&w->mu);
     while (!w->done) uv_cond_wait(&w->cv, &w->mu);
@@ -89,7 +89,7 @@ ct_status ct_work_wait_timeout(ct_work *w, double seconds)
     if (!(seconds >= 0)) return ct_error_set(CT_ERR_INVALID, "ct_work_wait_timeout: seconds = %g, want >= 0", seconds);
     uint64_t deadline = uv_hrtime() + (uint64_t)fmin(seconds * 1e9, 1e18);
     /* a direct allreduce waits for the other ranks until the deadline, then keeps */
-    if (ct_pg_run_deferred(w, (double)deadline * 1e-9) == CT_ERR_TIMEOUT)
+    if (cti_pg_run_deferred(w, (double)deadline * 1e-9) == CT_ERR_TIMEOUT)
         return ct_error_set(CT_ERR_TIMEOUT, "ct_work_wait_timeout: not complete after %g s (it keeps running)",
                             seconds);
     char msg[CT_COMM_MSG];
@@ -111,7 +111,7 @@ ct_status ct_work_wait_timeout(ct_work *w, double seconds)
 ct_status ct_work_test(ct_work *w, bool *done)
 {
     if (!w || !done) return ct_error_set(CT_ERR_INVALID, "ct_work_test: NULL %s", w ? "done" : "work");
-    ct_pg_run_deferred(w, (double)uv_hrtime() * 1e-9); /* when every rank is there already */
+    cti_pg_run_deferred(w, (double)uv_hrtime() * 1e-9); /* when every rank is there already */
     char msg[CT_COMM_MSG];
     uv_mutex_lock(&w->mu);
     *done = w->done;
@@ -123,16 +123,16 @@ ct_status ct_work_test(ct_work *w, bool *done)
 void ct_work_free(ct_work *w)
 {
     if (!w) return;
-    ct_pg_run_deferred(w, INFINITY);
+    cti_pg_run_deferred(w, INFINITY);
     uv_mutex_lock(&w->mu);
     while (!w->done) uv_cond_wait(&w->cv, &w->mu);
     uv_mutex_unlock(&w->mu);
-    ct_work_unref(w);
+    cti_work_unref(w);
 }
 
 /* ---- names ------------------------------------------------------------------------------ */
 
-const char *ct_comm_op_name(int op)
+const char *cti_comm_op_name(int op)
 {
     static const char *const names[CT_OP_COUNT] = {
         [CT_OP_INIT] = "init",           [CT_OP_NEW_SUBGROUP] = "new_subgroup",
@@ -165,9 +165,9 @@ static bool has_root(int op)
     return op == CT_OP_BROADCAST || op == CT_OP_REDUCE || op == CT_OP_GATHER || op == CT_OP_SCATTER;
 }
 
-const char *ct_comm_sig_str(char *buf, size_t cap, int op, int rop, int dtype, int64_t count, int root)
+const char *cti_comm_sig_str(char *buf, size_t cap, int op, int rop, int dtype, int64_t count, int root)
 {
-    const char *name = ct_comm_op_name(op);
+    const char *name = cti_comm_op_name(op);
     if (op == CT_OP_BARRIER)
         snprintf(buf, cap, "barrier()");
     else if (op == CT_OP_INIT)
@@ -187,23 +187,23 @@ const char *ct_comm_sig_str(char *buf, size_t cap, int op, int rop, int dtype, i
     return buf;
 }
 
-const char *ct_comm_work_title(char *buf, size_t cap, const ct_work *w)
+const char *cti_comm_work_title(char *buf, size_t cap, const ct_work *w)
 {
     if (w->op == CT_OP_SEND || w->op == CT_OP_RECV) {
-        snprintf(buf, cap, "%s #%llu %s rank %d (tag %d, %s, %lld)", ct_comm_op_name(w->op),
+        snprintf(buf, cap, "%s #%llu %s rank %d (tag %d, %s, %lld)", cti_comm_op_name(w->op),
                  (unsigned long long)w->seq, w->op == CT_OP_SEND ? "to" : "from", w->root, w->tag,
                  ct_dtype_name(w->dtype), (long long)w->count);
         return buf;
     }
     char sig[160];
-    ct_comm_sig_str(sig, sizeof sig, w->op, w->rop, w->dtype, w->count, w->root);
+    cti_comm_sig_str(sig, sizeof sig, w->op, w->rop, w->dtype, w->count, w->root);
     /* "allreduce #7 (sum, f32, 1000)": the signature's arguments after the number */
     const char *args = strchr(sig, '(');
     size_t alen = strlen(args);
     if (alen <= 2)
-        snprintf(buf, cap, "%s #%llu", ct_comm_op_name(w->op), (unsigned long long)w->seq);
+        snprintf(buf, cap, "%s #%llu", cti_comm_op_name(w->op), (unsigned long long)w->seq);
     else
-        snprintf(buf, cap, "%s #%llu (%.*s)", ct_comm_op_name(w->op), (unsigned long long)w->seq, (int)alen - 2,
+        snprintf(buf, cap, "%s #%llu (%.*s)", cti_comm_op_name(w->op), (unsigned long long)w->seq, (int)alen - 2,
                  args + 1);
     return buf;
 }
