@@ -12,6 +12,7 @@
 
 #include <stdbool.h>
 
+#include "core/api.h"
 #include "core/error.h"
 
 typedef struct ct_work ct_work;
@@ -19,26 +20,26 @@ typedef struct ct_work ct_work;
 /* Blocks until the work completes and returns its status; on failure the message is
  * ct_last_error() of the calling thread. The wait is bounded: a collective that
  * cannot complete fails within the group timeout. NULL: CT_ERR_INVALID. */
-ct_status ct_work_wait(ct_work *w);
+CT_API ct_status ct_work_wait(ct_work *w);
 
 /* The common blocking call: w is the result of submitting a collective (NULL when
  * the submit failed, its error set); waits for it and frees it. The status is
  * ct_work_wait's, or the submit's failure. */
-ct_status ct_work_run(ct_work *w);
+CT_API ct_status ct_work_run(ct_work *w);
 
 /* As ct_work_wait, but gives up after seconds (>= 0): CT_ERR_TIMEOUT if the work is
  * still running, which it keeps doing (wait again, test or free it later). */
-ct_status ct_work_wait_timeout(ct_work *w, double seconds);
+CT_API ct_status ct_work_wait_timeout(ct_work *w, double seconds);
 
 /* *done = whether the work has completed; returns its status when done, else CT_OK. */
-ct_status ct_work_test(ct_work *w, bool *done);
+CT_API ct_status ct_work_test(ct_work *w, bool *done);
 
 /* When the work completed, in seconds of the monotonic clock libuv uses (uv_hrtime
  * / 1e9), or 0 while it runs: the DDP engine measures how much communication
  * backward hid with it. */
-double ct_work_end_time(const ct_work *w);
+CT_API double ct_work_end_time(const ct_work *w);
 
 /* Waits for completion if still running, then frees. NULL is a no-op. */
-void ct_work_free(ct_work *w);
+CT_API void ct_work_free(ct_work *w);
 
 #endif
