@@ -6,6 +6,7 @@
 #   make bench-gpt  GPT training vs PyTorch CPU     make bench-collectives  allreduce vs OpenMPI, gloo
 #   make bench-ddp  2-process GPT vs PyTorch DDP, Accelerate
 #   make train      the README's main job            make clean
+#   make api-doc    regenerates docs/api.md from the public headers (tools/api_doc.py)
 #
 # PORTABLE=1 builds for any x86-64 instead of -march=native.
 
@@ -28,7 +29,8 @@ VERSION  := 0.1.0
 JOBS     := $(if $(findstring j,$(firstword -$(MAKEFLAGS))),,-j$(shell nproc 2>/dev/null || echo 2))
 LIB_DIRS := core kernels kernels/cpu precision autograd nn optim data dist parallel accel
 LIB_SRC  := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
-LIB_HDR  := ctrain.h $(filter-out %_internal.h,$(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.h)))
+# the public headers: ctrain.h and what it includes (*_internal.h and kernels/cpu/ are private)
+LIB_HDR  := ctrain.h $(shell sed -n 's/^\#include "\(.*\)"/\1/p' ctrain.h)
 TEST_SRC := $(wildcard tests/*/*.c tests/*/*/*.c)
 # bench/collectives/allreduce_mpi.c needs mpicc: bench/collectives/run.sh builds it
 BENCH_SRC := $(filter-out bench/collectives/allreduce_mpi.c,$(wildcard bench/*/*.c))
@@ -37,7 +39,8 @@ CLI_SRC  := $(wildcard tools/*.c)
 
 WARN     := -Wall -Wextra -Werror -Wno-unknown-pragmas
 SAN      ?=
-ALL_CFLAGS  = -std=c11 -D_GNU_SOURCE $(OPT) $(ARCH) -g -fPIC -fopenmp $(WARN) -I. -MMD -MP $(SAN) $(CFLAGS)
+# -fvisibility=hidden: libctrain.so exports only what the public headers mark CT_API (core/api.h)
+ALL_CFLAGS  = -std=c11 -D_GNU_SOURCE $(OPT) $(ARCH) -g -fPIC -fvisibility=hidden -fopenmp $(WARN) -I. -MMD -MP $(SAN) $(CFLAGS)
 ALL_LDFLAGS = -fopenmp $(SAN) $(LDFLAGS)
 LDLIBS   += -lopenblas -ldnnl -lcjson -luv -lm -lpthread
 
@@ -51,7 +54,7 @@ TEST_BIN := $(BUILD)/tests/ctrain_tests
 CLI_BIN  := $(if $(CLI_SRC),$(BUILD)/bin/ctrain)
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all setup test asan memcheck fuzz bench bench-gpt bench-collectives bench-ddp bench-strategies install uninstall clean train
+.PHONY: all setup test asan api-doc memcheck fuzz bench bench-gpt bench-collectives bench-ddp bench-strategies install uninstall clean train
 .DEFAULT_GOAL := all
 
 all: setup
@@ -82,17 +85,20 @@ $(TEST_BIN): $(TEST_OBJ) $(AR_LIB)
 
 # The suite: one Criterion binary, every test in its own process with a timeout.
 # Criterion's closing "Synthesis" line is the summary CI reads. Tests that run the
-# `ctrain` command or the examples find them through CTRAIN_BIN and CTRAIN_EXAMPLES.
+# `ctrain` command or the examples find them through CTRAIN_BIN and CTRAIN_EXAMPLES;
+# the export check (tests/tools/test_exports.c) reads CTRAIN_LIB and CTRAIN_SRC.
 test: setup
 	@$(MAKE) --no-print-directory $(JOBS) $(SO) $(TEST_BIN) $(CLI_BIN) $(GPT_BIN) $(QUICK_BIN)
 	CTRAIN_BIN=$(abspath $(BUILD)/bin/ctrain) CTRAIN_EXAMPLES=$(abspath $(BUILD)/examples) \
+	CTRAIN_LIB=$(abspath $(SO)) CTRAIN_SRC=$(CURDIR) \
 	    $(TEST_BIN) --jobs $${CT_TEST_JOBS:-2}
 
 asan: setup
-	@$(MAKE) --no-print-directory $(JOBS) BUILD=build-asan OPT=-O1 build-asan/tests/ctrain_tests \
+	@$(MAKE) --no-print-directory $(JOBS) BUILD=build-asan OPT=-O1 build-asan/tests/ctrain_tests build-asan/lib/libctrain.so \
 	    $(if $(CLI_SRC),build-asan/bin/ctrain) build-asan/examples/gpt_train build-asan/examples/quickstart \
 	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
 	CTRAIN_BIN=$(abspath build-asan/bin/ctrain) CTRAIN_EXAMPLES=$(abspath build-asan/examples) \
+	CTRAIN_LIB=$(abspath build-asan/lib/libctrain.so) CTRAIN_SRC=$(CURDIR) \
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
 	LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp) \
 	    tests/run_checked.sh build-asan/tests.log build-asan/tests/ctrain_tests --jobs $${CT_TEST_JOBS:-2}
@@ -174,6 +180,10 @@ install: all
 uninstall:
 	rm -rf $(DESTDIR)$(PREFIX)/include/ctrain $(DESTDIR)$(PREFIX)/lib/pkgconfig/ctrain.pc
 	rm -f $(DESTDIR)$(PREFIX)/lib/libctrain.a $(DESTDIR)$(PREFIX)/lib/libctrain.so* $(DESTDIR)$(PREFIX)/bin/ctrain
+
+# docs/api.md is generated from the public headers; run after changing one.
+api-doc:
+	python3 tools/api_doc.py > docs/api.md
 
 clean:
 	rm -rf build build-asan

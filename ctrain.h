@@ -1,15 +1,23 @@
-/* ctrain — umbrella header: includes every public header.
+/* ctrain — umbrella header: includes every public header, layer by layer.
  *
- *   core/     tensors, dtypes, devices, storage, frames, errors, RNG, safetensors, threads
- *   kernels/  tensor-level kernels dispatched per device (ct_kernel_*)
- *   autograd/ differentiable ops (ct_matmul, ct_softmax, ...), backward, hooks, gradcheck
- *   nn/       modules with named parameters, layers, GPT
- *   optim/    SGD, Adam, AdamW, LR schedules, gradient clipping
- *   data/     datasets, token files, byte tokenizer, data loader
+ *   core/      tensors, dtypes, devices, storage, frames, errors, RNG, safetensors, threads
+ *   kernels/   tensor-level kernels dispatched per device (ct_kernel_*)
+ *   precision/ autocast policy, fp16 loss scaler, fp8 formats and delayed scaling
+ *   autograd/  differentiable ops (ct_matmul, ct_softmax, ...), backward, hooks, gradcheck
+ *   nn/        modules with named parameters, layers, GPT
+ *   optim/     SGD, Adam, AdamW, LR schedules, gradient clipping
+ *   data/      datasets, token files, byte tokenizer, data loader
+ *   dist/      launcher environment, rendezvous store, process groups, work requests
+ *   parallel/  training strategies: DDP and the sharding engine (ZeRO-1/2/3, hybrid, offload)
+ *   accel/     the Accelerator, its DeepSpeed and FSDP plugins, ds_config.json
+ *
+ * Only what these headers declare with CT_API is exported by libctrain.so; the
+ * *_internal.h headers and kernels/cpu/ are the library's own.
  */
 #ifndef CTRAIN_H
 #define CTRAIN_H
 
+#include "core/api.h"
 #include "core/convert.h"
 #include "core/device.h"
 #include "core/dtype.h"
@@ -22,7 +30,6 @@
 #include "core/threads.h"
 
 #include "kernels/attention.h"
-#include "kernels/dispatch.h"
 #include "kernels/dropout.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
@@ -44,6 +51,9 @@
 #include "autograd/node.h"
 #include "autograd/ops_fp8.h"
 #include "autograd/ops.h"
+#include "autograd/ops_math.h"
+#include "autograd/ops_nn.h"
+#include "autograd/ops_shape.h"
 
 #include "nn/gpt.h"
 #include "nn/layers.h"
@@ -58,15 +68,16 @@
 #include "data/token_dataset.h"
 #include "data/tokenizer.h"
 
-#include "parallel/ddp.h"
 #include "dist/env.h"
 #include "dist/pg.h"
+#include "dist/store.h"
+#include "dist/work.h"
+
+#include "parallel/ddp.h"
 #include "parallel/shard.h"
 #include "parallel/shard_flat.h"
 #include "parallel/shard_plan.h"
 #include "parallel/shard_state.h"
-#include "dist/store.h"
-#include "dist/work.h"
 
 #include "accel/accelerator.h"
 #include "accel/ds_config.h"

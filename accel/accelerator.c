@@ -1,6 +1,6 @@
 /* ctrain — the Accelerator (accel/accelerator.h). */
 #include "accel/accelerator.h"
-#include "accel/fp8_sync.h"
+#include "accel/fp8_sync_internal.h"
 #include "accel/plugins.h"
 
 #include <math.h>
@@ -84,7 +84,7 @@ static ct_status settings(ct_accelerator *a, const ct_accelerator_config *cfg)
             /* linears in fp8, every other low-precision op in bf16 */
             ct_fp8_recipe r;
             a->mp = CT_DTYPE_BF16;
-            if ((st = ct_accel_fp8_recipe(&a->cfg.fp8, &r)) || !(a->fp8 = ct_fp8_state_new(&r)))
+            if ((st = cti_accel_fp8_recipe(&a->cfg.fp8, &r)) || !(a->fp8 = ct_fp8_state_new(&r)))
                 return ct_error_prefix("accelerator: mixed_precision = 'fp8': ");
         } else
             return ct_error_set(CT_ERR_INVALID, "accelerator: mixed_precision = '%s'%s; allowed: no, fp16, bf16, fp8",
@@ -222,7 +222,7 @@ static ct_status hook_before_step(ct_optimizer *o, void *data, bool *skip)
         ct_last_status())
         st = ct_last_status();
     /* the scales of the next step, from this step's amaxes on every rank */
-    if (!st && a->fp8) st = ct_accel_fp8_sync(a->fp8, a->pg);
+    if (!st && a->fp8) st = cti_accel_fp8_sync(a->fp8, a->pg);
     return st;
 }
 

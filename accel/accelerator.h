@@ -51,6 +51,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "core/api.h"
 #include "core/tensor.h"
 #include "data/loader.h"
 #include "parallel/ddp.h"
@@ -96,7 +97,7 @@ typedef struct ct_accelerator_config {
  * CTRAIN_NUM_THREADS when the launcher set it. cfg NULL = all defaults. New handle
  * owned by the caller (ct_accelerator_free); NULL + error (a bad setting names the
  * key and value; an unreachable rank 0 names the address). */
-ct_accelerator *ct_accelerator_new(const ct_accelerator_config *cfg);
+CT_API ct_accelerator *ct_accelerator_new(const ct_accelerator_config *cfg);
 
 /* Prepares the training objects, each optional (NULL): model (broadcast from rank
  * 0, wrapped in DDP when there are several ranks, or sharded), optimizer (hooks; its
@@ -104,36 +105,36 @@ ct_accelerator *ct_accelerator_new(const ct_accelerator_config *cfg);
  * scheduler (steps once per real optimizer step). A ds_config's batch sizes are checked
  * here, against the loader's. Call once, on every rank, before the loop; the objects
  * stay the caller's and must outlive the handle. */
-ct_status ct_accelerator_prepare(ct_accelerator *acc, ct_module *model, ct_optimizer *opt, ct_loader *loader,
-                                 ct_scheduler *sched);
+CT_API ct_status ct_accelerator_prepare(ct_accelerator *acc, ct_module *model, ct_optimizer *opt, ct_loader *loader,
+                                        ct_scheduler *sched);
 
 /* backward(loss / K). With DDP and sync on, the reductions start during it. */
-ct_status ct_accelerator_backward(ct_accelerator *acc, ct_tensor *loss);
+CT_API ct_status ct_accelerator_backward(ct_accelerator *acc, ct_tensor *loss);
 
 /* The accumulation scope: CT_ACCUMULATE(acc) { ...one micro-step... } decides, on
  * entry, whether this micro-step synchronises (K-th micro-step or the loader's last
  * batch of the epoch). Equivalent to ct_accelerator_accumulate_begin(acc) before the
  * block. */
-void ct_accelerator_accumulate_begin(ct_accelerator *acc);
+CT_API void ct_accelerator_accumulate_begin(ct_accelerator *acc);
 #define CT_ACCUMULATE(acc) \
     for (int ct_acc_once_ = (ct_accelerator_accumulate_begin(acc), 1); ct_acc_once_; ct_acc_once_ = 0)
 /* True when the current micro-step synchronises gradients (always true with K = 1). */
-bool ct_accelerator_sync_gradients(const ct_accelerator *acc);
+CT_API bool ct_accelerator_sync_gradients(const ct_accelerator *acc);
 /* True when the last optimizer step was skipped: an accumulation micro-step, or (fp16)
  * gradients that held an inf or NaN, after which the scaler backed off and a prepared
  * scheduler did not advance; ct_accelerator_step_overflowed tells the second case. */
-bool ct_accelerator_step_was_skipped(const ct_accelerator *acc);
-bool ct_accelerator_step_overflowed(const ct_accelerator *acc);
+CT_API bool ct_accelerator_step_was_skipped(const ct_accelerator *acc);
+CT_API bool ct_accelerator_step_overflowed(const ct_accelerator *acc);
 /* The loss scale (1 unless fp16), and "no", "bf16", "fp16" or "fp8". */
-double ct_accelerator_loss_scale(const ct_accelerator *acc);
-const char *ct_accelerator_mixed_precision(const ct_accelerator *acc);
+CT_API double ct_accelerator_loss_scale(const ct_accelerator *acc);
+CT_API const char *ct_accelerator_mixed_precision(const ct_accelerator *acc);
 
 /* The global L2 (norm_type 2) or other p-norm of the prepared model's gradients
  * after synchronisation, and clips them to max_norm (like torch's clip_grad_norm_).
  * fp16: the gradients are unscaled first (once per step); when they hold an inf or
  * NaN it returns inf, clips nothing, and the step will be skipped. On a micro-step
  * that does not synchronise it does nothing and returns 0. NAN + error on failure. */
-double ct_accelerator_clip_grad_norm(ct_accelerator *acc, double max_norm, double norm_type);
+CT_API double ct_accelerator_clip_grad_norm(ct_accelerator *acc, double max_norm, double norm_type);
 
 /* Collectives on tensors, every rank calling with the same shapes (new tensors owned
  * by the current frame; NULL + error):
@@ -143,29 +144,35 @@ double ct_accelerator_clip_grad_norm(ct_accelerator *acc, double max_norm, doubl
  *   reduce:             the sum (or mean) over ranks, on every rank;
  *   pad_across_processes: t padded along dim to the largest size on any rank with
  *                       pad_value (at the end, or at the start with pad_first). */
-ct_tensor *ct_accelerator_gather(ct_accelerator *acc, const ct_tensor *t);
-ct_tensor *ct_accelerator_gather_for_metrics(ct_accelerator *acc, const ct_tensor *t);
-ct_tensor *ct_accelerator_reduce(ct_accelerator *acc, const ct_tensor *t, bool mean);
-ct_tensor *ct_accelerator_pad_across_processes(ct_accelerator *acc, const ct_tensor *t, int dim, double pad_value,
-                                               bool pad_first);
+CT_API ct_tensor *ct_accelerator_gather(ct_accelerator *acc, const ct_tensor *t);
+CT_API ct_tensor *ct_accelerator_gather_for_metrics(ct_accelerator *acc, const ct_tensor *t);
+CT_API ct_tensor *ct_accelerator_reduce(ct_accelerator *acc, const ct_tensor *t, bool mean);
+CT_API ct_tensor *ct_accelerator_pad_across_processes(ct_accelerator *acc, const ct_tensor *t, int dim, double pad_value,
+                                                      bool pad_first);
 
 /* Blocks until every rank has called it. */
-ct_status ct_accelerator_wait_for_everyone(ct_accelerator *acc);
+CT_API ct_status ct_accelerator_wait_for_everyone(ct_accelerator *acc);
 
 /* printf on the main process only (rank 0); returns what printf returned, 0 elsewhere. */
-int ct_accelerator_print(const ct_accelerator *acc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+CT_API int ct_accelerator_print(const ct_accelerator *acc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-int ct_accelerator_process_index(const ct_accelerator *acc);
-int ct_accelerator_num_processes(const ct_accelerator *acc);
-int ct_accelerator_local_process_index(const ct_accelerator *acc);
-bool ct_accelerator_is_main_process(const ct_accelerator *acc);
-bool ct_accelerator_is_local_main_process(const ct_accelerator *acc);
-int ct_accelerator_gradient_accumulation_steps(const ct_accelerator *acc);
+/* This process's rank among all processes (0 .. num_processes - 1). */
+CT_API int ct_accelerator_process_index(const ct_accelerator *acc);
+/* Number of processes taking part (the world size; 1 without a launcher). */
+CT_API int ct_accelerator_num_processes(const ct_accelerator *acc);
+/* This process's rank on its machine (LOCAL_RANK). */
+CT_API int ct_accelerator_local_process_index(const ct_accelerator *acc);
+/* True on the process of rank 0. */
+CT_API bool ct_accelerator_is_main_process(const ct_accelerator *acc);
+/* True on the process of local rank 0 of each machine. */
+CT_API bool ct_accelerator_is_local_main_process(const ct_accelerator *acc);
+/* Micro-steps per optimizer step (1 unless configured). */
+CT_API int ct_accelerator_gradient_accumulation_steps(const ct_accelerator *acc);
 
 /* CT_MAIN_PROCESS_FIRST(acc) { ... }: rank 0 runs the block first, the others wait,
  * then run it (e.g. rank 0 downloads or tokenises, the others then read its files). */
-ct_status ct_accelerator_main_first_begin(ct_accelerator *acc);
-ct_status ct_accelerator_main_first_end(ct_accelerator *acc);
+CT_API ct_status ct_accelerator_main_first_begin(ct_accelerator *acc);
+CT_API ct_status ct_accelerator_main_first_end(ct_accelerator *acc);
 #define CT_MAIN_PROCESS_FIRST(acc)                                                         \
     for (int ct_mpf_once_ = (ct_accelerator_main_first_begin(acc), 1); ct_mpf_once_;     \
          ct_mpf_once_ = 0, ct_accelerator_main_first_end(acc))
@@ -173,18 +180,18 @@ ct_status ct_accelerator_main_first_end(ct_accelerator *acc);
 /* Seeds every ctrain generator (ct_set_seed) with seed, plus the rank when
  * device_specific (different dropout masks per rank, same initial weights via the
  * broadcast). */
-void ct_accelerator_set_seed(ct_accelerator *acc, uint64_t seed, bool device_specific);
+CT_API void ct_accelerator_set_seed(ct_accelerator *acc, uint64_t seed, bool device_specific);
 
 /* The group of all ranks (borrowed) and the DDP engine (borrowed; NULL with one rank
  * or before prepare), for programs that need more. */
-ct_pg *ct_accelerator_pg(const ct_accelerator *acc);
-ct_ddp *ct_accelerator_ddp(const ct_accelerator *acc);
+CT_API ct_pg *ct_accelerator_pg(const ct_accelerator *acc);
+CT_API ct_ddp *ct_accelerator_ddp(const ct_accelerator *acc);
 /* The sharding engine (borrowed; NULL unless a sharded strategy was prepared). */
-ct_shard *ct_accelerator_shard(const ct_accelerator *acc);
+CT_API ct_shard *ct_accelerator_shard(const ct_accelerator *acc);
 /* True when FSDP's state_dict_type is SHARDED_STATE_DICT (ct_fsdp_plugin,
  * --fsdp_state_dict_type, CTRAIN_FSDP_STATE_DICT_TYPE): under a sharded strategy
  * ct_accelerator_save_model then writes a sharded checkpoint. */
-bool ct_accelerator_sharded_state_dict(const ct_accelerator *acc);
+CT_API bool ct_accelerator_sharded_state_dict(const ct_accelerator *acc);
 
 /* ---- the model's full state, from any strategy ------------------------------------ */
 
@@ -198,8 +205,9 @@ typedef struct ct_state_dict {
 /* The prepared model's parameters and buffers, full (gathered from the shards under
  * a sharded strategy), as owned copies on every rank. Every rank must call it. Always
  * full, SHARDED_STATE_DICT or not, as Accelerate's get_state_dict. */
-ct_status ct_accelerator_get_state_dict(ct_accelerator *acc, ct_module *model, ct_state_dict *out);
-void ct_state_dict_free(ct_state_dict *sd);
+CT_API ct_status ct_accelerator_get_state_dict(ct_accelerator *acc, ct_module *model, ct_state_dict *out);
+/* Frees a state dict and the tensors it owns; NULL is fine. */
+CT_API void ct_state_dict_free(ct_state_dict *sd);
 /* Writes the full model to path (safetensors, ct_module_save's format) from rank 0;
  * every rank calls it and returns once the file is written (or with rank 0's error).
  *
@@ -213,7 +221,7 @@ void ct_state_dict_free(ct_state_dict *sd);
  * Every rank calls it; every rank returns CT_OK once every file is written, or the
  * error of the lowest rank that failed (the others' messages name that rank). Read
  * it back with ct_accelerator_load_model, or merge it with ct_sharded_model_merge. */
-ct_status ct_accelerator_save_model(ct_accelerator *acc, ct_module *model, const char *path);
+CT_API ct_status ct_accelerator_save_model(ct_accelerator *acc, ct_module *model, const char *path);
 /* Loads a model saved by ct_accelerator_save_model, with any number of ranks and any
  * strategy: path is one full safetensors file or a sharded directory (told apart by
  * what path is). Every rank calls it, after prepare (before prepare it loads into the
@@ -227,7 +235,7 @@ ct_status ct_accelerator_save_model(ct_accelerator *acc, ct_module *model, const
  * it was (everything is checked and read before anything is written). The
  * optimizer's state is not touched. Every rank returns CT_OK, or the error of the
  * lowest rank that failed. */
-ct_status ct_accelerator_load_model(ct_accelerator *acc, ct_module *model, const char *path);
+CT_API ct_status ct_accelerator_load_model(ct_accelerator *acc, ct_module *model, const char *path);
 /* Merges the sharded checkpoint in dir (written under SHARDED_STATE_DICT) into one
  * safetensors file at out_path (atomically), with the tensors in the model's order and
  * dtypes: the file a FULL_STATE_DICT save of the same model writes, loadable by
@@ -236,14 +244,14 @@ ct_status ct_accelerator_load_model(ct_accelerator *acc, ct_module *model, const
  * parameter in exactly one file; one shape per parameter. Each problem is an error
  * naming the file, the parameter and the elements. One process, no Accelerator
  * (`ctrain merge-weights DIR OUT`). */
-ct_status ct_sharded_model_merge(const char *dir, const char *out_path);
+CT_API ct_status ct_sharded_model_merge(const char *dir, const char *out_path);
 /* The plain model back: under a sharded strategy every parameter is gathered into it
  * (every rank calls this) and the engine lets go of it, so one rank alone may then
  * evaluate, sample or save it; the Accelerator no longer trains it (a later step
  * fails, saying so). Without sharding: model itself, nothing changes. NULL + error. */
-ct_module *ct_accelerator_unwrap_model(ct_accelerator *acc, ct_module *model);
+CT_API ct_module *ct_accelerator_unwrap_model(ct_accelerator *acc, ct_module *model);
 
 /* Removes the hooks it installed, frees DDP and the group. NULL is fine. */
-void ct_accelerator_free(ct_accelerator *acc);
+CT_API void ct_accelerator_free(ct_accelerator *acc);
 
 #endif

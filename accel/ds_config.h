@@ -40,6 +40,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/api.h"
 #include "core/error.h"
 
 /* The values that may be "auto", in the order of ct_ds_config.from. */
@@ -106,20 +107,20 @@ typedef struct ct_ds_defaults {
 } ct_ds_defaults;
 
 /* DeepSpeed's defaults, everything absent. */
-void ct_ds_config_init(ct_ds_config *c);
+CT_API void ct_ds_config_init(ct_ds_config *c);
 
 /* Parses len bytes of JSON text; name (a file name) goes into every message. On error
  * *c is left as ct_ds_config_init made it and the message names the key, the value
  * and what is allowed (or the line and column of a JSON syntax error). */
-ct_status ct_ds_config_parse(const char *text, size_t len, const char *name, ct_ds_config *c);
+CT_API ct_status ct_ds_config_parse(const char *text, size_t len, const char *name, ct_ds_config *c);
 
 /* Reads and parses the file at path. */
-ct_status ct_ds_config_load(const char *path, ct_ds_config *c);
+CT_API ct_status ct_ds_config_load(const char *path, ct_ds_config *c);
 
 /* Fills "auto" and absent values from d and checks the whole: the three batch
  * sizes multiply out (two given determine the third, which must then be a whole
  * number), the file's values agree with what the Accelerator set explicitly
  * (accumulation steps, clipping, mixed precision), fp16 and bf16 are not both on. */
-ct_status ct_ds_config_resolve(ct_ds_config *c, const char *name, const ct_ds_defaults *d);
+CT_API ct_status ct_ds_config_resolve(ct_ds_config *c, const char *name, const ct_ds_defaults *d);
 
 #endif

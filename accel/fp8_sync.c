@@ -1,5 +1,5 @@
-/* The Accelerator's fp8 recipe and amax exchange (accel/fp8_sync.h). */
-#include "accel/fp8_sync.h"
+/* The Accelerator's fp8 recipe and amax exchange (accel/fp8_sync_internal.h). */
+#include "accel/fp8_sync_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -20,7 +20,7 @@ static ct_status env_choice(const char *var, const char *const *names, int n, in
     return ct_error_set(CT_ERR_INVALID, "%s='%s' is not %s or %s", var, v, names[0], names[1]);
 }
 
-ct_status ct_accel_fp8_recipe(const ct_fp8_recipe *cfg, ct_fp8_recipe *out)
+ct_status cti_accel_fp8_recipe(const ct_fp8_recipe *cfg, ct_fp8_recipe *out)
 {
     ct_fp8_recipe r = cfg ? *cfg : (ct_fp8_recipe){0};
     static const char *const formats[] = {"hybrid", "e4m3"}, *const algos[] = {"max", "most_recent"};
@@ -42,7 +42,7 @@ ct_status ct_accel_fp8_recipe(const ct_fp8_recipe *cfg, ct_fp8_recipe *out)
     return st;
 }
 
-ct_status ct_accel_fp8_sync(ct_fp8_state *st, ct_pg *pg)
+ct_status cti_accel_fp8_sync(ct_fp8_state *st, ct_pg *pg)
 {
     int n = ct_fp8_state_amax_count(st), world = ct_pg_size(pg);
     if (world == 1) {

@@ -15,7 +15,7 @@
 
 static bool source_shape(void *ctx, const char *name, int *ndim, int64_t *shape)
 {
-    const ct_ckpt_entry *x = ct_ckpt_find(ctx, name);
+    const ct_ckpt_entry *x = cti_ckpt_find(ctx, name);
     if (!x) return false;
     *ndim = x->ndim;
     memcpy(shape, x->shape, (size_t)x->ndim * sizeof *shape);
@@ -24,9 +24,9 @@ static bool source_shape(void *ctx, const char *name, int *ndim, int64_t *shape)
 
 static ct_status source_read(void *ctx, const char *name, int64_t begin, int64_t end, ct_tensor *dst)
 {
-    const ct_ckpt_entry *x = ct_ckpt_find(ctx, name);
+    const ct_ckpt_entry *x = cti_ckpt_find(ctx, name);
     if (!x) return ct_error_set(CT_ERR_INVALID, "'%s' is not in the checkpoint", name);
-    return ct_ckpt_read(ctx, x, begin, end, dst);
+    return cti_ckpt_read(ctx, x, begin, end, dst);
 }
 
 /* ---- loading ----------------------------------------------------------------------------- */
@@ -35,7 +35,7 @@ static ct_status source_read(void *ctx, const char *name, int64_t begin, int64_t
 static ct_status match(const ct_ckpt *ck, const ct_param_list *l, const char *path)
 {
     for (int i = 0; i < l->n; i++) {
-        const ct_ckpt_entry *x = ct_ckpt_find(ck, l->names[i]);
+        const ct_ckpt_entry *x = cti_ckpt_find(ck, l->names[i]);
         const ct_tensor *t = l->tensors[i];
         char a[96], b[96];
         if (!x) return ct_error_set(CT_ERR_FORMAT, "'%s' has no '%s' (%s in the model)", path, l->names[i],
@@ -64,7 +64,7 @@ static ct_status load_local(ct_accelerator *acc, ct_module *model, const char *p
     if (!s && !S_ISDIR(sb.st_mode)) return ct_module_load(model, path, true, NULL);
     ct_ckpt ck;
     ct_param_list all = {0}, params = {0};
-    ct_status st = ct_ckpt_open(path, false, &ck);
+    ct_status st = cti_ckpt_open(path, false, &ck);
     if (!st) st = ct_module_named_tensors(model, true, &all);
     if (!st) st = ct_module_named_tensors(model, false, &params);
     if (!st) st = match(&ck, &all, path);
@@ -75,7 +75,7 @@ static ct_status load_local(ct_accelerator *acc, ct_module *model, const char *p
     if (!st && !got) st = ct_error_set(CT_ERR_NOMEM, "out of memory");
     ct_frame_push();
     for (int i = first; i < all.n && !st; i++)
-        if (!(got[i] = ct_ckpt_read_whole(&ck, ct_ckpt_find(&ck, all.names[i])))) st = ct_last_status();
+        if (!(got[i] = cti_ckpt_read_whole(&ck, cti_ckpt_find(&ck, all.names[i])))) st = ct_last_status();
     if (!st && s) st = ct_shard_load_params(s, &(ct_shard_source){source_shape, source_read, &ck});
     for (int i = first; i < all.n && !st; i++)
         if (ct_tensor_copy_(all.tensors[i], got[i])) st = ct_error_prefix("'%s': ", all.names[i]);
@@ -83,7 +83,7 @@ static ct_status load_local(ct_accelerator *acc, ct_module *model, const char *p
     free(got);
     ct_param_list_free(&all);
     ct_param_list_free(&params);
-    ct_ckpt_close(&ck);
+    cti_ckpt_close(&ck);
     /* tensors were written in place: autocast's low-precision copies are stale */
     ct_autocast_weights_changed();
     return st;
@@ -94,7 +94,7 @@ ct_status ct_accelerator_load_model(ct_accelerator *acc, ct_module *model, const
     if (!acc) return ct_error_set(CT_ERR_INVALID, "accelerator_load_model: accelerator is NULL");
     ct_status st = !model || !path ? ct_error_set(CT_ERR_INVALID, "%s is NULL", !model ? "model" : "path")
                                    : load_local(acc, model, path);
-    st = ct_ckpt_agree(acc, st);
+    st = cti_ckpt_agree(acc, st);
     return st ? ct_error_prefix("accelerator_load_model (rank %d, '%s'): ", ct_accelerator_process_index(acc),
                                 path ? path : "(null)")
               : CT_OK;

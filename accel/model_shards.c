@@ -60,7 +60,7 @@ static bool is_rank_file(const char *name, int *r, int *n)
 
 /* ---- reading --------------------------------------------------------------------------- */
 
-void ct_ckpt_close(ct_ckpt *ck)
+void cti_ckpt_close(ct_ckpt *ck)
 {
     if (!ck) return;
     for (int i = 0; i < ck->nfiles; i++) {
@@ -72,7 +72,7 @@ void ct_ckpt_close(ct_ckpt *ck)
     *ck = (ct_ckpt){0};
 }
 
-const ct_ckpt_entry *ct_ckpt_find(const ct_ckpt *ck, const char *name)
+const ct_ckpt_entry *cti_ckpt_find(const ct_ckpt *ck, const char *name)
 {
     for (int i = 0; i < ck->n; i++)
         if (!strcmp(ck->e[i].name, name)) return &ck->e[i];
@@ -99,7 +99,7 @@ static const char *shape_of(const ct_ckpt_entry *x, char *buf, int cap)
  * its first part; a tensor must be described alike by every file. */
 static ct_status add_part(ct_ckpt *ck, const ct_ckpt_entry *proto, ct_ckpt_part part)
 {
-    ct_ckpt_entry *x = (ct_ckpt_entry *)ct_ckpt_find(ck, proto->name);
+    ct_ckpt_entry *x = (ct_ckpt_entry *)cti_ckpt_find(ck, proto->name);
     if (!x) {
         if (ck->n == ck->cap) {
             int cap = ck->cap ? 2 * ck->cap : 64;
@@ -209,7 +209,7 @@ static ct_status check_params(const ct_ckpt *ck, const char *dir, int nparams)
         snprintf(key, sizeof key, "ctrain.param.%d", i);
         const char *name = ct_safetensors_metadata(ck->files[0], key);
         if (!name) return ct_error_set(CT_ERR_FORMAT, "%s: no %s (of %d parameters)", ck->paths[0], key, nparams);
-        const ct_ckpt_entry *x = ct_ckpt_find(ck, name);
+        const ct_ckpt_entry *x = cti_ckpt_find(ck, name);
         if (!x) return ct_error_set(CT_ERR_FORMAT, "parameter '%s': its elements are in no file of '%s'", name, dir);
         if (x->whole || x->index != i)
             return ct_error_set(CT_ERR_FORMAT, "parameter '%s' is #%d in the list of %s, but its parts say %s", name, i,
@@ -378,7 +378,7 @@ static ct_status open_full(const char *path, ct_ckpt *ck)
     return CT_OK;
 }
 
-ct_status ct_ckpt_open(const char *path, bool sharded_only, ct_ckpt *ck)
+ct_status cti_ckpt_open(const char *path, bool sharded_only, ct_ckpt *ck)
 {
     *ck = (ct_ckpt){0};
     struct stat sb;
@@ -393,7 +393,7 @@ ct_status ct_ckpt_open(const char *path, bool sharded_only, ct_ckpt *ck)
     return open_full(path, ck);
 }
 
-ct_status ct_ckpt_read(const ct_ckpt *ck, const ct_ckpt_entry *x, int64_t begin, int64_t end, ct_tensor *dst)
+ct_status cti_ckpt_read(const ct_ckpt *ck, const ct_ckpt_entry *x, int64_t begin, int64_t end, ct_tensor *dst)
 {
     ct_status st = CT_OK;
     for (int k = 0; k < x->nparts && !st; k++) {
@@ -412,7 +412,7 @@ ct_status ct_ckpt_read(const ct_ckpt *ck, const ct_ckpt_entry *x, int64_t begin,
     return st;
 }
 
-ct_tensor *ct_ckpt_read_whole(const ct_ckpt *ck, const ct_ckpt_entry *x)
+ct_tensor *cti_ckpt_read_whole(const ct_ckpt *ck, const ct_ckpt_entry *x)
 {
     if (x->whole) {
         ct_tensor *t = ct_safetensors_get(ck->files[x->parts[0].file], x->name);
@@ -421,14 +421,14 @@ ct_tensor *ct_ckpt_read_whole(const ct_ckpt *ck, const ct_ckpt_entry *x)
     }
     ct_tensor *t = ct_tensor_empty(CT_DTYPE_F32, x->ndim, x->shape);
     ct_tensor *flat = t ? ct_tensor_view(t, 1, (const int64_t[]){x->numel}) : NULL;
-    if (!flat || ct_ckpt_read(ck, x, 0, x->numel, flat)) return NULL;
+    if (!flat || cti_ckpt_read(ck, x, 0, x->numel, flat)) return NULL;
     return x->dtype == CT_DTYPE_F32 ? t : ct_tensor_cast(t, x->dtype);
 }
 
 /* ---- the ranks' agreement ------------------------------------------------------------- */
 
 
-ct_status ct_ckpt_agree(ct_accelerator *acc, ct_status st)
+ct_status cti_ckpt_agree(ct_accelerator *acc, ct_status st)
 {
     ct_pg *pg = ct_accelerator_pg(acc);
     const int rank = ct_pg_rank(pg), world = ct_pg_size(pg);
@@ -572,7 +572,7 @@ static ct_status write_rank_file(const char *dir, int r, int nfiles, uint64_t id
     return st;
 }
 
-ct_status ct_model_shards_save(ct_accelerator *acc, ct_module *model, const char *dir)
+ct_status cti_model_shards_save(ct_accelerator *acc, ct_module *model, const char *dir)
 {
     ct_shard *s = ct_accelerator_shard(acc);
     if (!s || !model || !dir)
@@ -594,7 +594,7 @@ ct_status ct_model_shards_save(ct_accelerator *acc, ct_module *model, const char
     }
     for (int i = params.n; i < all.n && !st && rank == 0; i++) h = fingerprint_tensor(h, all.names[i], all.tensors[i]);
     if (!st && writer) st = prepare_dir(dir, nfiles, rank == 0);
-    st = ct_ckpt_agree(acc, st);
+    st = cti_ckpt_agree(acc, st);
     if (!st) CT_FRAME {
             /* the save's id: the sum of the writers' fingerprints (wrapping), on every rank */
             int64_t mine = 0;
@@ -605,7 +605,7 @@ ct_status ct_model_shards_save(ct_accelerator *acc, ct_module *model, const char
         }
     if (!st) {
         if (writer) st = write_rank_file(dir, rank, nfiles, h, parts, n, &params, &all);
-        st = ct_ckpt_agree(acc, st);
+        st = cti_ckpt_agree(acc, st);
     }
     ct_frame_pop();
     free(parts);
@@ -628,7 +628,7 @@ ct_status ct_sharded_model_merge(const char *dir, const char *out_path)
         return ct_error_set(CT_ERR_INVALID, "sharded_model_merge: %s is NULL",
                             !dir ? "the directory" : "the output path");
     ct_ckpt ck;
-    ct_status st = ct_ckpt_open(dir, true, &ck);
+    ct_status st = cti_ckpt_open(dir, true, &ck);
     const ct_ckpt_entry **order = st ? NULL : calloc((size_t)(ck.n ? ck.n : 1), sizeof *order);
     const char **names = st ? NULL : calloc((size_t)(ck.n ? ck.n : 1), sizeof *names);
     ct_tensor **ts = st ? NULL : calloc((size_t)(ck.n ? ck.n : 1), sizeof *ts);
@@ -640,11 +640,11 @@ ct_status ct_sharded_model_merge(const char *dir, const char *out_path)
     }
     for (int i = 0; i < ck.n && !st; i++) {
         names[i] = order[i]->name;
-        if (!(ts[i] = ct_ckpt_read_whole(&ck, order[i]))) st = ct_last_status();
+        if (!(ts[i] = cti_ckpt_read_whole(&ck, order[i]))) st = ct_last_status();
     }
     if (!st) st = ct_safetensors_save(out_path, ck.n, names, ts, 0, NULL, NULL);
     ct_frame_pop();
     free(order), free(names), free(ts);
-    ct_ckpt_close(&ck);
+    cti_ckpt_close(&ck);
     return st ? ct_error_prefix("sharded_model_merge '%s' -> '%s': ", dir, out_path) : CT_OK;
 }

@@ -64,25 +64,25 @@ typedef struct ct_ckpt {
 
 /* Opens path: a directory is read as a sharded checkpoint and validated whole
  * (ct_sharded_model_merge lists the checks), a file as one full safetensors file
- * (unless sharded_only: then it is an error naming it). Fills *ck (ct_ckpt_close,
+ * (unless sharded_only: then it is an error naming it). Fills *ck (cti_ckpt_close,
  * also after a failure). */
-ct_status ct_ckpt_open(const char *path, bool sharded_only, ct_ckpt *ck);
-void ct_ckpt_close(ct_ckpt *ck);
+ct_status cti_ckpt_open(const char *path, bool sharded_only, ct_ckpt *ck);
+void cti_ckpt_close(ct_ckpt *ck);
 /* The entry named name, or NULL. Borrowed. */
-const ct_ckpt_entry *ct_ckpt_find(const ct_ckpt *ck, const char *name);
+const ct_ckpt_entry *cti_ckpt_find(const ct_ckpt *ck, const char *name);
 /* Elements [begin, end) of x, flattened, into dst (1-d, end - begin elements, any
  * floating dtype: converted). */
-ct_status ct_ckpt_read(const ct_ckpt *ck, const ct_ckpt_entry *x, int64_t begin, int64_t end, ct_tensor *dst);
+ct_status cti_ckpt_read(const ct_ckpt *ck, const ct_ckpt_entry *x, int64_t begin, int64_t end, ct_tensor *dst);
 /* All of x in its shape and dtype: new tensor in the current frame, NULL + error. */
-ct_tensor *ct_ckpt_read_whole(const ct_ckpt *ck, const ct_ckpt_entry *x);
+ct_tensor *cti_ckpt_read_whole(const ct_ckpt *ck, const ct_ckpt_entry *x);
 
 /* Every rank's status, agreed over the Accelerator's group (a collective): CT_OK on
  * every rank when each had CT_OK; else every rank returns the status and the message
  * of the lowest rank that failed (the others' say which rank it was). A failure of
  * the collective itself is returned as it is. */
-ct_status ct_ckpt_agree(ct_accelerator *acc, ct_status st);
+ct_status cti_ckpt_agree(ct_accelerator *acc, ct_status st);
 
 /* ct_accelerator_save_model under a sharded strategy with SHARDED_STATE_DICT. */
-ct_status ct_model_shards_save(ct_accelerator *acc, ct_module *model, const char *dir);
+ct_status cti_model_shards_save(ct_accelerator *acc, ct_module *model, const char *dir);
 
 #endif

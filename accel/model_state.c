@@ -65,14 +65,14 @@ ct_status ct_accelerator_save_model(ct_accelerator *acc, ct_module *model, const
     if (!path) return ct_error_set(CT_ERR_INVALID, "accelerator_save_model: path is NULL");
     /* SHARDED_STATE_DICT: each rank writes its own slices, nothing is gathered */
     if (ct_accelerator_shard(acc) && ct_accelerator_sharded_state_dict(acc))
-        return ct_model_shards_save(acc, model, path);
+        return cti_model_shards_save(acc, model, path);
     ct_status st = gather(acc, model, "accelerator_save_model");
     if (st) return st;
     if (ct_accelerator_is_main_process(acc)) st = ct_module_save(model, path, 0, NULL, NULL);
     ct_shard_release_full(ct_accelerator_shard(acc));
     /* the others return when the file is there (or rank 0 failed: then everyone fails
      * with its message), as the sharded save agrees */
-    st = ct_ckpt_agree(acc, st);
+    st = cti_ckpt_agree(acc, st);
     return st ? ct_error_prefix("accelerator_save_model (rank %d): ", ct_accelerator_process_index(acc)) : CT_OK;
 }
 

@@ -55,6 +55,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "core/api.h"
 #include "accel/ds_config.h"
 #include "core/error.h"
 #include "parallel/shard.h"
@@ -118,21 +119,22 @@ typedef struct ct_sharding_settings {
  * Every bad value is an error naming where it came from, the value and what is
  * allowed; a ds_config's warnings (unknown keys) are printed to stderr by rank 0
  * (rank_zero). */
-ct_status ct_sharding_settings_resolve(const ct_deepspeed_plugin *ds, const ct_fsdp_plugin *fsdp, bool rank_zero,
-                                       ct_sharding_settings *out);
+CT_API ct_status ct_sharding_settings_resolve(const ct_deepspeed_plugin *ds, const ct_fsdp_plugin *fsdp, bool rank_zero,
+                                              ct_sharding_settings *out);
 
 /* At prepare, with the loader's batch size known (0: no loader): the ds_config's
  * batch sizes, accumulation steps, clipping and precision against the Accelerator's
  * (ct_ds_config_resolve). CT_OK without a ds_config. */
-ct_status ct_sharding_settings_check_ds(ct_sharding_settings *s, int world, int64_t micro_batch, int grad_accum,
-                                        double grad_clip, const char *mixed_precision);
+CT_API ct_status ct_sharding_settings_check_ds(ct_sharding_settings *s, int world, int64_t micro_batch, int grad_accum,
+                                               double grad_clip, const char *mixed_precision);
 
 /* The launcher's checks of single values (the same the ranks apply). */
-ct_status ct_fsdp_strategy_parse(const char *v, ct_shard_strategy *out);
-ct_status ct_fsdp_wrap_policy_parse(const char *v, ct_wrap_policy *out);
-ct_status ct_fsdp_backward_prefetch_parse(const char *v, ct_backward_prefetch *out);
-ct_status ct_fsdp_state_dict_type_parse(const char *v, bool *sharded);
-ct_status ct_offload_device_parse(const char *v, bool *cpu);
-ct_status ct_bool_parse(const char *v, bool *out); /* true/false, 1/0, yes/no, on/off */
+CT_API ct_status ct_fsdp_strategy_parse(const char *v, ct_shard_strategy *out);
+CT_API ct_status ct_fsdp_wrap_policy_parse(const char *v, ct_wrap_policy *out);
+CT_API ct_status ct_fsdp_backward_prefetch_parse(const char *v, ct_backward_prefetch *out);
+CT_API ct_status ct_fsdp_state_dict_type_parse(const char *v, bool *sharded);
+CT_API ct_status ct_offload_device_parse(const char *v, bool *cpu);
+/* Parses true/false, 1/0, yes/no, on/off into *out; CT_ERR_INVALID for anything else. */
+CT_API ct_status ct_bool_parse(const char *v, bool *out); /* true/false, 1/0, yes/no, on/off */
 
 #endif

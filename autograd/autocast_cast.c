@@ -14,8 +14,9 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
-#include "autograd/autocast_cast.h"
+#include "autograd/autocast_cast_internal.h"
 #include "autograd/node.h"
+#include "precision/autocast_internal.h"
 
 typedef struct entry {
     ct_tensor *src, *low; /* retained */
@@ -53,7 +54,7 @@ static ct_tensor *cached(ct_tensor *w, ct_dtype dt)
 {
     ct_tensor *low = NULL;
     pthread_mutex_lock(&mu);
-    unsigned long gen = ct_autocast_generation();
+    unsigned long gen = cti_autocast_generation();
     if (gen != entries_gen) {
         drop_all_locked();
         entries_gen = gen;
@@ -100,7 +101,7 @@ static ct_tensor *weight_arg(ct_tensor *w, ct_dtype dt)
     return ct_node_attach(n, y) ? NULL : y;
 }
 
-ct_tensor *ct_autocast_arg(ct_autocast_op op, ct_tensor *x)
+ct_tensor *cti_autocast_arg(ct_autocast_op op, ct_tensor *x)
 {
     if (!x || !ct_autocast_enabled()) return x;
     ct_dtype dt = ct_autocast_compute_dtype(op, x->dtype);
@@ -112,7 +113,7 @@ ct_tensor *ct_autocast_arg(ct_autocast_op op, ct_tensor *x)
 
 static int width(ct_dtype dt) { return dt == CT_DTYPE_F64 ? 3 : dt == CT_DTYPE_F32 ? 2 : 1; }
 
-void ct_autocast_pair(ct_autocast_op op, ct_tensor **a, ct_tensor **b)
+void cti_autocast_pair(ct_autocast_op op, ct_tensor **a, ct_tensor **b)
 {
     if (!*a || !*b || !ct_autocast_enabled() || (*a)->dtype == (*b)->dtype ||
         ct_autocast_rule_of(op) != CT_AC_WIDEST || !ct_dtype_is_float((*a)->dtype) || !ct_dtype_is_float((*b)->dtype))

@@ -29,13 +29,14 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "core/api.h"
 #include "core/tensor.h"
 
 /* ---- grad mode ------------------------------------------------------------- */
 
 /* Thread-local; on by default. Returns the previous setting. */
-bool ct_grad_set_enabled(bool enabled);
-bool ct_grad_is_enabled(void);
+CT_API bool ct_grad_set_enabled(bool enabled);
+CT_API bool ct_grad_is_enabled(void);
 
 /* CT_NO_GRAD { ... } runs the block with grad mode off and restores it after.
  * As with CT_FRAME, do not return or break out of the block. */
@@ -52,19 +53,20 @@ bool ct_grad_is_enabled(void);
 
 /* Marks a leaf (a tensor no op produced) as requiring grad; only float dtypes.
  * Fails on a tensor that has a grad_fn (it is not a leaf). */
-ct_status ct_tensor_set_requires_grad(ct_tensor *t, bool requires_grad);
-bool ct_tensor_is_leaf(const ct_tensor *t);
+CT_API ct_status ct_tensor_set_requires_grad(ct_tensor *t, bool requires_grad);
+/* True when no op produced t (it has no grad_fn). */
+CT_API bool ct_tensor_is_leaf(const ct_tensor *t);
 /* Releases t->grad (the next backward starts from zero), as PyTorch's
  * zero_grad(set_to_none=True). */
-void ct_tensor_zero_grad(ct_tensor *t);
+CT_API void ct_tensor_zero_grad(ct_tensor *t);
 /* Makes grad t's .grad (a reference is taken; the old .grad is released): backward
  * then adds into it in place, so a gradient can live in a buffer of the caller's
  * choosing (a view of a flat bucket, say). grad must have t's shape, dtype and device
  * and must not require grad itself; t must be a leaf that requires grad. */
-ct_status ct_tensor_set_grad(ct_tensor *t, ct_tensor *grad);
+CT_API ct_status ct_tensor_set_grad(ct_tensor *t, ct_tensor *grad);
 /* The same data without history: a new view that does not require grad.
  * New reference owned by the current frame. */
-ct_tensor *ct_detach(ct_tensor *t);
+CT_API ct_tensor *ct_detach(ct_tensor *t);
 
 /* ---- backward ------------------------------------------------------------------ */
 
@@ -73,10 +75,10 @@ typedef struct ct_backward_config {
 } ct_backward_config;
 
 /* Backward from a one-element tensor (upstream gradient 1). */
-ct_status ct_backward(ct_tensor *loss);
+CT_API ct_status ct_backward(ct_tensor *loss);
 /* Backward from any tensor with an explicit upstream gradient of its shape and
  * dtype (grad may be NULL only for a one-element root). cfg may be NULL. */
-ct_status ct_backward_with(ct_tensor *root, const ct_tensor *grad, const ct_backward_config *cfg);
+CT_API ct_status ct_backward_with(ct_tensor *root, const ct_tensor *grad, const ct_backward_config *cfg);
 
 /* ---- grad-ready hooks ------------------------------------------------------------ */
 
@@ -84,12 +86,14 @@ ct_status ct_backward_with(ct_tensor *root, const ct_tensor *grad, const ct_back
  * (leaf->grad holds the accumulated value). Hooks run in the order they were
  * added. A hook returning non-zero aborts the backward with that status. */
 typedef ct_status (*ct_grad_ready_fn)(ct_tensor *leaf, void *data);
-ct_status ct_tensor_on_grad_ready(ct_tensor *leaf, ct_grad_ready_fn fn, void *data);
-void ct_tensor_clear_grad_hooks(ct_tensor *leaf);
+/* Registers fn(leaf, data) to run when leaf's gradient for the current backward is final. */
+CT_API ct_status ct_tensor_on_grad_ready(ct_tensor *leaf, ct_grad_ready_fn fn, void *data);
+/* Removes every grad-ready hook registered on leaf. */
+CT_API void ct_tensor_clear_grad_hooks(ct_tensor *leaf);
 /* The id of the backward running on the calling thread (a hook's own), 0 outside
  * one; every backward gets a new one. A hook that counts the leaves of a group
  * (the sharding engine's units) starts its count afresh on a new id, whatever
  * forward ran before. */
-uint64_t ct_backward_pass(void);
+CT_API uint64_t ct_backward_pass(void);
 
 #endif

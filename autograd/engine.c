@@ -258,7 +258,7 @@ static ct_status run_node(pass_state *s, ct_node *n, bool retain_graph)
     }
     ct_tensor_release(n->grad);
     n->grad = NULL;
-    if (!retain_graph) ct_node_free_saved(n);
+    if (!retain_graph) cti_node_free_saved(n);
     ct_frame_pop();
     return st;
 }

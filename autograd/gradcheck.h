@@ -11,6 +11,7 @@
 
 #include <stdint.h>
 
+#include "core/api.h"
 #include "core/tensor.h"
 
 /* Builds the output from the inputs with differentiable ops; called many times. */
@@ -27,7 +28,7 @@ typedef struct ct_gradcheck_config {
  * element, both values and (where fn's output has one) the op. Inputs must be
  * f64 CPU tensors; the ones that require grad are perturbed in place and
  * restored. Their .grad is left as it was before the call. cfg may be NULL. */
-ct_status ct_gradcheck(ct_gradcheck_fn fn, int n, ct_tensor *const *inputs, void *ctx,
-                       const ct_gradcheck_config *cfg);
+CT_API ct_status ct_gradcheck(ct_gradcheck_fn fn, int n, ct_tensor *const *inputs, void *ctx,
+                              const ct_gradcheck_config *cfg);
 
 #endif

@@ -38,18 +38,18 @@ static void hooks_free(ct_grad_hook *h)
     }
 }
 
-void ct_node_release(ct_node *n)
+void cti_node_release(ct_node *n)
 {
     if (!n || __atomic_sub_fetch(&n->refcount, 1, __ATOMIC_ACQ_REL) != 0) return;
-    ct_node_free_saved(n);
+    cti_node_free_saved(n);
     for (int i = 0; i < n->ninputs; i++) {
-        ct_node_release(n->edges[i].node);
+        cti_node_release(n->edges[i].node);
         ct_tensor_release(n->edges[i].leaf);
     }
     free(n);
 }
 
-void ct_node_free_saved(ct_node *n)
+void cti_node_free_saved(ct_node *n)
 {
     for (int i = 0; i < n->nsaved; i++) {
         ct_tensor_release(n->saved[i]);
@@ -61,7 +61,7 @@ void ct_node_free_saved(ct_node *n)
 /* Called by core when a tensor's last reference goes. */
 static void release_autograd(ct_tensor *t)
 {
-    ct_node_release(t->grad_fn);
+    cti_node_release(t->grad_fn);
     t->grad_fn = NULL;
     hooks_free(t->grad_hooks);
     t->grad_hooks = NULL;
@@ -69,7 +69,7 @@ static void release_autograd(ct_tensor *t)
 
 static void install_release_hook(void)
 {
-    if (!ct_autograd_release_hook) ct_autograd_release_hook = release_autograd;
+    if (!cti_autograd_release_hook) cti_autograd_release_hook = release_autograd;
 }
 
 /* ---- nodes ------------------------------------------------------------------------ */
@@ -113,7 +113,7 @@ ct_node *ct_node_new(const char *op, ct_backward_fn backward, int ninputs, ct_te
     return n;
 }
 
-void ct_node_discard(ct_node *n) { ct_node_release(n); }
+void ct_node_discard(ct_node *n) { cti_node_release(n); }
 
 ct_status ct_node_save(ct_node *n, ct_tensor *t, bool is_output)
 {
@@ -124,7 +124,7 @@ ct_status ct_node_save(ct_node *n, ct_tensor *t, bool is_output)
     if (is_output || t->grad_fn) {
         /* a header of its own without history: saving a tensor that points back
          * at this node (or any node) through grad_fn would keep the graph alive */
-        keep = ct_tensor_alias(t, t->ndim, t->shape, t->strides, t->offset);
+        keep = cti_tensor_alias(t, t->ndim, t->shape, t->strides, t->offset);
         if (!keep) return ct_last_status();
     }
     n->saved[n->nsaved++] = ct_tensor_retain(keep);
@@ -156,10 +156,10 @@ ct_status ct_node_attach(ct_node *n, ct_tensor *out)
 {
     if (!n) return ct_last_status() ? ct_last_status() : CT_ERR_INTERNAL;
     if (!out) {
-        ct_node_release(n);
+        cti_node_release(n);
         return ct_last_status() ? ct_last_status() : CT_ERR_INTERNAL;
     }
-    ct_node_release(out->grad_fn);
+    cti_node_release(out->grad_fn);
     out->grad_fn = n;
     out->requires_grad = true;
     return CT_OK;
@@ -214,7 +214,7 @@ ct_status ct_tensor_set_grad(ct_tensor *t, ct_tensor *grad)
 ct_tensor *ct_detach(ct_tensor *t)
 {
     if (!t) return NULL;
-    return ct_tensor_alias(t, t->ndim, t->shape, t->strides, t->offset);
+    return cti_tensor_alias(t, t->ndim, t->shape, t->strides, t->offset);
 }
 
 ct_status ct_tensor_on_grad_ready(ct_tensor *leaf, ct_grad_ready_fn fn, void *data)

@@ -28,6 +28,7 @@
 
 #include <stdint.h>
 
+#include "core/api.h"
 #include "autograd/autograd.h"
 
 #define CT_NODE_MAX_INPUTS 8
@@ -41,27 +42,30 @@ typedef struct ct_node ct_node;
 typedef ct_status (*ct_backward_fn)(ct_node *n, ct_tensor *gy, ct_tensor **gx);
 
 /* True when grad mode is on and one of the inputs requires grad. */
-bool ct_autograd_needed(int n, const ct_tensor *const *inputs);
+CT_API bool ct_autograd_needed(int n, const ct_tensor *const *inputs);
 
 /* A new node for op with edges to the inputs (NULL entries allowed: no edge).
  * The node is owned by the output it is attached to. */
-ct_node *ct_node_new(const char *op, ct_backward_fn backward, int ninputs, ct_tensor *const *inputs);
+CT_API ct_node *ct_node_new(const char *op, ct_backward_fn backward, int ninputs, ct_tensor *const *inputs);
 /* Saves t for backward (retained by the node). is_output: t is the node's own
  * output; it is saved as a detached alias so the graph holds no cycle. Returns
  * the save index order: saved tensors are read back with ct_node_saved(n, i). */
-ct_status ct_node_save(ct_node *n, ct_tensor *t, bool is_output);
-ct_tensor *ct_node_saved(const ct_node *n, int i);
+CT_API ct_status ct_node_save(ct_node *n, ct_tensor *t, bool is_output);
+CT_API ct_tensor *ct_node_saved(const ct_node *n, int i);
 /* Op-specific parameters (dims, eps, flags), up to CT_NODE_CTX_BYTES. */
-void *ct_node_ctx(ct_node *n);
-const char *ct_node_op(const ct_node *n);
-int ct_node_ninputs(const ct_node *n);
-bool ct_node_input_needs_grad(const ct_node *n, int i);
+CT_API void *ct_node_ctx(ct_node *n);
+/* The op name the node was created with ("matmul", ...); borrowed. */
+CT_API const char *ct_node_op(const ct_node *n);
+/* Number of inputs the node records edges for. */
+CT_API int ct_node_ninputs(const ct_node *n);
+/* True when input i of the node needs a gradient. */
+CT_API bool ct_node_input_needs_grad(const ct_node *n, int i);
 /* Shape and dtype of input i as it was when recorded (for sum-to-shape etc.). */
-const ct_tensor *ct_node_input_meta(const ct_node *n, int i);
+CT_API const ct_tensor *ct_node_input_meta(const ct_node *n, int i);
 /* Makes n the grad_fn of out and marks out as requiring grad. On failure the
  * node is released. */
-ct_status ct_node_attach(ct_node *n, ct_tensor *out);
+CT_API ct_status ct_node_attach(ct_node *n, ct_tensor *out);
 /* Frees a node that was never attached (an op failing half way). */
-void ct_node_discard(ct_node *n);
+CT_API void ct_node_discard(ct_node *n);
 
 #endif

@@ -35,7 +35,7 @@ struct ct_node {
     uint64_t visit;  /* backward pass that last counted this node */
 };
 
-void ct_node_release(ct_node *n);
-void ct_node_free_saved(ct_node *n);
+void cti_node_release(ct_node *n);
+void cti_node_free_saved(ct_node *n);
 
 #endif

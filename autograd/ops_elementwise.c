@@ -6,7 +6,7 @@
  * Nodes save only what their backward reads, and only for the inputs that need
  * a gradient (mul saves b for da and a for db).
  */
-#include "autograd/autocast_cast.h"
+#include "autograd/autocast_cast_internal.h"
 #include "autograd/node.h"
 #include "autograd/ops_math.h"
 #include "core/frame.h"
@@ -108,7 +108,7 @@ static ct_status binary_backward(ct_node *n, ct_tensor *gy, ct_tensor **gx)
 
 static ct_tensor *binary(ct_binary_op op, ct_tensor *a, ct_tensor *b)
 {
-    ct_autocast_pair(CT_AC_BINARY, &a, &b);
+    cti_autocast_pair(CT_AC_BINARY, &a, &b);
     ct_tensor *y = ct_kernel_binary(op, a, b);
     ct_tensor *in[2] = {a, b};
     if (!y || !ct_autograd_needed(2, (const ct_tensor *const *)in)) return y;

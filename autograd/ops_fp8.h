@@ -23,12 +23,13 @@
 
 #include <stdbool.h>
 
+#include "core/api.h"
 #include "core/tensor.h"
 #include "precision/fp8_state.h"
 
 /* x (..., in) f32/bf16/f16; w a 2-D f32/bf16/f16 parameter (16-bit under sharded
  * mixed precision); b (out) f32/bf16/f16 or NULL. New
  * reference in the current frame; NULL with the error set (naming the shapes). */
-ct_tensor *ct_fp8_linear(ct_fp8_state *st, ct_tensor *x, ct_tensor *w, ct_tensor *b, bool trans_w);
+CT_API ct_tensor *ct_fp8_linear(ct_fp8_state *st, ct_tensor *x, ct_tensor *w, ct_tensor *b, bool trans_w);
 
 #endif

@@ -18,12 +18,12 @@
  */
 #include <string.h>
 
-#include "autograd/autocast_cast.h"
+#include "autograd/autocast_cast_internal.h"
 #include "autograd/node.h"
 #include "autograd/ops_fp8.h"
 #include "autograd/ops_math.h"
 #include "core/frame.h"
-#include "kernels/dispatch.h"
+#include "kernels/dispatch_internal.h"
 #include "kernels/matmul.h"
 #include "kernels/reduce.h"
 
@@ -115,8 +115,8 @@ static ct_status matmul_backward(ct_node *n, ct_tensor *gy, ct_tensor **gx)
 
 ct_tensor *ct_matmul_t(ct_tensor *a, ct_tensor *b, bool trans_a, bool trans_b)
 {
-    a = ct_autocast_arg(CT_AC_MATMUL, a);
-    b = ct_autocast_arg(CT_AC_MATMUL, b);
+    a = cti_autocast_arg(CT_AC_MATMUL, a);
+    b = cti_autocast_arg(CT_AC_MATMUL, b);
     ct_tensor *y = ct_kernel_matmul(a, b, trans_a, trans_b);
     ct_tensor *in[2] = {a, b};
     if (!y || !ct_autograd_needed(2, (const ct_tensor *const *)in)) return y;
@@ -178,13 +178,13 @@ ct_tensor *ct_linear(ct_tensor *x, ct_tensor *w, ct_tensor *b)
     bool w_ok = w->dtype == CT_DTYPE_F32 || w->dtype == CT_DTYPE_BF16 || w->dtype == CT_DTYPE_F16;
     if (fp8 && x_ok && w_ok && w->requires_grad && !w->grad_fn)
         return ct_fp8_linear(fp8, x, w, b, false);
-    x = ct_autocast_arg(CT_AC_LINEAR, x);
-    w = ct_autocast_arg(CT_AC_LINEAR, w);
-    b = ct_autocast_arg(CT_AC_LINEAR, b);
+    x = cti_autocast_arg(CT_AC_LINEAR, x);
+    w = cti_autocast_arg(CT_AC_LINEAR, w);
+    b = cti_autocast_arg(CT_AC_LINEAR, b);
     if (!x || !w) return NULL;
     char dx[200], dw[200], db[200];
     const ct_tensor *ts[3] = {x, w, b};
-    if (ct_kernel_same_device("linear", ts, 3)) return NULL;
+    if (cti_kernel_same_device("linear", ts, 3)) return NULL;
     if (x->ndim < 1 || w->ndim != 2 || x->shape[x->ndim - 1] != w->shape[0] ||
         (b && (b->ndim != 1 || b->shape[0] != w->shape[1])) || x->dtype != w->dtype || (b && b->dtype != w->dtype)) {
         ct_error_set(CT_ERR_INVALID,

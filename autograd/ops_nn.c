@@ -2,13 +2,13 @@
  * forward kernel, save what its backward kernel needs and record a node.
  * Argument checks are the kernels' own; their messages already name the op
  * ("softmax", "layernorm", ...) and every operand's shape. */
-#include "autograd/autocast_cast.h"
+#include "autograd/autocast_cast_internal.h"
 #include "autograd/ops_nn.h"
 
 #include "autograd/node.h"
 #include "core/frame.h"
 #include "kernels/attention.h"
-#include "kernels/dispatch.h"
+#include "kernels/dispatch_internal.h"
 #include "kernels/dropout.h"
 #include "kernels/embedding.h"
 #include "kernels/loss.h"
@@ -62,13 +62,13 @@ static ct_tensor *softmax_common(const char *op, ct_tensor *y, ct_backward_fn ba
 
 ct_tensor *ct_softmax(ct_tensor *x, int dim)
 {
-    x = ct_autocast_arg(CT_AC_SOFTMAX, x);
+    x = cti_autocast_arg(CT_AC_SOFTMAX, x);
     return softmax_common("softmax", ct_kernel_softmax(x, dim), softmax_backward, x, dim);
 }
 
 ct_tensor *ct_log_softmax(ct_tensor *x, int dim)
 {
-    x = ct_autocast_arg(CT_AC_LOG_SOFTMAX, x);
+    x = cti_autocast_arg(CT_AC_LOG_SOFTMAX, x);
     return softmax_common("log_softmax", ct_kernel_log_softmax(x, dim), log_softmax_backward, x, dim);
 }
 
@@ -110,9 +110,9 @@ static ct_status layernorm_backward(ct_node *n, ct_tensor *gy, ct_tensor **gx)
 
 ct_tensor *ct_layernorm(ct_tensor *x, ct_tensor *w, ct_tensor *b, double eps)
 {
-    x = ct_autocast_arg(CT_AC_LAYERNORM, x);
-    w = ct_autocast_arg(CT_AC_LAYERNORM, w);
-    b = ct_autocast_arg(CT_AC_LAYERNORM, b);
+    x = cti_autocast_arg(CT_AC_LAYERNORM, x);
+    w = cti_autocast_arg(CT_AC_LAYERNORM, w);
+    b = cti_autocast_arg(CT_AC_LAYERNORM, b);
     ct_tensor *in[3] = {x, w, b};
     ct_tensor *y = NULL, *mean = NULL, *rstd = NULL;
     bool need = ct_autograd_needed(3, (const ct_tensor *const *)in);
@@ -147,8 +147,8 @@ static ct_status rmsnorm_backward(ct_node *n, ct_tensor *gy, ct_tensor **gx)
 
 ct_tensor *ct_rmsnorm(ct_tensor *x, ct_tensor *w, double eps)
 {
-    x = ct_autocast_arg(CT_AC_RMSNORM, x);
-    w = ct_autocast_arg(CT_AC_RMSNORM, w);
+    x = cti_autocast_arg(CT_AC_RMSNORM, x);
+    w = cti_autocast_arg(CT_AC_RMSNORM, w);
     ct_tensor *in[2] = {x, w};
     ct_tensor *y = NULL, *rstd = NULL;
     bool need = ct_autograd_needed(2, (const ct_tensor *const *)in);
@@ -249,7 +249,7 @@ static ct_status cross_entropy_backward(ct_node *n, ct_tensor *gy, ct_tensor **g
 
 ct_tensor *ct_cross_entropy(ct_tensor *logits, ct_tensor *targets, int64_t ignore_index)
 {
-    logits = ct_autocast_arg(CT_AC_CROSS_ENTROPY, logits);
+    logits = cti_autocast_arg(CT_AC_CROSS_ENTROPY, logits);
     ct_tensor *lse = NULL;
     bool need = ct_autograd_needed(1, (const ct_tensor *const *)&logits);
     ct_tensor *loss = ct_kernel_cross_entropy(logits, targets, ignore_index, need ? &lse : NULL);
@@ -288,9 +288,9 @@ static ct_status attention_backward(ct_node *n, ct_tensor *gy, ct_tensor **gx)
 
 ct_tensor *ct_attention(ct_tensor *q, ct_tensor *k, ct_tensor *v, bool causal, double scale)
 {
-    q = ct_autocast_arg(CT_AC_ATTENTION, q);
-    k = ct_autocast_arg(CT_AC_ATTENTION, k);
-    v = ct_autocast_arg(CT_AC_ATTENTION, v);
+    q = cti_autocast_arg(CT_AC_ATTENTION, q);
+    k = cti_autocast_arg(CT_AC_ATTENTION, k);
+    v = cti_autocast_arg(CT_AC_ATTENTION, v);
     ct_tensor *in[3] = {q, k, v};
     ct_tensor *lse = NULL;
     bool need = ct_autograd_needed(3, (const ct_tensor *const *)in);
@@ -345,7 +345,7 @@ static ct_status attention_qkv_backward(ct_node *n, ct_tensor *gy, ct_tensor **g
 
 ct_tensor *ct_attention_qkv(ct_tensor *qkv, int64_t n_head, bool causal, double scale)
 {
-    qkv = ct_autocast_arg(CT_AC_ATTENTION, qkv);
+    qkv = cti_autocast_arg(CT_AC_ATTENTION, qkv);
     if (!qkv) return NULL;
     char d[200];
     if (qkv->ndim != 3 || n_head < 1 || qkv->shape[2] < 3 || qkv->shape[2] % (3 * n_head) != 0) {
@@ -358,7 +358,7 @@ ct_tensor *ct_attention_qkv(ct_tensor *qkv, int64_t n_head, bool causal, double 
     ct_tensor *x = ct_tensor_contiguous(qkv);
     ct_tensor *out = ct_tensor_empty_on(qkv->device, qkv->dtype, CT_SHAPE(B, T, C));
     bool need = ct_autograd_needed(1, (const ct_tensor *const *)&qkv);
-    ct_tensor *lse = need ? ct_tensor_empty_on(qkv->device, ct_kernel_stat_dtype(qkv->dtype), CT_SHAPE(B, H, T)) : NULL;
+    ct_tensor *lse = need ? ct_tensor_empty_on(qkv->device, cti_kernel_stat_dtype(qkv->dtype), CT_SHAPE(B, H, T)) : NULL;
     if (!x || !out || (need && !lse)) return NULL;
     if (ct_kernel_attention_into(heads_view(x, 0, C, H), heads_view(x, C, C, H), heads_view(x, 2 * C, C, H), causal,
                                  scale, heads_view(out, 0, C, H), lse)) {

@@ -7,7 +7,7 @@
  */
 #include <string.h>
 
-#include "autograd/autocast_cast.h"
+#include "autograd/autocast_cast_internal.h"
 #include "autograd/node.h"
 #include "autograd/ops_math.h"
 #include "core/frame.h"
@@ -88,7 +88,7 @@ static ct_status mean_backward(ct_node *n, ct_tensor *gy, ct_tensor **gx)
 
 ct_tensor *ct_sum(ct_tensor *x, const int *dims, int ndims, bool keepdim)
 {
-    x = ct_autocast_arg(CT_AC_REDUCTION, x);
+    x = cti_autocast_arg(CT_AC_REDUCTION, x);
     ct_tensor *y = ct_kernel_sum(x, dims, ndims, keepdim);
     if (!needs_node(y, x)) return y;
     reduce_ctx c = {.mask = dims_mask(x->ndim, dims, ndims)};
@@ -97,7 +97,7 @@ ct_tensor *ct_sum(ct_tensor *x, const int *dims, int ndims, bool keepdim)
 
 ct_tensor *ct_mean(ct_tensor *x, const int *dims, int ndims, bool keepdim)
 {
-    x = ct_autocast_arg(CT_AC_REDUCTION, x);
+    x = cti_autocast_arg(CT_AC_REDUCTION, x);
     ct_tensor *y = ct_kernel_mean(x, dims, ndims, keepdim);
     if (!needs_node(y, x)) return y;
     reduce_ctx c = {.mask = dims_mask(x->ndim, dims, ndims)};
@@ -128,7 +128,7 @@ static ct_status var_backward(ct_node *n, ct_tensor *gy, ct_tensor **gx)
 
 ct_tensor *ct_var(ct_tensor *x, const int *dims, int ndims, int64_t correction, bool keepdim)
 {
-    x = ct_autocast_arg(CT_AC_REDUCTION, x);
+    x = cti_autocast_arg(CT_AC_REDUCTION, x);
     ct_tensor *y = ct_kernel_var(x, dims, ndims, correction, keepdim);
     if (!needs_node(y, x)) return y;
     reduce_ctx c = {.mask = dims_mask(x->ndim, dims, ndims), .correction = correction};

@@ -8,7 +8,7 @@
 #include "autograd/node.h"
 #include "autograd/ops_shape.h"
 #include "core/frame.h"
-#include "kernels/dispatch.h"
+#include "kernels/dispatch_internal.h"
 #include "kernels/reduce.h"
 
 /* Attaches a node with one input x and ctx (csize bytes) to y. */
@@ -208,7 +208,7 @@ static ct_status concat_check(int n, ct_tensor *const *ts, int *dim)
     if (t0->ndim < 1 || d < 0 || d >= t0->ndim)
         return ct_error_set(CT_ERR_INVALID, "concat: dim %d out of range for %s", *dim,
                             ct_tensor_describe(t0, d0, sizeof d0));
-    ct_status st = ct_kernel_same_device("concat", (const ct_tensor *const *)ts, n);
+    ct_status st = cti_kernel_same_device("concat", (const ct_tensor *const *)ts, n);
     if (st) return st;
     for (int i = 1; i < n; i++) {
         const ct_tensor *t = ts[i];

@@ -30,23 +30,32 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "core/api.h"
 #include "core/dtype.h"
 #include "core/error.h"
 
-float ct_f16_to_f32(uint16_t h);
-uint16_t ct_f32_to_f16(float f);
-float ct_bf16_to_f32(uint16_t h);
-uint16_t ct_f32_to_bf16(float f);
-float ct_e4m3_to_f32(uint8_t v);
-uint8_t ct_f32_to_e4m3(float f, bool saturate);
-float ct_e5m2_to_f32(uint8_t v);
-uint8_t ct_f32_to_e5m2(float f, bool saturate);
+/* An IEEE binary16 bit pattern as f32 (exact). */
+CT_API float ct_f16_to_f32(uint16_t h);
+/* f to binary16, round to nearest even; overflow gives inf. */
+CT_API uint16_t ct_f32_to_f16(float f);
+/* A bf16 bit pattern as f32 (exact). */
+CT_API float ct_bf16_to_f32(uint16_t h);
+/* f to bf16, round to nearest even; overflow gives inf. */
+CT_API uint16_t ct_f32_to_bf16(float f);
+/* An OCP E4M3 byte as f32 (exact). */
+CT_API float ct_e4m3_to_f32(uint8_t v);
+/* f to E4M3, round to nearest even; overflow gives NaN, or +-448 when saturate. */
+CT_API uint8_t ct_f32_to_e4m3(float f, bool saturate);
+/* An OCP E5M2 byte as f32 (exact). */
+CT_API float ct_e5m2_to_f32(uint8_t v);
+/* f to E5M2, round to nearest even; overflow gives inf, or +-57344 when saturate. */
+CT_API uint8_t ct_f32_to_e5m2(float f, bool saturate);
 
 /* From f64, rounding once to the target. */
-uint16_t ct_f64_to_f16(double d);
-uint16_t ct_f64_to_bf16(double d);
-uint8_t ct_f64_to_e4m3(double d, bool saturate);
-uint8_t ct_f64_to_e5m2(double d, bool saturate);
+CT_API uint16_t ct_f64_to_f16(double d);
+CT_API uint16_t ct_f64_to_bf16(double d);
+CT_API uint8_t ct_f64_to_e4m3(double d, bool saturate);
+CT_API uint8_t ct_f64_to_e5m2(double d, bool saturate);
 
 /* Converts n contiguous elements of src_dt at src into dst_dt at dst (caller-owned
  * buffers, which must not overlap).
@@ -58,14 +67,14 @@ uint8_t ct_f64_to_e5m2(double d, bool saturate);
  *   same dtype       memcpy.
  * Returns CT_OK, or CT_ERR_INVALID (bad dtype, n < 0, NULL buffer with n > 0,
  * overlapping buffers) with a message naming both dtypes; nothing is written then. */
-ct_status ct_convert_n(ct_dtype dst_dt, void *dst, ct_dtype src_dt, const void *src, int64_t n,
-                       bool saturate);
+CT_API ct_status ct_convert_n(ct_dtype dst_dt, void *dst, ct_dtype src_dt, const void *src, int64_t n,
+                              bool saturate);
 
 /* One element of dtype dt at p, exactly as a double (i64 beyond 2^53 rounds to
  * nearest even). Invalid dtype: records an error and returns NaN. */
-double ct_scalar_load(ct_dtype dt, const void *p);
+CT_API double ct_scalar_load(ct_dtype dt, const void *p);
 /* Writes v as one element of dtype dt at p, with the ct_convert_n rules (fp8
  * non-saturating). Invalid dtype: records an error and writes nothing. */
-void ct_scalar_store(ct_dtype dt, void *p, double v);
+CT_API void ct_scalar_store(ct_dtype dt, void *p, double v);
 
 #endif

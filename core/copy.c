@@ -7,7 +7,7 @@
 
 #include "core/convert.h"
 #include "core/frame.h"
-#include "core/iter.h"
+#include "core/iter_internal.h"
 #include "core/tensor_internal.h"
 #include "core/threads.h"
 
@@ -40,7 +40,7 @@ static ct_status copy_impl(ct_tensor *dst, const ct_tensor *src, bool saturate)
                             ct_tensor_describe(src, b, sizeof b), ct_tensor_describe(dst, a, sizeof a));
     const int64_t *strides[2] = {dst->strides, sst};
     ct_iter it;
-    ct_iter_init(&it, dst->ndim, dst->shape, 2, strides);
+    cti_iter_init(&it, dst->ndim, dst->shape, 2, strides);
     size_t des = ct_dtype_size(dst->dtype), ses = ct_dtype_size(src->dtype);
     char *dp = ct_tensor_data(dst);
     const char *sp = ct_tensor_data(src);
@@ -62,7 +62,7 @@ static ct_status copy_impl(ct_tensor *dst, const ct_tensor *src, bool saturate)
     #pragma omp parallel for num_threads(ct_get_num_threads()) if (nrows * it.inner > (1 << 16)) schedule(static)
     for (int64_t r = 0; r < nrows; r++) {
         int64_t off[2];
-        ct_iter_row(&it, r, off);
+        cti_iter_row(&it, r, off);
         char *d = dp + off[0] * (int64_t)des;
         const char *s = sp + off[1] * (int64_t)ses;
         if (it.inner_stride[0] == 1 && it.inner_stride[1] == 1) {
@@ -114,11 +114,11 @@ ct_status ct_tensor_fill_(ct_tensor *t, double value)
     size_t es = ct_dtype_size(t->dtype);
     const int64_t *strides[1] = {t->strides};
     ct_iter it;
-    ct_iter_init(&it, t->ndim, t->shape, 1, strides);
+    cti_iter_init(&it, t->ndim, t->shape, 1, strides);
     char *base = ct_tensor_data(t);
     for (int64_t r = 0; r < it.nrows; r++) {
         int64_t off;
-        ct_iter_row(&it, r, &off);
+        cti_iter_row(&it, r, &off);
         char *p = base + off * (int64_t)es;
         for (int64_t i = 0; i < it.inner; i++) memcpy(p + i * it.inner_stride[0] * (int64_t)es, one, es);
     }

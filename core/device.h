@@ -4,6 +4,8 @@
 
 #include <stdbool.h>
 
+#include "core/api.h"
+
 typedef enum ct_device_type { CT_DEVICE_CPU = 0, CT_DEVICE_CUDA, CT_DEVICE_TYPE_COUNT } ct_device_type;
 
 typedef struct ct_device {
@@ -14,8 +16,9 @@ typedef struct ct_device {
 #define CT_CPU ((ct_device){CT_DEVICE_CPU, 0})
 #define CT_CUDA(i) ((ct_device){CT_DEVICE_CUDA, (i)})
 
-bool ct_device_equal(ct_device a, ct_device b);
+/* True when a and b are the same device (type and index). */
+CT_API bool ct_device_equal(ct_device a, ct_device b);
 /* "cpu" or "cuda:N", written into buf (cap >= 16); returns buf. */
-const char *ct_device_str(ct_device d, char *buf, int cap);
+CT_API const char *ct_device_str(ct_device d, char *buf, int cap);
 
 #endif

@@ -14,6 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/api.h"
+
 typedef enum ct_dtype {
     CT_DTYPE_F32 = 0,
     CT_DTYPE_F64,
@@ -29,14 +31,16 @@ typedef enum ct_dtype {
 } ct_dtype;
 
 /* Bytes per element; 0 for an invalid dtype. */
-size_t ct_dtype_size(ct_dtype dt);
+CT_API size_t ct_dtype_size(ct_dtype dt);
 /* Lower-case name ("f32", "bf16", "f8_e4m3", ...); "invalid" for a bad value. */
-const char *ct_dtype_name(ct_dtype dt);
+CT_API const char *ct_dtype_name(ct_dtype dt);
 /* The safetensors spelling ("F32", "BF16", "F8_E4M3", "BOOL", ...). */
-const char *ct_dtype_safetensors_name(ct_dtype dt);
+CT_API const char *ct_dtype_safetensors_name(ct_dtype dt);
 /* Parses either spelling; returns false when the name is unknown. */
-bool ct_dtype_parse(const char *name, ct_dtype *out);
-bool ct_dtype_is_valid(ct_dtype dt);
-bool ct_dtype_is_float(ct_dtype dt);
+CT_API bool ct_dtype_parse(const char *name, ct_dtype *out);
+/* True for one of the ten dtypes. */
+CT_API bool ct_dtype_is_valid(ct_dtype dt);
+/* True for f32, f64, f16, bf16 and the two fp8 formats. */
+CT_API bool ct_dtype_is_float(ct_dtype dt);
 
 #endif

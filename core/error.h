@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "core/api.h"
+
 typedef enum ct_status {
     CT_OK = 0,
     CT_ERR_INVALID,     /* bad argument: shape, dtype, device, value */
@@ -26,18 +28,19 @@ typedef enum ct_status {
 } ct_status;
 
 /* The message of the last failure on this thread; "" when none. Borrowed. */
-const char *ct_last_error(void);
+CT_API const char *ct_last_error(void);
 /* The status of the last failure on this thread (CT_OK when none). */
-ct_status ct_last_status(void);
-void ct_error_clear(void);
+CT_API ct_status ct_last_status(void);
+/* Forgets this thread's last failure (message and status). */
+CT_API void ct_error_clear(void);
 /* Human name of a status ("invalid argument", ...). */
-const char *ct_status_str(ct_status st);
+CT_API const char *ct_status_str(ct_status st);
 
 /* Records a failure and returns st, so `return ct_error_set(CT_ERR_INVALID, ...)`
  * reads naturally. printf-style. */
-ct_status ct_error_set(ct_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+CT_API ct_status ct_error_set(ct_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Prepends context to the current message ("save_model: " + old message). */
-ct_status ct_error_prefix(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+CT_API ct_status ct_error_prefix(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Internal invariant, always on. Never used for a caller's mistake. */
 #define CT_ASSERT(cond)                                                                   \

@@ -15,22 +15,24 @@
 #ifndef CT_CORE_FRAME_H
 #define CT_CORE_FRAME_H
 
+#include "core/api.h"
 #include "core/tensor.h"
 
 /* Opens a frame; returns its depth (root = 0). */
-int ct_frame_push(void);
+CT_API int ct_frame_push(void);
 /* Releases everything registered since the matching push. Popping the root does nothing. */
-void ct_frame_pop(void);
-int ct_frame_depth(void);
+CT_API void ct_frame_pop(void);
+/* Depth of this thread's innermost frame (root = 0). */
+CT_API int ct_frame_depth(void);
 /* Registers a new reference in the current frame; returns t. Used by constructors. */
-ct_tensor *ct_frame_adopt(ct_tensor *t);
+CT_API ct_tensor *ct_frame_adopt(ct_tensor *t);
 /* Hands one reference to t to the enclosing frame, so it survives the current
  * pop. Returns t. At the root frame it is a no-op. */
-ct_tensor *ct_keep(ct_tensor *t);
+CT_API ct_tensor *ct_keep(ct_tensor *t);
 /* Number of references held by the current frame (tests use it). */
-int64_t ct_frame_size(void);
+CT_API int64_t ct_frame_size(void);
 /* Releases everything in this thread's root frame. */
-void ct_frame_reset_root(void);
+CT_API void ct_frame_reset_root(void);
 
 #define CT_FRAME_CONCAT_(a, b) a##b
 #define CT_FRAME_CONCAT(a, b) CT_FRAME_CONCAT_(a, b)

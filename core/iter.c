@@ -1,9 +1,9 @@
-#include "core/iter.h"
+#include "core/iter_internal.h"
 
 #include <string.h>
 
-void ct_iter_init(ct_iter *it, int ndim, const int64_t *shape, int nops,
-                  const int64_t *const *strides)
+void cti_iter_init(ct_iter *it, int ndim, const int64_t *shape, int nops,
+                   const int64_t *const *strides)
 {
     CT_ASSERT(nops >= 1 && nops <= CT_ITER_MAX_OPS && ndim >= 0 && ndim <= CT_MAX_DIMS);
     memset(it, 0, sizeof *it);
@@ -57,7 +57,7 @@ void ct_iter_init(ct_iter *it, int ndim, const int64_t *shape, int nops,
     }
 }
 
-void ct_iter_row(const ct_iter *it, int64_t row, int64_t *offs)
+void cti_iter_row(const ct_iter *it, int64_t row, int64_t *offs)
 {
     for (int k = 0; k < it->nops; k++) offs[k] = 0;
     for (int d = it->ndim - 1; d >= 0; d--) {

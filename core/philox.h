@@ -33,9 +33,11 @@
 
 #include <stdint.h>
 
+#include "core/api.h"
+
 /* One Philox4x32-10 block: out = philox(ctr[4], key[2]), 10 rounds, Salmon et al. 2011
  * constants (M0=0xD2511F53, M1=0xCD9E8D57, W0=0x9E3779B9, W1=0xBB67AE85). out may alias ctr. */
-void ct_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
+CT_API void ct_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
 
 /* A stream: seed (64-bit -> key) and a 64-bit offset counting 32-bit outputs consumed.
  * A plain value: copy it to fork a stream, store both fields to checkpoint it. */
@@ -45,14 +47,14 @@ typedef struct ct_rng {
 } ct_rng;
 
 /* seed = seed, offset = 0. */
-void ct_rng_init(ct_rng *r, uint64_t seed);
+CT_API void ct_rng_init(ct_rng *r, uint64_t seed);
 
 /* out[i] = lo + (hi - lo) * u, u = (word >> 8) * 2^-24 in [0, 1) (24 random bits). For
  * lo < hi (hi - lo finite) every value lies in [lo, hi): a value that rounds up to hi is
  * replaced by the largest float below hi. */
-void ct_rng_uniform_f32(ct_rng *r, float *out, int64_t n, float lo, float hi);
+CT_API void ct_rng_uniform_f32(ct_rng *r, float *out, int64_t n, float lo, float hi);
 /* As f32 with u = (((uint64)word[2i+1] << 32 | word[2i]) >> 11) * 2^-53 (53 random bits). */
-void ct_rng_uniform_f64(ct_rng *r, double *out, int64_t n, double lo, double hi);
+CT_API void ct_rng_uniform_f64(ct_rng *r, double *out, int64_t n, double lo, double hi);
 
 /* Normal(mean, std), Box-Muller on a pair of uniforms (u1, u2):
  *   u1 in (0, 1] (never log 0), u2 in [0, 1),
@@ -61,26 +63,26 @@ void ct_rng_uniform_f64(ct_rng *r, double *out, int64_t n, double lo, double hi)
  * f32: u1 = ((w0 >> 8) + 1) 2^-24, u2 = (w1 >> 8) 2^-24, math in float (|z| <= 5.77).
  * f64: 53-bit uniforms from word pairs as in uniform_f64, u1 shifted by +2^-53 the same
  * way, math in double (|z| <= 8.57). An odd n drops the last sine. */
-void ct_rng_normal_f32(ct_rng *r, float *out, int64_t n, float mean, float std);
-void ct_rng_normal_f64(ct_rng *r, double *out, int64_t n, double mean, double std);
+CT_API void ct_rng_normal_f32(ct_rng *r, float *out, int64_t n, float mean, float std);
+CT_API void ct_rng_normal_f64(ct_rng *r, double *out, int64_t n, double mean, double std);
 
 /* Raw 32-bit words (dropout masks, shuffles). */
-void ct_rng_u32(ct_rng *r, uint32_t *out, int64_t n);
+CT_API void ct_rng_u32(ct_rng *r, uint32_t *out, int64_t n);
 
 /* Uniform integer in [0, n) without modulo bias, for shuffles. Each attempt reads one
  * block as two 64-bit candidates x = word[2k+1] << 32 | word[2k]; x is accepted when
  * x >= 2^64 mod n (then x mod n is exactly uniform), else the next candidate/block is
  * tried (rejection probability < n / 2^64). Consumes 4 words per block read.
  * n = 0 (and a NULL r) returns 0 and records an error; n = 1 returns 0. */
-uint64_t ct_rng_below(ct_rng *r, uint64_t n);
+CT_API uint64_t ct_rng_below(ct_rng *r, uint64_t n);
 
 /* Process-wide default generator, seed 0x5eed until ct_set_seed. ct_set_seed(s) sets it
  * to (seed s, offset 0). Thread-safe: the ct_rng_* functions given the default generator
  * reserve their words under a mutex, so concurrent callers get disjoint words (which
  * caller gets which depends on scheduling). Reading or writing its fields directly is
  * not synchronised. */
-void ct_set_seed(uint64_t seed);
+CT_API void ct_set_seed(uint64_t seed);
 /* Borrowed; valid for the life of the process. */
-ct_rng *ct_rng_default(void);
+CT_API ct_rng *ct_rng_default(void);
 
 #endif

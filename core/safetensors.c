@@ -519,7 +519,7 @@ ct_tensor *ct_safetensors_get(ct_safetensors *f, const char *name)
         ct_storage *s = ct_storage_wrap(CT_CPU, (void *)p, nbytes, view_release, f->map);
         if (!s) mapping_drop(f->map);
         /* consumes s; on failure releasing s drops the mapping reference */
-        else t = ct_tensor_wrap_storage(s, e->dtype, e->ndim, e->shape);
+        else t = cti_tensor_wrap_storage(s, e->dtype, e->ndim, e->shape);
     } else {
         t = ct_tensor_from_data(e->dtype, e->ndim, e->shape, p);
     }

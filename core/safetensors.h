@@ -34,6 +34,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/api.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/tensor.h"
@@ -49,45 +50,45 @@ typedef struct ct_safetensors ct_safetensors;
  * file) and validates it. Returns a handle the caller owns (ct_safetensors_close),
  * or NULL + error naming the file, the tensor and the problem. The file must not be
  * truncated by someone else while tensors of it live (that would fault on access). */
-ct_safetensors *ct_safetensors_open(const char *path);
+CT_API ct_safetensors *ct_safetensors_open(const char *path);
 
 /* The same validation on a caller's buffer (tests, fuzzing, an embedded blob).
  * Nothing is copied: buf must outlive the handle and every tensor got from it.
  * label names the buffer in messages (NULL = "<memory>"). Tensors got from it alias
  * buf; write to them only when buf is writable. */
-ct_safetensors *ct_safetensors_open_memory(const void *buf, size_t len, const char *label);
+CT_API ct_safetensors *ct_safetensors_open_memory(const void *buf, size_t len, const char *label);
 
 /* Number of tensors (__metadata__ is not a tensor). */
-int ct_safetensors_count(const ct_safetensors *f);
+CT_API int ct_safetensors_count(const ct_safetensors *f);
 
 /* Name of tensor i, 0 <= i < count, in file order (by data offset). Borrowed, lives
  * as long as the handle. NULL + error when i is out of range. */
-const char *ct_safetensors_name(const ct_safetensors *f, int i);
+CT_API const char *ct_safetensors_name(const ct_safetensors *f, int i);
 
 /* Looks up a tensor: its dtype, ndim and shape (room for CT_MAX_DIMS) into the
  * non-NULL out-pointers. false + error naming the file and the tensor if absent. */
-bool ct_safetensors_info(const ct_safetensors *f, const char *name, ct_dtype *dt, int *ndim,
-                         int64_t *shape);
+CT_API bool ct_safetensors_info(const ct_safetensors *f, const char *name, ct_dtype *dt, int *ndim,
+                                int64_t *shape);
 
 /* The tensor's data: new reference, owned by the current frame. A zero-copy view of
  * the mapping when its bytes are aligned for the dtype, else a contiguous copy.
  * A view keeps the mapping alive, even after ct_safetensors_close. BOOL data with a
  * byte other than 0/1 comes back as a copy holding 0/1. NULL + error if absent. */
-ct_tensor *ct_safetensors_get(ct_safetensors *f, const char *name);
+CT_API ct_tensor *ct_safetensors_get(ct_safetensors *f, const char *name);
 
 /* Value of a __metadata__ key. Borrowed, lives as long as the handle; NULL (no
  * error) if absent. */
-const char *ct_safetensors_metadata(const ct_safetensors *f, const char *key);
+CT_API const char *ct_safetensors_metadata(const ct_safetensors *f, const char *key);
 /* Metadata pairs in header order: count, and key i (borrowed). */
-int ct_safetensors_metadata_count(const ct_safetensors *f);
-const char *ct_safetensors_metadata_key(const ct_safetensors *f, int i);
+CT_API int ct_safetensors_metadata_count(const ct_safetensors *f);
+CT_API const char *ct_safetensors_metadata_key(const ct_safetensors *f, int i);
 
 /* The file's label (its path, or the buffer's label). Borrowed. */
-const char *ct_safetensors_label(const ct_safetensors *f);
+CT_API const char *ct_safetensors_label(const ct_safetensors *f);
 
 /* Releases the handle. Tensors got from it stay valid; the mapping goes away with
  * the last of them. NULL is fine. */
-void ct_safetensors_close(ct_safetensors *f);
+CT_API void ct_safetensors_close(ct_safetensors *f);
 
 /* Writes n CPU tensors (any layout; written contiguous, in the given order, BOOL as
  * 0/1 bytes) and nmeta metadata pairs (nmeta = 0 and NULL arrays for none). The
@@ -97,8 +98,8 @@ void ct_safetensors_close(ct_safetensors *f);
  * renamed over path (then the directory is fsynced), so a crash never leaves a
  * half-written file under path. Returns CT_OK, or a status + error naming the file
  * and the tensor. */
-ct_status ct_safetensors_save(const char *path, int n, const char *const *names,
-                              ct_tensor *const *tensors, int nmeta, const char *const *meta_keys,
-                              const char *const *meta_values);
+CT_API ct_status ct_safetensors_save(const char *path, int n, const char *const *names,
+                                     ct_tensor *const *tensors, int nmeta, const char *const *meta_keys,
+                                     const char *const *meta_values);
 
 #endif

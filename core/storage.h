@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/api.h"
 #include "core/device.h"
 #include "core/error.h"
 
@@ -47,12 +48,14 @@ typedef struct ct_storage {
 #define CT_CPU_ALIGN 64
 
 /* New storage of nbytes, uninitialised, refcount 1 (the caller's). NULL + error on failure. */
-ct_storage *ct_storage_new(ct_device dev, size_t nbytes);
+CT_API ct_storage *ct_storage_new(ct_device dev, size_t nbytes);
 /* Wraps a caller's memory; release (may be NULL) is called when the last reference goes. */
-ct_storage *ct_storage_wrap(ct_device dev, void *data, size_t nbytes, ct_storage_release_fn release,
+CT_API ct_storage *ct_storage_wrap(ct_device dev, void *data, size_t nbytes, ct_storage_release_fn release,
                             void *ctx);
-void ct_storage_retain(ct_storage *s);
-void ct_storage_release(ct_storage *s);
+/* Adds one reference to s. */
+CT_API void ct_storage_retain(ct_storage *s);
+/* Drops one reference to s (NULL is fine); the last one frees the memory. */
+CT_API void ct_storage_release(ct_storage *s);
 
 /* Gives an owned storage nbytes of fresh, uninitialised memory in place of what it
  * had, or with 0 no memory at all (data NULL): the object, and every tensor viewing
@@ -60,30 +63,32 @@ void ct_storage_release(ct_storage *s);
  * and gathers them again into the same tensors (FSDP's storage resize). A tensor of a
  * storage without memory has no data (ct_tensor_data is NULL); do not compute with it.
  * Errors: NULL, a wrapped storage, no memory (the old memory is then kept). */
-ct_status ct_storage_resize(ct_storage *s, size_t nbytes);
+CT_API ct_status ct_storage_resize(ct_storage *s, size_t nbytes);
 
 /* Installs r (copied) on s, or removes it with NULL. The owner of r's ctx removes it
  * before ctx goes. */
-void ct_storage_set_residency(ct_storage *s, const ct_storage_residency *r);
+CT_API void ct_storage_set_residency(ct_storage *s, const ct_storage_residency *r);
 /* Gives s its memory back through its residency when it has none and has one.
  * CT_OK also when there is nothing to do (the caller checks s->data); else the
  * residency's error, or CT_ERR_INVALID (no message) when called from within it. */
-ct_status ct_storage_materialize(ct_storage *s);
+CT_API ct_status ct_storage_materialize(ct_storage *s);
 
 /* Bytes of CPU storage currently allocated by ctrain and in use (not wrapped
  * buffers, not the cache): for leak tests. */
-int64_t ct_storage_live_bytes(void);
+CT_API int64_t ct_storage_live_bytes(void);
 /* The largest ct_storage_live_bytes since the last ct_storage_peak_reset (which sets
  * it to the current live bytes): a step's peak, for memory accounting. The reserved
  * peak counts the cache too (live + cached bytes, what ctrain holds from the system,
  * as PyTorch's max_memory_reserved beside max_memory_allocated). */
-int64_t ct_storage_peak_bytes(void);
-int64_t ct_storage_peak_reserved_bytes(void);
-void ct_storage_peak_reset(void);
+CT_API int64_t ct_storage_peak_bytes(void);
+CT_API int64_t ct_storage_peak_reserved_bytes(void);
+/* Sets the peak counters to the current live and reserved bytes. */
+CT_API void ct_storage_peak_reset(void);
 /* Freed blocks of 128 KiB and more are cached for reuse (at most a quarter of physical
  * memory and at least 1 GiB, or CTRAIN_CPU_CACHE_BYTES; 0 turns the cache off). Bytes
  * held now / release all. */
-int64_t ct_storage_cache_bytes(void);
-void ct_storage_cache_clear(void);
+CT_API int64_t ct_storage_cache_bytes(void);
+/* Returns every cached free block to the system. */
+CT_API void ct_storage_cache_clear(void);
 
 #endif

@@ -12,7 +12,7 @@
 #include "core/philox.h"
 #include "core/tensor_internal.h"
 
-void (*ct_autograd_release_hook)(ct_tensor *t);
+void (*cti_autograd_release_hook)(ct_tensor *t);
 
 int64_t ct_tensor_numel(const ct_tensor *t)
 {
@@ -128,12 +128,12 @@ void ct_tensor_release(ct_tensor *t)
     if (__atomic_sub_fetch(&t->refcount, 1, __ATOMIC_ACQ_REL) != 0) return;
     ct_storage_release(t->storage);
     ct_tensor_release(t->grad);
-    if ((t->grad_fn || t->grad_hooks) && ct_autograd_release_hook) ct_autograd_release_hook(t);
+    if ((t->grad_fn || t->grad_hooks) && cti_autograd_release_hook) cti_autograd_release_hook(t);
     free(t->name);
     free(t);
 }
 
-ct_status ct_check_shape(const char *op, int ndim, const int64_t *shape)
+ct_status cti_check_shape(const char *op, int ndim, const int64_t *shape)
 {
     if (ndim < 0 || ndim > CT_MAX_DIMS)
         return ct_error_set(CT_ERR_INVALID, "%s: %d dims requested, ctrain supports 0..%d", op, ndim,
@@ -151,7 +151,7 @@ ct_status ct_check_shape(const char *op, int ndim, const int64_t *shape)
 
 /* A fresh header over s (takes over the caller's reference to s), contiguous
  * strides, registered in the current frame. */
-ct_tensor *ct_tensor_wrap_storage(ct_storage *s, ct_dtype dt, int ndim, const int64_t *shape)
+ct_tensor *cti_tensor_wrap_storage(ct_storage *s, ct_dtype dt, int ndim, const int64_t *shape)
 {
     ct_tensor *t = calloc(1, sizeof *t);
     if (!t) {
@@ -180,7 +180,7 @@ ct_tensor *ct_tensor_empty_on(ct_device dev, ct_dtype dt, int ndim, const int64_
         ct_error_set(CT_ERR_INVALID, "tensor_empty: invalid dtype %d", (int)dt);
         return NULL;
     }
-    if (ct_check_shape("tensor_empty", ndim, shape)) return NULL;
+    if (cti_check_shape("tensor_empty", ndim, shape)) return NULL;
     int64_t n = 1;
     for (int d = 0; d < ndim; d++) {
         if (shape[d] && n > INT64_MAX / 16 / shape[d]) {
@@ -197,7 +197,7 @@ ct_tensor *ct_tensor_empty_on(ct_device dev, ct_dtype dt, int ndim, const int64_
         ct_error_prefix("tensor_empty(%s%s): ", ct_dtype_name(dt), ct_shape_str(ndim, shape, sh, sizeof sh));
         return NULL;
     }
-    return ct_tensor_wrap_storage(s, dt, ndim, shape);
+    return cti_tensor_wrap_storage(s, dt, ndim, shape);
 }
 
 ct_tensor *ct_tensor_empty(ct_dtype dt, int ndim, const int64_t *shape)
@@ -314,7 +314,7 @@ ct_tensor *ct_tensor_from_buffer(ct_dtype dt, int ndim, const int64_t *shape, vo
         ct_error_set(CT_ERR_INVALID, "tensor_from_buffer: invalid dtype %d", (int)dt);
         return NULL;
     }
-    if (ct_check_shape("tensor_from_buffer", ndim, shape)) return NULL;
+    if (cti_check_shape("tensor_from_buffer", ndim, shape)) return NULL;
     int64_t n = 1;
     for (int d = 0; d < ndim; d++) n *= shape[d];
     if (!data && n) {
@@ -323,7 +323,7 @@ ct_tensor *ct_tensor_from_buffer(ct_dtype dt, int ndim, const int64_t *shape, vo
     }
     ct_storage *s = ct_storage_wrap(CT_CPU, data, (size_t)n * ct_dtype_size(dt), release, ctx);
     if (!s) return NULL;
-    return ct_tensor_wrap_storage(s, dt, ndim, shape);
+    return cti_tensor_wrap_storage(s, dt, ndim, shape);
 }
 
 ct_tensor *ct_tensor_from_storage(ct_storage *s, ct_dtype dt, int ndim, const int64_t *shape,
@@ -333,7 +333,7 @@ ct_tensor *ct_tensor_from_storage(ct_storage *s, ct_dtype dt, int ndim, const in
         ct_error_set(CT_ERR_INVALID, "tensor_from_storage: storage is NULL");
         return NULL;
     }
-    if (!ct_dtype_is_valid(dt) || ct_check_shape("tensor_from_storage", ndim, shape)) {
+    if (!ct_dtype_is_valid(dt) || cti_check_shape("tensor_from_storage", ndim, shape)) {
         if (!ct_dtype_is_valid(dt)) ct_error_set(CT_ERR_INVALID, "tensor_from_storage: invalid dtype %d", (int)dt);
         return NULL;
     }
@@ -357,7 +357,7 @@ ct_tensor *ct_tensor_from_storage(ct_storage *s, ct_dtype dt, int ndim, const in
         return NULL;
     }
     ct_storage_retain(s);
-    ct_tensor *t = ct_tensor_wrap_storage(s, dt, ndim, shape);
+    ct_tensor *t = cti_tensor_wrap_storage(s, dt, ndim, shape);
     if (!t) return NULL;
     if (strides)
         for (int d = 0; d < ndim; d++) t->strides[d] = strides[d];

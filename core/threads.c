@@ -1,4 +1,4 @@
-#include "core/threads.h"
+#include "core/threads_internal.h"
 
 #include <omp.h>
 #include <stdatomic.h>
@@ -24,7 +24,7 @@ void ct_set_num_threads(int n)
 {
     atomic_store(&num_threads, n > 0 ? n : default_threads());
     atomic_fetch_add(&generation, 1);
-    ct_threads_sync();
+    cti_threads_sync();
 }
 
 int ct_get_num_threads(void)
@@ -38,9 +38,9 @@ int ct_get_num_threads(void)
     return n;
 }
 
-int ct_threads_generation(void) { return atomic_load(&generation); }
+int cti_threads_generation(void) { return atomic_load(&generation); }
 
-void ct_threads_sync(void)
+void cti_threads_sync(void)
 {
     int g = atomic_load(&generation);
     if (synced_generation == g) return;

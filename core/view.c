@@ -6,7 +6,7 @@
 #include "core/frame.h"
 #include "core/tensor_internal.h"
 
-bool ct_dim_normalize(int *dim, int ndim)
+bool cti_dim_normalize(int *dim, int ndim)
 {
     int d = *dim < 0 ? *dim + ndim : *dim;
     if (d < 0 || d >= ndim) return false;
@@ -14,8 +14,8 @@ bool ct_dim_normalize(int *dim, int ndim)
     return true;
 }
 
-ct_tensor *ct_tensor_alias(const ct_tensor *t, int ndim, const int64_t *shape, const int64_t *strides,
-                           int64_t offset)
+ct_tensor *cti_tensor_alias(const ct_tensor *t, int ndim, const int64_t *shape, const int64_t *strides,
+                            int64_t offset)
 {
     ct_tensor *v = calloc(1, sizeof *v);
     if (!v) {
@@ -149,7 +149,7 @@ ct_tensor *ct_tensor_view(ct_tensor *t, int ndim, const int64_t *shape)
                      ct_shape_str(ndim, sh, (char[160]){0}, 160));
         return NULL;
     }
-    return ct_tensor_alias(t, ndim, sh, st, t->offset);
+    return cti_tensor_alias(t, ndim, sh, st, t->offset);
 }
 
 ct_tensor *ct_tensor_reshape(ct_tensor *t, int ndim, const int64_t *shape)
@@ -157,7 +157,7 @@ ct_tensor *ct_tensor_reshape(ct_tensor *t, int ndim, const int64_t *shape)
     if (!t) return NULL;
     int64_t sh[CT_MAX_DIMS], st[CT_MAX_DIMS];
     if (!resolve_shape("tensor_reshape", t, ndim, shape, sh)) return NULL;
-    if (view_strides(t, ndim, sh, st)) return ct_tensor_alias(t, ndim, sh, st, t->offset);
+    if (view_strides(t, ndim, sh, st)) return cti_tensor_alias(t, ndim, sh, st, t->offset);
     ct_tensor *c = ct_tensor_contiguous(t);
     return c ? ct_tensor_view(c, ndim, sh) : NULL;
 }
@@ -167,14 +167,14 @@ ct_tensor *ct_tensor_flatten(ct_tensor *t) { return ct_tensor_reshape(t, CT_SHAP
 ct_tensor *ct_tensor_transpose(ct_tensor *t, int d0, int d1)
 {
     if (!t) return NULL;
-    if (!ct_dim_normalize(&d0, t->ndim)) return bad_dim("tensor_transpose", t, d0);
-    if (!ct_dim_normalize(&d1, t->ndim)) return bad_dim("tensor_transpose", t, d1);
+    if (!cti_dim_normalize(&d0, t->ndim)) return bad_dim("tensor_transpose", t, d0);
+    if (!cti_dim_normalize(&d1, t->ndim)) return bad_dim("tensor_transpose", t, d1);
     int64_t sh[CT_MAX_DIMS], st[CT_MAX_DIMS];
     memcpy(sh, t->shape, sizeof sh);
     memcpy(st, t->strides, sizeof st);
     sh[d0] = t->shape[d1], sh[d1] = t->shape[d0];
     st[d0] = t->strides[d1], st[d1] = t->strides[d0];
-    return ct_tensor_alias(t, t->ndim, sh, st, t->offset);
+    return cti_tensor_alias(t, t->ndim, sh, st, t->offset);
 }
 
 ct_tensor *ct_tensor_permute(ct_tensor *t, const int *dims)
@@ -188,7 +188,7 @@ ct_tensor *ct_tensor_permute(ct_tensor *t, const int *dims)
     bool seen[CT_MAX_DIMS] = {0};
     for (int i = 0; i < t->ndim; i++) {
         int d = dims[i];
-        if (!ct_dim_normalize(&d, t->ndim) || seen[d]) {
+        if (!cti_dim_normalize(&d, t->ndim) || seen[d]) {
             char s[200];
             ct_error_set(CT_ERR_INVALID, "tensor_permute: dims[%d] = %d is out of range or repeated for %s", i,
                          dims[i], ct_tensor_describe(t, s, sizeof s));
@@ -198,13 +198,13 @@ ct_tensor *ct_tensor_permute(ct_tensor *t, const int *dims)
         sh[i] = t->shape[d];
         st[i] = t->strides[d];
     }
-    return ct_tensor_alias(t, t->ndim, sh, st, t->offset);
+    return cti_tensor_alias(t, t->ndim, sh, st, t->offset);
 }
 
 ct_tensor *ct_tensor_slice(ct_tensor *t, int dim, int64_t start, int64_t end, int64_t step)
 {
     if (!t) return NULL;
-    if (!ct_dim_normalize(&dim, t->ndim)) return bad_dim("tensor_slice", t, dim);
+    if (!cti_dim_normalize(&dim, t->ndim)) return bad_dim("tensor_slice", t, dim);
     if (step < 1) {
         char s[200];
         ct_error_set(CT_ERR_INVALID, "tensor_slice: step %lld must be >= 1 (tensor %s)", (long long)step,
@@ -221,13 +221,13 @@ ct_tensor *ct_tensor_slice(ct_tensor *t, int dim, int64_t start, int64_t end, in
     memcpy(st, t->strides, sizeof st);
     sh[dim] = (end - start + step - 1) / step;
     st[dim] = t->strides[dim] * step;
-    return ct_tensor_alias(t, t->ndim, sh, st, t->offset + start * t->strides[dim]);
+    return cti_tensor_alias(t, t->ndim, sh, st, t->offset + start * t->strides[dim]);
 }
 
 ct_tensor *ct_tensor_narrow(ct_tensor *t, int dim, int64_t start, int64_t length)
 {
     if (!t) return NULL;
-    if (!ct_dim_normalize(&dim, t->ndim)) return bad_dim("tensor_narrow", t, dim);
+    if (!cti_dim_normalize(&dim, t->ndim)) return bad_dim("tensor_narrow", t, dim);
     if (start < 0) start += t->shape[dim];
     if (start < 0 || length < 0 || start + length > t->shape[dim]) {
         char s[200];
@@ -241,7 +241,7 @@ ct_tensor *ct_tensor_narrow(ct_tensor *t, int dim, int64_t start, int64_t length
 ct_tensor *ct_tensor_select(ct_tensor *t, int dim, int64_t index)
 {
     if (!t) return NULL;
-    if (!ct_dim_normalize(&dim, t->ndim)) return bad_dim("tensor_select", t, dim);
+    if (!cti_dim_normalize(&dim, t->ndim)) return bad_dim("tensor_select", t, dim);
     int64_t i = index < 0 ? index + t->shape[dim] : index;
     if (i < 0 || i >= t->shape[dim]) {
         char s[200];
@@ -257,7 +257,7 @@ ct_tensor *ct_tensor_select(ct_tensor *t, int dim, int64_t index)
         st[n] = t->strides[d];
         n++;
     }
-    return ct_tensor_alias(t, n, sh, st, t->offset + i * t->strides[dim]);
+    return cti_tensor_alias(t, n, sh, st, t->offset + i * t->strides[dim]);
 }
 
 ct_tensor *ct_tensor_expand(ct_tensor *t, int ndim, const int64_t *shape)
@@ -290,7 +290,7 @@ ct_tensor *ct_tensor_expand(ct_tensor *t, int ndim, const int64_t *shape)
             goto bad;
         }
     }
-    return ct_tensor_alias(t, ndim, osh, ost, t->offset);
+    return cti_tensor_alias(t, ndim, osh, ost, t->offset);
 bad:
     ct_error_set(CT_ERR_INVALID, "tensor_expand: cannot broadcast %s to %s", ct_tensor_describe(t, s, sizeof s),
                  ct_shape_str(ndim, shape, sh, sizeof sh));
@@ -300,7 +300,7 @@ bad:
 ct_tensor *ct_tensor_squeeze(ct_tensor *t, int dim)
 {
     if (!t) return NULL;
-    if (!ct_dim_normalize(&dim, t->ndim)) return bad_dim("tensor_squeeze", t, dim);
+    if (!cti_dim_normalize(&dim, t->ndim)) return bad_dim("tensor_squeeze", t, dim);
     if (t->shape[dim] != 1) {
         char s[200];
         ct_error_set(CT_ERR_INVALID, "tensor_squeeze: dim %d of %s has size %lld, not 1", dim,
@@ -319,7 +319,7 @@ ct_tensor *ct_tensor_unsqueeze(ct_tensor *t, int dim)
                      ct_tensor_describe(t, s, sizeof s), CT_MAX_DIMS);
         return NULL;
     }
-    if (!ct_dim_normalize(&dim, t->ndim + 1)) return bad_dim("tensor_unsqueeze", t, dim);
+    if (!cti_dim_normalize(&dim, t->ndim + 1)) return bad_dim("tensor_unsqueeze", t, dim);
     int64_t sh[CT_MAX_DIMS], st[CT_MAX_DIMS];
     for (int d = 0, s = 0; d <= t->ndim; d++) {
         if (d == dim) {
@@ -331,7 +331,7 @@ ct_tensor *ct_tensor_unsqueeze(ct_tensor *t, int dim)
             s++;
         }
     }
-    return ct_tensor_alias(t, t->ndim + 1, sh, st, t->offset);
+    return cti_tensor_alias(t, t->ndim + 1, sh, st, t->offset);
 }
 
 ct_status ct_tensor_rebind(ct_tensor *t, ct_tensor *base, int64_t offset)
@@ -350,7 +350,7 @@ ct_status ct_tensor_rebind(ct_tensor *t, ct_tensor *base, int64_t offset)
     int64_t strides[CT_MAX_DIMS], s = 1;
     for (int d = t->ndim - 1; d >= 0; d--) strides[d] = s, s *= t->shape[d];
     ct_frame_push();
-    ct_tensor *region = ct_tensor_alias(base, t->ndim, t->shape, strides, base->offset + offset);
+    ct_tensor *region = cti_tensor_alias(base, t->ndim, t->shape, strides, base->offset + offset);
     ct_status st = region ? ct_tensor_copy_(region, t) : ct_last_status();
     ct_frame_pop();
     if (st) return st;

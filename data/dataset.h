@@ -61,6 +61,7 @@
 
 #include <stdint.h>
 
+#include "core/api.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/tensor.h"
@@ -93,30 +94,30 @@ struct ct_dataset {
 /* Fills the handle after checking the table (len and get set) and the slots
  * (1 .. CT_DATASET_MAX_SLOTS of them, valid dtypes, 0 <= ndim < CT_MAX_DIMS,
  * sizes >= 0). Returns CT_OK or CT_ERR_INVALID with a message. */
-ct_status ct_dataset_init(ct_dataset *ds, const ct_dataset_vtable *vt, int nslots,
-                          const ct_dataset_slot *slots);
+CT_API ct_status ct_dataset_init(ct_dataset *ds, const ct_dataset_vtable *vt, int nslots,
+                                 const ct_dataset_slot *slots);
 
 /* Number of items; -1 (and an error) for a NULL dataset. */
-int64_t ct_dataset_len(const ct_dataset *ds);
+CT_API int64_t ct_dataset_len(const ct_dataset *ds);
 
 /* Writes item i into row `row` of out_slots[0 .. nslots-1]. Each out_slots[k] must be
  * a CPU tensor of slots[k].dtype with shape (B, *slots[k].shape), 0 <= row < B, and
  * its per-item dims laid out contiguously (any stride on the batch dim). Bad
  * arguments give CT_ERR_INVALID and a message naming the dataset, the slot and the
  * tensor; nothing is written then. */
-ct_status ct_dataset_get(const ct_dataset *ds, int64_t i, ct_tensor *const *out_slots,
-                         int64_t row);
+CT_API ct_status ct_dataset_get(const ct_dataset *ds, int64_t i, ct_tensor *const *out_slots,
+                                int64_t row);
 
 /* Shape (B, *slots[k].shape) of slot k's batch tensor into shape; returns its ndim. */
-int ct_dataset_batch_shape(const ct_dataset *ds, int k, int64_t batch, int64_t *shape);
+CT_API int ct_dataset_batch_shape(const ct_dataset *ds, int k, int64_t batch, int64_t *shape);
 
 /* Start of row `row` of a batch tensor (borrowed pointer into its storage). */
-void *ct_dataset_row(ct_tensor *t, int64_t row);
+CT_API void *ct_dataset_row(ct_tensor *t, int64_t row);
 
 /* Type name for messages ("token", ...); "dataset" when unset. */
-const char *ct_dataset_name(const ct_dataset *ds);
+CT_API const char *ct_dataset_name(const ct_dataset *ds);
 
 /* Calls the table's free; NULL is fine. */
-void ct_dataset_free(ct_dataset *ds);
+CT_API void ct_dataset_free(ct_dataset *ds);
 
 #endif

@@ -56,6 +56,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "core/api.h"
 #include "core/tensor.h"
 #include "data/dataset.h"
 
@@ -82,40 +83,40 @@ typedef enum ct_loader_result {
 
 /* A loader over ds (borrowed). NULL and an error naming the key and its value for
  * a bad config (batch_size <= 0, world_size < 0, rank outside [0, world_size)). */
-ct_loader *ct_loader_new(ct_dataset *ds, const ct_loader_config *cfg);
+CT_API ct_loader *ct_loader_new(ct_dataset *ds, const ct_loader_config *cfg);
 
 /* The next batch: *x = slot 0 and *y = slot 1 (y may be NULL to skip it; a
  * one-slot dataset sets *y = NULL), each of shape (rows, *item shape), new
  * references owned by the current frame. On END and ERROR both are set to NULL.
  * A dataset with more than two slots needs ct_loader_next_slots. */
-ct_loader_result ct_loader_next(ct_loader *l, ct_tensor **x, ct_tensor **y);
+CT_API ct_loader_result ct_loader_next(ct_loader *l, ct_tensor **x, ct_tensor **y);
 /* The same with one tensor per dataset slot into out[0 .. nslots - 1]. */
-ct_loader_result ct_loader_next_slots(ct_loader *l, ct_tensor **out);
+CT_API ct_loader_result ct_loader_next_slots(ct_loader *l, ct_tensor **out);
 
 /* The cursor: the epoch and the index within it of the next batch. -1 for NULL. */
-int64_t ct_loader_epoch(const ct_loader *l);
-int64_t ct_loader_position(const ct_loader *l);
+CT_API int64_t ct_loader_epoch(const ct_loader *l);
+CT_API int64_t ct_loader_position(const ct_loader *l);
 /* Moves the cursor; 0 <= position <= ct_loader_num_batches (== means the epoch's
  * END comes next). CT_ERR_INVALID naming the values otherwise. */
-ct_status ct_loader_set_cursor(ct_loader *l, int64_t epoch, int64_t position);
+CT_API ct_status ct_loader_set_cursor(ct_loader *l, int64_t epoch, int64_t position);
 /* ct_loader_set_cursor(l, epoch, 0). */
-ct_status ct_loader_set_epoch(ct_loader *l, int64_t epoch);
+CT_API ct_status ct_loader_set_epoch(ct_loader *l, int64_t epoch);
 /* Makes l rank `rank` of world_size ranks (the Accelerator's prepare does this) and
  * moves the cursor to the start of the current epoch; the batches then follow the
  * rules under "Ranks" above. Error (nothing changed) for a rank outside
  * [0, world_size). */
-ct_status ct_loader_set_shard(ct_loader *l, int rank, int world_size);
+CT_API ct_status ct_loader_set_shard(ct_loader *l, int rank, int world_size);
 
 /* Items per batch on this rank (the configured batch_size); 0 for NULL. */
-int64_t ct_loader_batch_size(const ct_loader *l);
+CT_API int64_t ct_loader_batch_size(const ct_loader *l);
 /* Batches per epoch on this rank (the same in every epoch). -1 for NULL. */
-int64_t ct_loader_num_batches(const ct_loader *l);
+CT_API int64_t ct_loader_num_batches(const ct_loader *l);
 /* Rows of the last returned batch that repeat earlier samples to even out the
  * ranks (always its trailing rows); 0 when none or before any batch. */
-int64_t ct_loader_last_padding(const ct_loader *l);
+CT_API int64_t ct_loader_last_padding(const ct_loader *l);
 
 /* Stops and joins the worker (even mid-epoch) and frees the loader. NULL is fine.
  * Tensors already returned stay valid: they belong to the caller's frames. */
-void ct_loader_free(ct_loader *l);
+CT_API void ct_loader_free(ct_loader *l);
 
 #endif

@@ -38,6 +38,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/api.h"
 #include "data/dataset.h"
 
 #define CT_LLMC_HEADER_INTS 256
@@ -73,23 +74,23 @@ typedef struct ct_token_dataset_config {
 /* Validates a token file held in memory (all of it: size bytes) and describes it.
  * name is used in messages. CT_ERR_FORMAT (with a message naming the file and the
  * problem) when it does not follow the format. */
-ct_status ct_token_file_parse(const void *data, size_t size, const char *name, ct_token_format format,
-                              ct_token_file_info *info);
+CT_API ct_status ct_token_file_parse(const void *data, size_t size, const char *name, ct_token_format format,
+                                     ct_token_file_info *info);
 
 /* The same for a file on disk, reading only its header and size (to plan splits). */
-ct_status ct_token_file_probe(const char *path, ct_token_format format, ct_token_file_info *info);
+CT_API ct_status ct_token_file_probe(const char *path, ct_token_format format, ct_token_file_info *info);
 
 /* Opens path read-only and maps it. Returns a new dataset the caller frees with
  * ct_dataset_free (the mapping goes with it), or NULL and an error naming the file
  * and the problem (system calls: the call and strerror(errno)). */
-ct_dataset *ct_token_dataset_open(const char *path, const ct_token_dataset_config *cfg);
+CT_API ct_dataset *ct_token_dataset_open(const char *path, const ct_token_dataset_config *cfg);
 
 /* The same over a caller's buffer holding a whole file, borrowed: it must outlive
  * the dataset. name labels messages (NULL: "<memory>"). */
-ct_dataset *ct_token_dataset_open_memory(const void *data, size_t size, const char *name,
-                                         const ct_token_dataset_config *cfg);
+CT_API ct_dataset *ct_token_dataset_open_memory(const void *data, size_t size, const char *name,
+                                                const ct_token_dataset_config *cfg);
 
 /* The file behind a token dataset (borrowed; NULL and an error for another kind). */
-const ct_token_file_info *ct_token_dataset_file(const ct_dataset *ds);
+CT_API const ct_token_file_info *ct_token_dataset_file(const ct_dataset *ds);
 
 #endif

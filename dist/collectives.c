@@ -19,8 +19,8 @@
 /* Bytes [lo, lo + len) of chunk k when nbytes are cut into nc chunks. */
 static void byte_chunk(size_t nbytes, int64_t nc, int64_t k, size_t *lo, size_t *len)
 {
-    *lo = (size_t)ct_comm_part_lo((int64_t)nbytes, nc, k);
-    *len = (size_t)ct_comm_part_lo((int64_t)nbytes, nc, k + 1) - *lo;
+    *lo = (size_t)cti_comm_part_lo((int64_t)nbytes, nc, k);
+    *len = (size_t)cti_comm_part_lo((int64_t)nbytes, nc, k + 1) - *lo;
 }
 
 static int64_t nchunks(size_t nbytes, size_t chunk_bytes)
@@ -48,7 +48,7 @@ static ct_status send_children(ct_work *w, int64_t k)
     size_t lo, len;
     byte_chunk(T->nbytes, T->nc, k, &lo, &len);
     for (int i = 0; i < T->nchild; i++)
-        if (ct_comm_send(w, T->child[i], 0, (uint32_t)k, (uint8_t *)w->out + lo, len, false)) return CT_ERR_PEER;
+        if (cti_comm_send(w, T->child[i], 0, (uint32_t)k, (uint8_t *)w->out + lo, len, false)) return CT_ERR_PEER;
     return CT_OK;
 }
 
@@ -68,7 +68,7 @@ static ct_status tree_start(ct_work *w)
     if (v) return CT_OK;
     for (int64_t k = 0; k < T->nc; k++)
         if (send_children(w, k)) return CT_OK;
-    ct_comm_ready(w);
+    cti_comm_ready(w);
     return CT_OK;
 }
 
@@ -89,7 +89,7 @@ static void tree_deliver(ct_work *w, int src, uint32_t step, uint32_t chunk)
     tree *T = w->algo_state;
     T->next++;
     send_children(w, chunk);
-    if ((int64_t)T->next == T->nc) ct_comm_ready(w);
+    if ((int64_t)T->next == T->nc) cti_comm_ready(w);
 }
 
 static bool tree_needs(const ct_work *w, int src)
@@ -98,7 +98,7 @@ static bool tree_needs(const ct_work *w, int src)
     return src == T->parent && (int64_t)T->next < T->nc;
 }
 
-const ct_algo ct_algo_tree = {.name = "binomial tree", .id = CT_ALGO_TREE, .start = tree_start,
+const ct_algo cti_algo_tree = {.name = "binomial tree", .id = CT_ALGO_TREE, .start = tree_start,
                               .expect = tree_expect, .deliver = tree_deliver, .needs = tree_needs,
                               .cleanup = free_state};
 
@@ -133,7 +133,7 @@ static ct_status send_block(ct_work *w, int dst, const uint8_t *base)
     for (int64_t k = 0; k < D->nc; k++) {
         size_t lo, len;
         byte_chunk(D->block, D->nc, k, &lo, &len);
-        if (ct_comm_send(w, dst, 0, (uint32_t)k, base + lo, len, false)) return CT_ERR_PEER;
+        if (cti_comm_send(w, dst, 0, (uint32_t)k, base + lo, len, false)) return CT_ERR_PEER;
     }
     return CT_OK;
 }
@@ -153,7 +153,7 @@ static ct_status direct_start(ct_work *w)
     case CT_OP_GATHER:
         if (r != w->root) {
             send_block(w, w->root, D->in);
-            ct_comm_ready(w);
+            cti_comm_ready(w);
             return CT_OK;
         }
         if (out + r * B != D->in && B) memmove(out + r * B, D->in, B);
@@ -181,7 +181,7 @@ static ct_status direct_start(ct_work *w)
     if (mine != D->in + r * B && B) memmove(mine, D->in + r * B, B);
     for (int i = 1; i < n; i++) /* r+1 first, so that ranks do not all send to rank 0 at once */
         if (send_block(w, (r + i) % n, D->in + (size_t)((r + i) % n) * B)) return CT_OK;
-    if (w->op == CT_OP_SCATTER) ct_comm_ready(w);
+    if (w->op == CT_OP_SCATTER) cti_comm_ready(w);
     return CT_OK;
 }
 
@@ -208,7 +208,7 @@ static void direct_deliver(ct_work *w, int src, uint32_t step, uint32_t chunk)
     (void)chunk;
     direct *D = w->algo_state;
     D->next[src]++;
-    if (--D->left == 0) ct_comm_ready(w);
+    if (--D->left == 0) cti_comm_ready(w);
 }
 
 static bool direct_needs(const ct_work *w, int src)
@@ -217,7 +217,7 @@ static bool direct_needs(const ct_work *w, int src)
     return direct_from(w, src) && (int64_t)D->next[src] < D->nc;
 }
 
-const ct_algo ct_algo_direct = {.name = "direct", .id = CT_ALGO_DIRECT, .start = direct_start,
+const ct_algo cti_algo_direct = {.name = "direct", .id = CT_ALGO_DIRECT, .start = direct_start,
                                 .expect = direct_expect, .deliver = direct_deliver, .needs = direct_needs,
                                 .cleanup = direct_cleanup};
 
@@ -230,7 +230,7 @@ typedef struct dis {
 
 static ct_status dis_send(ct_work *w, int round)
 {
-    return ct_comm_send(w, (w->rank + (1 << round)) % w->size, (uint32_t)round, 0, NULL, 0, false);
+    return cti_comm_send(w, (w->rank + (1 << round)) % w->size, (uint32_t)round, 0, NULL, 0, false);
 }
 
 static ct_status dis_start(ct_work *w)
@@ -264,7 +264,7 @@ static void dis_deliver(ct_work *w, int src, uint32_t step, uint32_t chunk)
         S->cur++;
         if (S->cur < S->rounds && dis_send(w, S->cur)) return;
     }
-    if (S->cur == S->rounds) ct_comm_ready(w);
+    if (S->cur == S->rounds) cti_comm_ready(w);
 }
 
 static bool dis_needs(const ct_work *w, int src)
@@ -275,7 +275,7 @@ static bool dis_needs(const ct_work *w, int src)
     return false;
 }
 
-const ct_algo ct_algo_dissemination = {.name = "dissemination", .id = CT_ALGO_DISSEMINATION, .start = dis_start,
+const ct_algo cti_algo_dissemination = {.name = "dissemination", .id = CT_ALGO_DISSEMINATION, .start = dis_start,
                                        .expect = dis_expect, .deliver = dis_deliver, .needs = dis_needs,
                                        .cleanup = free_state};
 
@@ -298,9 +298,9 @@ static ct_status p2p_start(ct_work *w)
     for (int64_t k = 0; k < P->nc; k++) {
         size_t lo, len;
         byte_chunk(P->nbytes, P->nc, k, &lo, &len);
-        if (ct_comm_send(w, w->root, 0, (uint32_t)k, (const uint8_t *)w->in + lo, len, false)) return CT_OK;
+        if (cti_comm_send(w, w->root, 0, (uint32_t)k, (const uint8_t *)w->in + lo, len, false)) return CT_OK;
     }
-    ct_comm_ready(w);
+    cti_comm_ready(w);
     return CT_OK;
 }
 
@@ -320,7 +320,7 @@ static void p2p_deliver(ct_work *w, int src, uint32_t step, uint32_t chunk)
     (void)step;
     (void)chunk;
     p2p *P = w->algo_state;
-    if ((int64_t)++P->next == P->nc) ct_comm_ready(w);
+    if ((int64_t)++P->next == P->nc) cti_comm_ready(w);
 }
 
 static bool p2p_needs(const ct_work *w, int src)
@@ -329,6 +329,6 @@ static bool p2p_needs(const ct_work *w, int src)
     return w->op == CT_OP_RECV && src == w->root && (int64_t)P->next < P->nc;
 }
 
-const ct_algo ct_algo_p2p = {.name = "point to point", .id = CT_ALGO_P2P, .start = p2p_start,
+const ct_algo cti_algo_p2p = {.name = "point to point", .id = CT_ALGO_P2P, .start = p2p_start,
                              .expect = p2p_expect, .deliver = p2p_deliver, .needs = p2p_needs,
                              .cleanup = free_state};

@@ -117,7 +117,7 @@ static engine *engine_acquire(void)
         what = "uv_async_init";
         if ((rc = uv_async_init(&e->loop, &e->wake, on_wake))) goto fail_mutex;
         e->wake.data = e;
-        if ((rc = ct_loop_thread_create(&e->thread, loop_main, e, &what))) goto fail_async;
+        if ((rc = cti_loop_thread_create(&e->thread, loop_main, e, &what))) goto fail_async;
         eng = e;
         goto started;
     fail_async:
@@ -171,7 +171,7 @@ static void rx_abandon(ct_comm_link *L, int peer)
     L->rx[peer] = (ct_comm_rx){0};
     free(r.early);
     free(r.text);
-    if (r.w) ct_comm_io_done(r.w);
+    if (r.w) cti_comm_io_done(r.w);
 }
 
 static void peer_failed(ct_comm_link *L, int peer, ct_status st, const char *msg)
@@ -182,11 +182,11 @@ static void peer_failed(ct_comm_link *L, int peer, ct_status st, const char *msg
         int r = g->grank[peer];
         if (r < 0 || g->broken || g->left[r]) continue; /* a rank that said goodbye may go */
         char who[64], title[256], text[CT_COMM_MSG];
-        ct_comm_rank_name(g, r, who, sizeof who);
+        cti_comm_rank_name(g, r, who, sizeof who);
         ct_work *h = g->head && g->head->state == CT_WORK_RUNNING ? g->head : NULL;
-        if (h) snprintf(text, sizeof text, "%s: %s %s", ct_comm_work_title(title, sizeof title, h), who, msg);
+        if (h) snprintf(text, sizeof text, "%s: %s %s", cti_comm_work_title(title, sizeof title, h), who, msg);
         else snprintf(text, sizeof text, "process group of %d ranks: %s %s", g->size, who, msg);
-        ct_comm_group_fail(g, st, true, text);
+        cti_comm_group_fail(g, st, true, text);
     }
 }
 
@@ -230,9 +230,9 @@ static int link_on_header(void *ctx, int peer, const ct_msg *m, void **dest)
     if (src < 0) return protocol_error(L, peer, "sent a message for a process group it is not in");
     if (g->broken) return 1;
     bool stale;
-    ct_work *w = ct_comm_match(g, src, m, &stale);
+    ct_work *w = cti_comm_match(g, src, m, &stale);
     if (w) {
-        if (!ct_comm_accept(w, src, m, dest)) return 1;
+        if (!cti_comm_accept(w, src, m, dest)) return 1;
         rx->w = w;
         w->io_pending++;
         return 0;
@@ -240,13 +240,13 @@ static int link_on_header(void *ctx, int peer, const ct_msg *m, void **dest)
     if (stale) {
         char text[CT_COMM_MSG];
         snprintf(text, sizeof text, "rank %d sent a message for %s #%llu, which already finished here", src,
-                 ct_comm_op_name(m->op), (unsigned long long)m->seq);
-        ct_comm_group_fail(g, CT_ERR_FORMAT, true, text);
+                 cti_comm_op_name(m->op), (unsigned long long)m->seq);
+        cti_comm_group_fail(g, CT_ERR_FORMAT, true, text);
         return 1;
     }
     ct_comm_early *u = malloc(sizeof *u + m->len);
     if (!u) {
-        ct_comm_group_fail(g, CT_ERR_NOMEM, true, "out of memory buffering a message that arrived early");
+        cti_comm_group_fail(g, CT_ERR_NOMEM, true, "out of memory buffering a message that arrived early");
         return 1;
     }
     u->next = NULL;
@@ -262,7 +262,7 @@ static void on_abort(ct_comm_link *L, int peer, const ct_msg *m, char *text)
     ct_comm_group *g = find_group(L, m->group);
     text[m->len] = '\0';
     ct_status st = m->status >= CT_ERR_INVALID && m->status <= CT_ERR_PEER ? (ct_status)m->status : CT_ERR_PEER;
-    if (g && g->grank[peer] >= 0) ct_comm_group_fail(g, st, false, text);
+    if (g && g->grank[peer] >= 0) cti_comm_group_fail(g, st, false, text);
 }
 
 static void link_on_message(void *ctx, int peer, const ct_msg *m, void *payload)
@@ -281,12 +281,12 @@ static void link_on_message(void *ctx, int peer, const ct_msg *m, void *payload)
         uint64_t seen = g ? g->seq_seen : 0, direct = g ? atomic_load(&g->seq_direct) : 0;
         ct_msg reply = {.kind = CT_MSG_PROBE_REPLY, .group = m->group, .seq = seen > direct ? seen : direct,
                         .count = g != NULL};
-        ct_comm_send_control(L, peer, &reply, NULL);
+        cti_comm_send_control(L, peer, &reply, NULL);
         return;
     }
     if (m->kind == CT_MSG_BYE) {
         ct_comm_group *g = find_group(L, m->group);
-        if (g && g->grank[peer] >= 0) ct_comm_peer_left(g, g->grank[peer]);
+        if (g && g->grank[peer] >= 0) cti_comm_peer_left(g, g->grank[peer]);
         return;
     }
     if (m->kind == CT_MSG_PROBE_REPLY) {
@@ -297,7 +297,7 @@ static void link_on_message(void *ctx, int peer, const ct_msg *m, void *payload)
     if (r.w) {
         ct_work *w = r.w;
         if (w->state == CT_WORK_RUNNING) w->algo->deliver(w, w->grp->grank[peer], m->step, m->chunk);
-        ct_comm_io_done(w);
+        cti_comm_io_done(w);
         return;
     }
     ct_comm_early *u = r.early;
@@ -307,9 +307,9 @@ static void link_on_message(void *ctx, int peer, const ct_msg *m, void *payload)
         return;
     }
     bool stale;
-    ct_work *w = ct_comm_match(g, u->src, m, &stale);
+    ct_work *w = cti_comm_match(g, u->src, m, &stale);
     if (w) {
-        ct_comm_feed(w, u); /* its work started while the payload was arriving */
+        cti_comm_feed(w, u); /* its work started while the payload was arriving */
         return;
     }
     ct_comm_early **p = &g->unexp;
@@ -390,14 +390,14 @@ static void free_cmd(void *arg)
      * orderly exit, not a crash */
     ct_msg bye = {.kind = CT_MSG_BYE, .group = g->id};
     for (int i = 0; i < g->size; i++)
-        if (i != g->rank) ct_comm_send_control(g->L, g->peers[i], &bye, NULL);
+        if (i != g->rank) cti_comm_send_control(g->L, g->peers[i], &bye, NULL);
     if (!g->broken) {
         g->broken = CT_ERR_INVALID;
         snprintf(g->broken_msg, sizeof g->broken_msg, "the process group was freed before it completed");
     }
-    ct_comm_drop_early(g);
-    while (g->p2p) ct_comm_work_fail(g->p2p, CT_ERR_INVALID, "not completed", "the process group was freed");
-    if (g->head) ct_comm_work_fail(g->head, CT_ERR_INVALID, "not completed", "the process group was freed");
+    cti_comm_drop_early(g);
+    while (g->p2p) cti_comm_work_fail(g->p2p, CT_ERR_INVALID, "not completed", "the process group was freed");
+    if (g->head) cti_comm_work_fail(g->head, CT_ERR_INVALID, "not completed", "the process group was freed");
     uv_timer_stop(&g->timer);
     ct_comm_link *L = g->L;
     for (ct_comm_group **p = &L->groups; *p; p = &(*p)->next)
@@ -422,28 +422,28 @@ static void submit_cmd(void *arg)
 {
     ct_work *w = arg;
     ct_comm_group *g = w->grp;
-    if (ct_comm_is_p2p(w)) {
+    if (cti_comm_is_p2p(w)) {
         if (g->broken) {
-            ct_comm_work_fail(w, g->broken, "the group had failed", g->broken_msg);
+            cti_comm_work_fail(w, g->broken, "the group had failed", g->broken_msg);
             return;
         }
         w->next = g->p2p;
         g->p2p = w;
-        ct_comm_work_start(w);
-        ct_comm_arm_timer(g);
+        cti_comm_work_start(w);
+        cti_comm_arm_timer(g);
         return;
     }
     g->seq_seen = w->seq;
     if (g->tail) g->tail->next = w;
     else g->head = w;
     g->tail = w;
-    ct_comm_group_run(g);
+    cti_comm_group_run(g);
 }
 
 /* ---- the caller's side ------------------------------------------------------------------------------- */
 
-ct_comm_group *ct_comm_group_new(ct_comm_group *parent, ct_transport *tp, uint64_t id, int rank, int size,
-                                 const int *peers, double timeout_s)
+ct_comm_group *cti_comm_group_new(ct_comm_group *parent, ct_transport *tp, uint64_t id, int rank, int size,
+                                  const int *peers, double timeout_s)
 {
     int world = parent ? parent->L->tp->size : tp->size;
     ct_comm_group *g = calloc(1, sizeof *g);
@@ -483,7 +483,7 @@ ct_comm_group *ct_comm_group_new(ct_comm_group *parent, ct_transport *tp, uint64
     call(e, reg_cmd, &a);
     if (a.st) {
         ct_status st = a.st;
-        if (g->L) ct_comm_group_free(g); /* registered: unregister (closes a new transport) */
+        if (g->L) cti_comm_group_free(g); /* registered: unregister (closes a new transport) */
         else {
             group_free_mem(g);
             engine_release();
@@ -495,7 +495,7 @@ ct_comm_group *ct_comm_group_new(ct_comm_group *parent, ct_transport *tp, uint64
     return g;
 }
 
-void ct_comm_group_free(ct_comm_group *g)
+void cti_comm_group_free(ct_comm_group *g)
 {
     if (!g) return;
     call(eng, free_cmd, g);
@@ -511,16 +511,16 @@ typedef struct fail_args {
 static void fail_cmd(void *arg)
 {
     fail_args *a = arg;
-    ct_comm_group_fail(a->g, a->st, true, a->msg);
+    cti_comm_group_fail(a->g, a->st, true, a->msg);
 }
 
-void ct_comm_group_fail_sync(ct_comm_group *g, ct_status st, const char *msg)
+void cti_comm_group_fail_sync(ct_comm_group *g, ct_status st, const char *msg)
 {
     fail_args a = {.g = g, .st = st, .msg = msg};
     call(eng, fail_cmd, &a);
 }
 
-void ct_comm_submit(ct_comm_group *g, ct_work *w)
+void cti_comm_submit(ct_comm_group *g, ct_work *w)
 {
     w->grp = g;
     w->cmd.fn = submit_cmd;

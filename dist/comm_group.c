@@ -6,7 +6,7 @@
  *
  * Reentrancy. Algorithms run inside these functions and may fail the group, which
  * finishes works; so every call into an algorithm holds a pin on its work
- * (io_pending + 1), taken off with ct_comm_io_done afterwards: a work is never
+ * (io_pending + 1), taken off with cti_comm_io_done afterwards: a work is never
  * released, and its state never freed, while a function on the stack still uses it.
  */
 #include <math.h>
@@ -22,7 +22,7 @@
 static double now_s(void) { return (double)uv_hrtime() * 1e-9; }
 
 /* "rank 2", or "rank 1 (world rank 3)" in a sub-group */
-const char *ct_comm_rank_name(const ct_comm_group *g, int grank, char *buf, size_t cap)
+const char *cti_comm_rank_name(const ct_comm_group *g, int grank, char *buf, size_t cap)
 {
     if (g->peers[grank] == grank) snprintf(buf, cap, "rank %d", grank);
     else snprintf(buf, cap, "rank %d (world rank %d)", grank, g->peers[grank]);
@@ -36,7 +36,7 @@ static void noop_sent(void *arg, int status)
 }
 
 /* A message without a work (abort, probe, reply): fire and forget. */
-void ct_comm_send_control(ct_comm_link *L, int peer, ct_msg *m, const void *payload)
+void cti_comm_send_control(ct_comm_link *L, int peer, ct_msg *m, const void *payload)
 {
     if (!L->dead[peer]) L->tp->ops->send(L->tp, peer, m, payload, true, noop_sent, NULL);
 }
@@ -69,7 +69,7 @@ static void work_release(ct_work *w)
 {
     if (w->started && w->algo->cleanup) w->algo->cleanup(w);
     w->algo_state = NULL;
-    ct_work_unref(w);
+    cti_work_unref(w);
 }
 
 static void unlink_work(ct_work **list, ct_work **tail, ct_work *w)
@@ -90,18 +90,18 @@ static void work_finish(ct_work *w, ct_status st, const char *text)
     if (w->state == CT_WORK_FINISHED) return;
     ct_comm_group *g = w->grp;
     bool was_head = g->head == w;
-    if (ct_comm_is_p2p(w)) unlink_work(&g->p2p, NULL, w);
+    if (cti_comm_is_p2p(w)) unlink_work(&g->p2p, NULL, w);
     else unlink_work(&g->head, &g->tail, w);
-    if (!ct_comm_is_p2p(w) && w->state == CT_WORK_RUNNING) g->seq_done = w->seq;
+    if (!cti_comm_is_p2p(w) && w->state == CT_WORK_RUNNING) g->seq_done = w->seq;
     w->state = CT_WORK_FINISHED;
-    ct_work_complete(w, st, text);
+    cti_work_complete(w, st, text);
     if (w->io_pending == 0) work_release(w);
-    if (was_head) ct_comm_group_run(g);
-    else ct_comm_arm_timer(g);
+    if (was_head) cti_comm_group_run(g);
+    else cti_comm_arm_timer(g);
 }
 
 /* One I/O reference (or pin) of w is gone. */
-void ct_comm_io_done(ct_work *w)
+void cti_comm_io_done(ct_work *w)
 {
     CT_ASSERT(w->io_pending > 0);
     if (--w->io_pending) return;
@@ -114,23 +114,27 @@ static bool mentions(const ct_work *w, const char *text)
 {
     char p[64];
     for (int k = 0; k < 2; k++) {
-        if (k && ct_comm_is_p2p(w)) break;
-        int n = snprintf(p, sizeof p, "%s #%llu", k ? "collective" : ct_comm_op_name(w->op),
+        if (k && cti_comm_is_p2p(w)) break;
+        int n = snprintf(p, sizeof p, "%s #%llu", k ? "collective" : cti_comm_op_name(w->op),
                          (unsigned long long)w->seq);
         if (!strncmp(text, p, (size_t)n) && (text[n] == ' ' || text[n] == ':')) return true;
     }
     return false;
 }
 
-void ct_comm_work_fail(ct_work *w, ct_status st, const char *what, const char *msg)
+void cti_comm_work_fail(ct_work *w, ct_status st, const char *what, const char *msg)
 {
     char title[256], text[CT_COMM_MSG];
     if (mentions(w, msg)) snprintf(text, sizeof text, "%s", msg);
-    else snprintf(text, sizeof text, "%s: %s: %s", ct_comm_work_title(title, sizeof title, w), what, msg);
+    else {
+        /* in two parts, so a long msg is cut at CT_COMM_MSG without a truncation warning */
+        int n = snprintf(text, sizeof text, "%s: %s: ", cti_comm_work_title(title, sizeof title, w), what);
+        if (n >= 0 && (size_t)n < sizeof text) snprintf(text + n, sizeof text - (size_t)n, "%s", msg);
+    }
     work_finish(w, st, text);
 }
 
-void ct_comm_drop_early(ct_comm_group *g)
+void cti_comm_drop_early(ct_comm_group *g)
 {
     while (g->unexp) {
         ct_comm_early *u = g->unexp;
@@ -141,7 +145,7 @@ void ct_comm_drop_early(ct_comm_group *g)
 
 /* The group is broken from now on: every running and queued work fails, and so will
  * every later one. tell: send the message to the other ranks, which fail with it. */
-void ct_comm_group_fail(ct_comm_group *g, ct_status st, bool tell, const char *msg)
+void cti_comm_group_fail(ct_comm_group *g, ct_status st, bool tell, const char *msg)
 {
     if (g->broken) return;
     g->broken = st;
@@ -151,15 +155,15 @@ void ct_comm_group_fail(ct_comm_group *g, ct_status st, bool tell, const char *m
         size_t n = strlen(g->broken_msg);
         ct_msg m = {.kind = CT_MSG_ABORT, .status = (uint8_t)st, .group = g->id, .len = (uint32_t)n};
         for (int i = 0; i < g->size; i++)
-            if (i != g->rank) ct_comm_send_control(g->L, g->peers[i], &m, g->broken_msg);
+            if (i != g->rank) cti_comm_send_control(g->L, g->peers[i], &m, g->broken_msg);
     }
-    ct_comm_drop_early(g);
-    while (g->p2p) ct_comm_work_fail(g->p2p, st, "the group failed", g->broken_msg);
-    if (g->head && g->head->state == CT_WORK_RUNNING) ct_comm_work_fail(g->head, st, "the group failed", g->broken_msg);
-    ct_comm_group_run(g); /* fails the queued ones */
+    cti_comm_drop_early(g);
+    while (g->p2p) cti_comm_work_fail(g->p2p, st, "the group failed", g->broken_msg);
+    if (g->head && g->head->state == CT_WORK_RUNNING) cti_comm_work_fail(g->head, st, "the group failed", g->broken_msg);
+    cti_comm_group_run(g); /* fails the queued ones */
 }
 
-void ct_comm_fail(ct_work *w, ct_status st, const char *fmt, ...)
+void cti_comm_fail(ct_work *w, ct_status st, const char *fmt, ...)
 {
     if (w->state == CT_WORK_FINISHED) return;
     char msg[CT_COMM_MSG - 256], title[256], text[CT_COMM_MSG];
@@ -167,19 +171,19 @@ void ct_comm_fail(ct_work *w, ct_status st, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    snprintf(text, sizeof text, "%s: %s", ct_comm_work_title(title, sizeof title, w), msg);
-    ct_comm_group_fail(w->grp, st, true, text);
+    snprintf(text, sizeof text, "%s: %s", cti_comm_work_title(title, sizeof title, w), msg);
+    cti_comm_group_fail(w->grp, st, true, text);
 }
 
-void ct_comm_ready(ct_work *w) { w->ready = true; }
+void cti_comm_ready(ct_work *w) { w->ready = true; }
 
 static void on_work_sent(void *arg, int status)
 {
     (void)status; /* a failed write also fails the connection: the transport reports it */
-    ct_comm_io_done(arg);
+    cti_comm_io_done(arg);
 }
 
-ct_status ct_comm_send(ct_work *w, int dst, uint32_t step, uint32_t chunk, const void *data, size_t len, bool copy)
+ct_status cti_comm_send(ct_work *w, int dst, uint32_t step, uint32_t chunk, const void *data, size_t len, bool copy)
 {
     if (w->state != CT_WORK_RUNNING) return CT_ERR_PEER;
     ct_comm_group *g = w->grp;
@@ -188,21 +192,21 @@ ct_status ct_comm_send(ct_work *w, int dst, uint32_t step, uint32_t chunk, const
     CT_ASSERT(len <= CT_MSG_MAX_PAYLOAD && dst != g->rank);
     char who[64];
     if (L->dead[peer] || g->left[dst]) {
-        ct_comm_fail(w, CT_ERR_PEER, "%s %s", ct_comm_rank_name(g, dst, who, sizeof who),
-                     g->left[dst] ? "has freed the group" : "is gone");
+        cti_comm_fail(w, CT_ERR_PEER, "%s %s", cti_comm_rank_name(g, dst, who, sizeof who),
+                      g->left[dst] ? "has freed the group" : "is gone");
         return CT_ERR_PEER;
     }
-    ct_msg m = {.kind = ct_comm_is_p2p(w) ? CT_MSG_P2P : CT_MSG_COLL, .op = (uint8_t)w->op, .redop = (uint8_t)w->rop,
-                .dtype = (uint8_t)w->dtype, .algo = w->algo->id, .root = ct_comm_is_p2p(w) ? w->tag : w->root,
+    ct_msg m = {.kind = cti_comm_is_p2p(w) ? CT_MSG_P2P : CT_MSG_COLL, .op = (uint8_t)w->op, .redop = (uint8_t)w->rop,
+                .dtype = (uint8_t)w->dtype, .algo = w->algo->id, .root = cti_comm_is_p2p(w) ? w->tag : w->root,
                 .group = g->id, .seq = w->seq, .count = w->count, .step = step, .chunk = chunk,
                 .len = (uint32_t)len};
     w->io_pending++;
     ct_status st = L->tp->ops->send(L->tp, peer, &m, data, copy, on_work_sent, w);
     if (st) {
         w->io_pending--;
-        if (st == CT_ERR_NOMEM) ct_comm_fail(w, st, "out of memory queueing %zu bytes for %s", len,
-                                             ct_comm_rank_name(g, dst, who, sizeof who));
-        else ct_comm_fail(w, CT_ERR_PEER, "%s is gone", ct_comm_rank_name(g, dst, who, sizeof who));
+        if (st == CT_ERR_NOMEM) cti_comm_fail(w, st, "out of memory queueing %zu bytes for %s", len,
+                                              cti_comm_rank_name(g, dst, who, sizeof who));
+        else cti_comm_fail(w, CT_ERR_PEER, "%s is gone", cti_comm_rank_name(g, dst, who, sizeof who));
     }
     return st;
 }
@@ -212,12 +216,12 @@ static bool sig_matches(ct_work *w, int src, const ct_msg *m)
 {
     ct_comm_group *g = w->grp;
     char mine[160], theirs[160], title[256], text[CT_COMM_MSG];
-    if (ct_comm_is_p2p(w)) {
+    if (cti_comm_is_p2p(w)) {
         if (m->dtype == w->dtype && m->count == w->count && m->algo == w->algo->id) return true;
         snprintf(text, sizeof text, "%s: rank %d posted recv(%s, %lld), rank %d sent send(%s, %lld)",
-                 ct_comm_work_title(title, sizeof title, w), g->rank, ct_dtype_name(w->dtype), (long long)w->count,
+                 cti_comm_work_title(title, sizeof title, w), g->rank, ct_dtype_name(w->dtype), (long long)w->count,
                  src, ct_dtype_name((ct_dtype)m->dtype), (long long)m->count);
-        ct_comm_group_fail(g, CT_ERR_PEER, true, text);
+        cti_comm_group_fail(g, CT_ERR_PEER, true, text);
         return false;
     }
     if (m->op == w->op && m->redop == w->rop && m->dtype == w->dtype && m->count == w->count && m->root == w->root) {
@@ -225,37 +229,37 @@ static bool sig_matches(ct_work *w, int src, const ct_msg *m)
         snprintf(text, sizeof text,
                  "%s #%llu: rank %d runs it with algorithm %d (%s), rank %d with algorithm %d: every rank must use "
                  "the same ring_min_bytes",
-                 ct_comm_op_name(w->op), (unsigned long long)w->seq, g->rank, w->algo->id, w->algo->name, src, m->algo);
-        ct_comm_group_fail(g, CT_ERR_PEER, true, text);
+                 cti_comm_op_name(w->op), (unsigned long long)w->seq, g->rank, w->algo->id, w->algo->name, src, m->algo);
+        cti_comm_group_fail(g, CT_ERR_PEER, true, text);
         return false;
     }
     /* named by the op when both called the same one, else "collective", so that the
      * text reads right on every rank it is sent to */
-    ct_comm_sig_str(mine, sizeof mine, w->op, w->rop, w->dtype, w->count, w->root);
-    ct_comm_sig_str(theirs, sizeof theirs, m->op, m->redop, m->dtype, m->count, m->root);
+    cti_comm_sig_str(mine, sizeof mine, w->op, w->rop, w->dtype, w->count, w->root);
+    cti_comm_sig_str(theirs, sizeof theirs, m->op, m->redop, m->dtype, m->count, m->root);
     snprintf(text, sizeof text, "%s #%llu: rank %d called %s, rank %d called %s",
-             m->op == w->op ? ct_comm_op_name(w->op) : "collective", (unsigned long long)w->seq, g->rank, mine, src,
+             m->op == w->op ? cti_comm_op_name(w->op) : "collective", (unsigned long long)w->seq, g->rank, mine, src,
              theirs);
-    ct_comm_group_fail(g, CT_ERR_PEER, true, text);
+    cti_comm_group_fail(g, CT_ERR_PEER, true, text);
     return false;
 }
 
 /* Checks message m from src against running work w; *dest = where its payload goes. */
-bool ct_comm_accept(ct_work *w, int src, const ct_msg *m, void **dest)
+bool cti_comm_accept(ct_work *w, int src, const ct_msg *m, void **dest)
 {
     if (!sig_matches(w, src, m)) return false;
     size_t len = 0;
     *dest = NULL;
     if (!w->algo->expect(w, src, m->step, m->chunk, &len, dest)) {
-        ct_comm_fail(w, CT_ERR_FORMAT, "rank %d sent a message this algorithm (%s) does not expect: step %u, chunk %u",
-                     src, w->algo->name, m->step, m->chunk);
+        cti_comm_fail(w, CT_ERR_FORMAT, "rank %d sent a message this algorithm (%s) does not expect: step %u, chunk %u",
+                      src, w->algo->name, m->step, m->chunk);
         return false;
     }
     if (len != m->len) {
-        ct_comm_fail(w, CT_ERR_FORMAT,
-                     "rank %d sent %u bytes for step %u, chunk %u, where %zu were due (do all ranks use the same "
-                     "chunk_bytes?)",
-                     src, m->len, m->step, m->chunk, len);
+        cti_comm_fail(w, CT_ERR_FORMAT,
+                      "rank %d sent %u bytes for step %u, chunk %u, where %zu were due (do all ranks use the same "
+                      "chunk_bytes?)",
+                      src, m->len, m->step, m->chunk, len);
         return false;
     }
     CT_ASSERT(*dest || len == 0);
@@ -265,7 +269,7 @@ bool ct_comm_accept(ct_work *w, int src, const ct_msg *m, void **dest)
 
 /* The running work a message of the group is for; NULL when it is early. *stale for
  * a collective that already finished here. */
-ct_work *ct_comm_match(ct_comm_group *g, int src, const ct_msg *m, bool *stale)
+ct_work *cti_comm_match(ct_comm_group *g, int src, const ct_msg *m, bool *stale)
 {
     *stale = false;
     if (m->kind == CT_MSG_P2P) {
@@ -280,21 +284,21 @@ ct_work *ct_comm_match(ct_comm_group *g, int src, const ct_msg *m, bool *stale)
 }
 
 /* A buffered message meets its work: check, copy, deliver. */
-void ct_comm_feed(ct_work *w, ct_comm_early *u)
+void cti_comm_feed(ct_work *w, ct_comm_early *u)
 {
     void *dest;
     w->io_pending++;
-    if (ct_comm_accept(w, u->src, &u->m, &dest)) {
+    if (cti_comm_accept(w, u->src, &u->m, &dest)) {
         if (u->m.len) memcpy(dest, u->data, u->m.len);
         w->algo->deliver(w, u->src, u->m.step, u->m.chunk);
     }
     free(u);
-    ct_comm_io_done(w);
+    cti_comm_io_done(w);
 }
 
 static bool um_is_for(const ct_comm_early *u, const ct_work *w)
 {
-    if (ct_comm_is_p2p(w))
+    if (cti_comm_is_p2p(w))
         return u->m.kind == CT_MSG_P2P && w->op == CT_OP_RECV && u->src == w->root && u->m.root == w->tag &&
                u->m.seq == w->seq;
     return u->m.kind == CT_MSG_COLL && u->m.seq == w->seq;
@@ -304,13 +308,13 @@ static bool um_is_for(const ct_comm_early *u, const ct_work *w)
 static int departed(const ct_work *w)
 {
     const ct_comm_group *g = w->grp;
-    if (ct_comm_is_p2p(w)) return g->left[w->root] ? w->root : -1;
+    if (cti_comm_is_p2p(w)) return g->left[w->root] ? w->root : -1;
     for (int i = 0; i < g->size; i++)
         if (g->left[i]) return i;
     return -1;
 }
 
-void ct_comm_work_start(ct_work *w)
+void cti_comm_work_start(ct_work *w)
 {
     ct_comm_group *g = w->grp;
     w->state = CT_WORK_RUNNING;
@@ -318,22 +322,22 @@ void ct_comm_work_start(ct_work *w)
     if (gone >= 0) {
         char title[256], who[64], text[CT_COMM_MSG];
         snprintf(text, sizeof text, "%s: %s has freed the group (ct_pg_free); it takes no part any more",
-                 ct_comm_work_title(title, sizeof title, w), ct_comm_rank_name(g, gone, who, sizeof who));
-        if (ct_comm_is_p2p(w)) ct_comm_work_fail(w, CT_ERR_PEER, "", text);
-        else ct_comm_group_fail(g, CT_ERR_PEER, false, text);
+                 cti_comm_work_title(title, sizeof title, w), cti_comm_rank_name(g, gone, who, sizeof who));
+        if (cti_comm_is_p2p(w)) cti_comm_work_fail(w, CT_ERR_PEER, "", text);
+        else cti_comm_group_fail(g, CT_ERR_PEER, false, text);
         return;
     }
     double now = now_s(), window = fmin(PROBE_WINDOW_S, g->timeout_s / 4);
     w->deadline = now + g->timeout_s;
     w->probe_at = w->deadline - window;
-    if (!ct_comm_is_p2p(w)) memset(g->heard, 0, (size_t)g->size * sizeof *g->heard);
+    if (!cti_comm_is_p2p(w)) memset(g->heard, 0, (size_t)g->size * sizeof *g->heard);
     w->io_pending++; /* pinned while starting */
     w->started = true;
     ct_status st = w->algo->start(w);
     if (st && w->state == CT_WORK_RUNNING)
-        ct_comm_fail(w, st, "%s", st == CT_ERR_NOMEM ? "out of memory for the transfer's buffers" : "could not start");
+        cti_comm_fail(w, st, "%s", st == CT_ERR_NOMEM ? "out of memory for the transfer's buffers" : "could not start");
     /* replay what peers sent early, in arrival order */
-    /* a failure inside ct_comm_feed frees the list, and finishes w: test w first */
+    /* a failure inside cti_comm_feed frees the list, and finishes w: test w first */
     for (ct_comm_early **p = &g->unexp; w->state == CT_WORK_RUNNING && *p;) {
         ct_comm_early *u = *p;
         if (!um_is_for(u, w)) {
@@ -341,13 +345,13 @@ void ct_comm_work_start(ct_work *w)
             continue;
         }
         *p = u->next;
-        ct_comm_feed(w, u);
+        cti_comm_feed(w, u);
     }
-    ct_comm_io_done(w);
+    cti_comm_io_done(w);
 }
 
 /* Starts the queued collectives in turn (each runs once the one before finished). */
-void ct_comm_group_run(ct_comm_group *g)
+void cti_comm_group_run(ct_comm_group *g)
 {
     if (g->in_run) {
         g->rerun = true;
@@ -357,15 +361,15 @@ void ct_comm_group_run(ct_comm_group *g)
     do {
         g->rerun = false;
         while (g->head && g->head->state == CT_WORK_QUEUED) {
-            if (g->broken) ct_comm_work_fail(g->head, g->broken, "not run: the group had failed", g->broken_msg);
-            else ct_comm_work_start(g->head);
+            if (g->broken) cti_comm_work_fail(g->head, g->broken, "not run: the group had failed", g->broken_msg);
+            else cti_comm_work_start(g->head);
         }
     } while (g->rerun);
     g->in_run = false;
-    ct_comm_arm_timer(g);
+    cti_comm_arm_timer(g);
 }
 
-void ct_comm_peer_left(ct_comm_group *g, int src)
+void cti_comm_peer_left(ct_comm_group *g, int src)
 {
     g->left[src] = true;
     atomic_store(&g->gone[src], 1);
@@ -378,8 +382,8 @@ void ct_comm_peer_left(ct_comm_group *g, int src)
         if (w->state != CT_WORK_RUNNING || !w->algo->needs(w, src)) continue;
         char title[256], who[64], text[CT_COMM_MSG];
         snprintf(text, sizeof text, "%s: %s freed the group (ct_pg_free) before sending its part",
-                 ct_comm_work_title(title, sizeof title, w), ct_comm_rank_name(g, src, who, sizeof who));
-        ct_comm_group_fail(g, CT_ERR_PEER, false, text);
+                 cti_comm_work_title(title, sizeof title, w), cti_comm_rank_name(g, src, who, sizeof who));
+        cti_comm_group_fail(g, CT_ERR_PEER, false, text);
         return;
     }
 }
@@ -392,7 +396,7 @@ static void send_probes(ct_comm_group *g, ct_work *w)
     ct_msg m = {.kind = CT_MSG_PROBE, .group = g->id, .seq = w->seq};
     for (int i = 0; i < g->size; i++) {
         g->probe_seq[i] = -2;
-        if (i != g->rank) ct_comm_send_control(g->L, g->peers[i], &m, NULL);
+        if (i != g->rank) cti_comm_send_control(g->L, g->peers[i], &m, NULL);
     }
 }
 
@@ -400,12 +404,12 @@ static void timeout_collective(ct_comm_group *g, ct_work *w)
 {
     char title[256], text[CT_COMM_MSG], who[64];
     size_t n = (size_t)snprintf(text, sizeof text, "%s timed out after %g s at rank %d; not heard from:",
-                                ct_comm_work_title(title, sizeof title, w), g->timeout_s, g->rank);
+                                cti_comm_work_title(title, sizeof title, w), g->timeout_s, g->rank);
     int listed = 0;
     for (int i = 0; i < g->size && n < sizeof text - 200; i++) {
         if (i == g->rank || !w->probed) continue;
         int64_t s = g->probe_seq[i];
-        ct_comm_rank_name(g, i, who, sizeof who);
+        cti_comm_rank_name(g, i, who, sizeof who);
         if (s == -2) n += (size_t)snprintf(text + n, sizeof text - n, "%s %s (no answer)", listed++ ? "," : "", who);
         else if (s == -1)
             n += (size_t)snprintf(text + n, sizeof text - n, "%s %s (does not have this group)", listed++ ? "," : "",
@@ -419,26 +423,26 @@ static void timeout_collective(ct_comm_group *g, ct_work *w)
         for (int i = 0; i < g->size && n < sizeof text - 200; i++)
             if (i != g->rank && !g->heard[i])
                 n += (size_t)snprintf(text + n, sizeof text - n, "%s %s (no data)", listed++ ? "," : "",
-                                      ct_comm_rank_name(g, i, who, sizeof who));
+                                      cti_comm_rank_name(g, i, who, sizeof who));
         if (!listed) n += (size_t)snprintf(text + n, sizeof text - n, " nobody: every rank sent data, too slowly");
     }
     snprintf(text + n, sizeof text - n,
              ". Do all ranks call the same collectives in the same order? Set CTRAIN_TIMEOUT to wait longer");
-    ct_comm_group_fail(g, CT_ERR_TIMEOUT, true, text);
+    cti_comm_group_fail(g, CT_ERR_TIMEOUT, true, text);
 }
 
 static void timeout_p2p(ct_comm_group *g, ct_work *w)
 {
     char title[256], text[CT_COMM_MSG], who[64];
-    ct_comm_rank_name(g, w->root, who, sizeof who);
-    ct_comm_work_title(title, sizeof title, w);
+    cti_comm_rank_name(g, w->root, who, sizeof who);
+    cti_comm_work_title(title, sizeof title, w);
     if (w->op == CT_OP_RECV)
         snprintf(text, sizeof text, "%s timed out after %g s at rank %d: not heard from %s; is it sending? Set "
                  "CTRAIN_TIMEOUT to wait longer", title, g->timeout_s, g->rank, who);
     else
         snprintf(text, sizeof text, "%s timed out after %g s at rank %d: %s did not take the data; is it receiving? "
                  "Set CTRAIN_TIMEOUT to wait longer", title, g->timeout_s, g->rank, who);
-    ct_comm_group_fail(g, CT_ERR_TIMEOUT, true, text);
+    cti_comm_group_fail(g, CT_ERR_TIMEOUT, true, text);
 }
 
 static void on_timer(uv_timer_t *t)
@@ -458,10 +462,10 @@ static void on_timer(uv_timer_t *t)
             timeout_p2p(g, w);
             return;
         }
-    ct_comm_arm_timer(g);
+    cti_comm_arm_timer(g);
 }
 
-void ct_comm_arm_timer(ct_comm_group *g)
+void cti_comm_arm_timer(ct_comm_group *g)
 {
     double next = INFINITY;
     ct_work *h = g->head;

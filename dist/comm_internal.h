@@ -7,12 +7,12 @@
  * and the group complete works, waiters only wait.
  *
  * Threads. The caller's thread creates a work, fills in its request and hands it to
- * the loop (ct_comm_submit); from then on only the loop thread touches the fields
+ * the loop (cti_comm_submit); from then on only the loop thread touches the fields
  * under "loop side" and the algorithm's state, until the work is released. The
  * completion (the req member) is dist/work.c's, under the work's mutex.
  *
  * A work holds two references: the caller's (ct_work_free) and the engine's. The
- * engine holds its own across ct_work_complete and drops it when the work has
+ * engine holds its own across cti_work_complete and drops it when the work has
  * finished AND no transport I/O refers to its
  * memory any more (io_pending == 0: sends not yet written, a payload being received
  * into its buffers); so a work that failed while the network still held on to its
@@ -67,7 +67,7 @@ enum { CT_ALGO_RING = 1, CT_ALGO_RD, CT_ALGO_TREE, CT_ALGO_DIRECT, CT_ALGO_DISSE
 typedef struct ct_comm_group ct_comm_group;
 
 /* One algorithm, run on the loop thread.
- *   start    sets up w->algo_state, sends the first messages; may call ct_comm_ready.
+ *   start    sets up w->algo_state, sends the first messages; may call cti_comm_ready.
  *   expect   where the payload of message (src, step, chunk) goes and how long it
  *            must be; false when the algorithm expects no such message (now or
  *            ever): the group fails with a protocol error.
@@ -75,7 +75,7 @@ typedef struct ct_comm_group ct_comm_group;
  *   needs    whether w still waits for a message from src (a rank that freed the
  *            group sends nothing more: such a work fails, the others complete).
  *   cleanup  frees w->algo_state (called once no I/O refers to it).
- * Sends go through ct_comm_send; a failure already failed the group, after which the
+ * Sends go through cti_comm_send; a failure already failed the group, after which the
  * algorithm may stop early (its work is finished). */
 typedef struct ct_algo {
     const char *name;
@@ -156,17 +156,17 @@ struct ct_pg {
     ct_work *last;
 };
 
-/* For ct_pg_submit on a group with direct slots (dist/pg_direct.c): announces w; a
+/* For cti_pg_submit on a group with direct slots (dist/pg_direct.c): announces w; a
  * direct allreduce then runs to completion on this thread (true: w is complete and
  * the engine's reference dropped; it must not go to the loop); anything else is
  * remembered as the group's last loop collective (false: submit it to the loop). */
-bool ct_pg_direct_submit(ct_pg *g, ct_work *w);
+bool cti_pg_direct_submit(ct_pg *g, ct_work *w);
 /* For ct_pg_free: drops the reference to the last loop collective. */
-void ct_pg_direct_release(ct_pg *g);
+void cti_pg_direct_release(ct_pg *g);
 
 /* Submits w (request filled in) on g: numbers it, or runs it at once on a group of
  * one. Returns w. */
-ct_work *ct_pg_submit(ct_pg *g, ct_work *w);
+ct_work *cti_pg_submit(ct_pg *g, ct_work *w);
 
 /* ---- works (dist/comm_group.c) and names (dist/comm_names.c) ------------------------ */
 
@@ -175,12 +175,12 @@ ct_work *ct_pg_submit(ct_pg *g, ct_work *w);
 ct_work *ct_comm_work_new(void);
 
 /* "allreduce", "broadcast", ...; borrowed. */
-const char *ct_comm_op_name(int op);
+const char *cti_comm_op_name(int op);
 /* A signature as in the desync messages, e.g. "allreduce(sum, f32, 1000)" or
  * "broadcast(bf16, 7, root 2)", into buf; returns buf. */
-const char *ct_comm_sig_str(char *buf, size_t cap, int op, int rop, int dtype, int64_t count, int root);
+const char *cti_comm_sig_str(char *buf, size_t cap, int op, int rop, int dtype, int64_t count, int root);
 /* "allreduce #7 (sum, f32, 1000)" or "recv #2 from rank 1 (tag 5, f32, 100)"; returns buf. */
-const char *ct_comm_work_title(char *buf, size_t cap, const ct_work *w);
+const char *cti_comm_work_title(char *buf, size_t cap, const ct_work *w);
 
 /* ---- the engine (dist/comm.c), caller's thread -------------------------------------- */
 
@@ -191,13 +191,13 @@ const char *ct_comm_work_title(char *buf, size_t cap, const ct_work *w);
  * must not receive messages before this returns on every rank: a root group's peers
  * only send once their own ct_pg_new got this far, a sub-group's once the parent's
  * check (which needs this rank) is done. NULL with the error set on failure. */
-ct_comm_group *ct_comm_group_new(ct_comm_group *parent, ct_transport *tp, uint64_t id, int rank, int size,
+ct_comm_group *cti_comm_group_new(ct_comm_group *parent, ct_transport *tp, uint64_t id, int rank, int size,
                                  const int *peers, double timeout_s);
 /* Fails its pending works, unregisters it, drops its share of the transport;
  * stops the comm thread after the last group. */
-void ct_comm_group_free(ct_comm_group *g);
+void cti_comm_group_free(ct_comm_group *g);
 /* Hands w (request filled in, algo chosen) to the loop; it completes later. */
-void ct_comm_submit(ct_comm_group *g, ct_work *w);
+void cti_comm_submit(ct_comm_group *g, ct_work *w);
 
 /* ---- the loop side (dist/comm.c: engine and routing; dist/comm_group.c: works) ---- */
 
@@ -253,55 +253,55 @@ struct ct_comm_group {
     _Atomic uint64_t seq_direct; /* the last direct allreduce (for probe replies) */
 };
 
-/* From the caller's thread: fails g as ct_comm_group_fail(g, st, true, msg) on the loop. */
-void ct_comm_group_fail_sync(ct_comm_group *g, ct_status st, const char *msg);
+/* From the caller's thread: fails g as cti_comm_group_fail(g, st, true, msg) on the loop. */
+void cti_comm_group_fail_sync(ct_comm_group *g, ct_status st, const char *msg);
 
-static inline bool ct_comm_is_p2p(const ct_work *w) { return w->op == CT_OP_SEND || w->op == CT_OP_RECV; }
+static inline bool cti_comm_is_p2p(const ct_work *w) { return w->op == CT_OP_SEND || w->op == CT_OP_RECV; }
 
 /* dist/comm_group.c */
-void ct_comm_group_run(ct_comm_group *g);     /* starts queued collectives (fails them when broken) */
-void ct_comm_group_fail(ct_comm_group *g, ct_status st, bool tell, const char *msg);
-void ct_comm_arm_timer(ct_comm_group *g);
-void ct_comm_drop_early(ct_comm_group *g);    /* frees the buffered early messages */
-void ct_comm_work_start(ct_work *w);
+void cti_comm_group_run(ct_comm_group *g);     /* starts queued collectives (fails them when broken) */
+void cti_comm_group_fail(ct_comm_group *g, ct_status st, bool tell, const char *msg);
+void cti_comm_arm_timer(ct_comm_group *g);
+void cti_comm_drop_early(ct_comm_group *g);    /* frees the buffered early messages */
+void cti_comm_work_start(ct_work *w);
 /* Finishes w with st; msg is prefixed with w's title and what, unless it names w already. */
-void ct_comm_work_fail(ct_work *w, ct_status st, const char *what, const char *msg);
-void ct_comm_io_done(ct_work *w);             /* one I/O reference or pin is gone */
+void cti_comm_work_fail(ct_work *w, ct_status st, const char *what, const char *msg);
+void cti_comm_io_done(ct_work *w);             /* one I/O reference or pin is gone */
 /* Group rank src freed g: fail what still waits for it. */
-void ct_comm_peer_left(ct_comm_group *g, int src);
+void cti_comm_peer_left(ct_comm_group *g, int src);
 /* The running work that message m of g from src is for; NULL when none (yet); *stale
  * when it is for a collective that already finished here. */
-ct_work *ct_comm_match(ct_comm_group *g, int src, const ct_msg *m, bool *stale);
+ct_work *cti_comm_match(ct_comm_group *g, int src, const ct_msg *m, bool *stale);
 /* Checks m against w (signature, algorithm, step, length) and sets *dest; false
  * (the group failed) when it does not fit. */
-bool ct_comm_accept(ct_work *w, int src, const ct_msg *m, void **dest);
-void ct_comm_feed(ct_work *w, ct_comm_early *u); /* a buffered message meets its work; frees u */
-const char *ct_comm_rank_name(const ct_comm_group *g, int grank, char *buf, size_t cap);
+bool cti_comm_accept(ct_work *w, int src, const ct_msg *m, void **dest);
+void cti_comm_feed(ct_work *w, ct_comm_early *u); /* a buffered message meets its work; frees u */
+const char *cti_comm_rank_name(const ct_comm_group *g, int grank, char *buf, size_t cap);
 /* Fire and forget (abort, probe, probe reply); nothing when the peer is gone. */
-void ct_comm_send_control(ct_comm_link *L, int peer, ct_msg *m, const void *payload);
+void cti_comm_send_control(ct_comm_link *L, int peer, ct_msg *m, const void *payload);
 
 /* ---- for algorithms (loop thread) ----------------------------------------------------- */
 
 /* Sends a message of w's signature to group rank dst; see ct_transport_ops.send for
  * copy. Non-zero when the group has failed (now or earlier). */
-ct_status ct_comm_send(ct_work *w, int dst, uint32_t step, uint32_t chunk, const void *data, size_t len,
+ct_status cti_comm_send(ct_work *w, int dst, uint32_t step, uint32_t chunk, const void *data, size_t len,
                        bool copy);
 /* All of w's receives are in and its results written; it completes when its sends are. */
-void ct_comm_ready(ct_work *w);
+void cti_comm_ready(ct_work *w);
 /* Fails w's group (and w) with a message; for allocation failures and protocol errors. */
-void ct_comm_fail(ct_work *w, ct_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void cti_comm_fail(ct_work *w, ct_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* The algorithms. */
-extern const ct_algo ct_algo_ring;          /* allreduce, reduce_scatter, allgather, reduce (dist/ring.c) */
-extern const ct_algo ct_algo_rd;            /* allreduce, recursive doubling (dist/ring.c) */
-extern const ct_algo ct_algo_tree;          /* broadcast, binomial tree (dist/collectives.c) */
-extern const ct_algo ct_algo_direct;        /* gather, scatter, all_to_all */
-extern const ct_algo ct_algo_dissemination; /* barrier, init, new_subgroup */
-extern const ct_algo ct_algo_p2p;           /* send, recv */
+extern const ct_algo cti_algo_ring;          /* allreduce, reduce_scatter, allgather, reduce (dist/ring.c) */
+extern const ct_algo cti_algo_rd;            /* allreduce, recursive doubling (dist/ring.c) */
+extern const ct_algo cti_algo_tree;          /* broadcast, binomial tree (dist/collectives.c) */
+extern const ct_algo cti_algo_direct;        /* gather, scatter, all_to_all */
+extern const ct_algo cti_algo_dissemination; /* barrier, init, new_subgroup */
+extern const ct_algo cti_algo_p2p;           /* send, recv */
 
 /* The first element of part k (0 <= k <= parts) when n elements are cut into parts
  * equal to within one, the longer ones first; part k is [lo(k), lo(k+1)). */
-static inline int64_t ct_comm_part_lo(int64_t n, int64_t parts, int64_t k)
+static inline int64_t cti_comm_part_lo(int64_t n, int64_t parts, int64_t k)
 {
     return n / parts * k + (k < n % parts ? k : n % parts);
 }
@@ -310,18 +310,18 @@ static inline int64_t ct_comm_part_lo(int64_t n, int64_t parts, int64_t k)
  * A reduction runs in an accumulation dtype: f32 for bf16 and f16, the dtype itself
  * otherwise. Rounding points for bf16/f16: widening to f32 is exact; every combine
  * rounds in f32 (as f32 arithmetic does); AVG divides the f32 sum once; the result is
- * rounded to bf16/f16 once, in ct_reduce_finish. Integer sums wrap (they are computed
+ * rounded to bf16/f16 once, in cti_reduce_finish. Integer sums wrap (they are computed
  * in unsigned arithmetic); integer AVG truncates toward zero. MAX and MIN propagate
  * NaN. */
 
-bool ct_reduce_dtype_ok(ct_dtype dt);
-ct_dtype ct_reduce_acc_dtype(ct_dtype dt);
+bool cti_reduce_dtype_ok(ct_dtype dt);
+ct_dtype cti_reduce_acc_dtype(ct_dtype dt);
 /* dst[i] = dst[i] (op) src[i] for n elements of the accumulation dtype acc (AVG sums). */
-void ct_reduce_combine(ct_dtype acc, ct_reduce_op op, void *dst, const void *src, int64_t n);
-/* acc[i] = in[i] widened to ct_reduce_acc_dtype(dt); a copy when they are the same. */
-void ct_reduce_widen(ct_dtype dt, void *acc, const void *in, int64_t n);
+void cti_reduce_combine(ct_dtype acc, ct_reduce_op op, void *dst, const void *src, int64_t n);
+/* acc[i] = in[i] widened to cti_reduce_acc_dtype(dt); a copy when they are the same. */
+void cti_reduce_widen(ct_dtype dt, void *acc, const void *in, int64_t n);
 /* out[i] = acc[i] (divided by size for AVG) in dtype dt; out may equal acc when dt is
  * its own accumulation dtype. */
-void ct_reduce_finish(ct_dtype dt, ct_reduce_op op, int size, void *out, const void *acc, int64_t n);
+void cti_reduce_finish(ct_dtype dt, ct_reduce_op op, int size, void *out, const void *acc, int64_t n);
 
 #endif

@@ -6,7 +6,7 @@
 
 #include "dist/comm_internal.h"
 
-const char *ct_comm_op_name(int op)
+const char *cti_comm_op_name(int op)
 {
     static const char *const names[CT_OP_COUNT] = {
         [CT_OP_INIT] = "init",           [CT_OP_NEW_SUBGROUP] = "new_subgroup",
@@ -39,9 +39,9 @@ static bool has_root(int op)
     return op == CT_OP_BROADCAST || op == CT_OP_REDUCE || op == CT_OP_GATHER || op == CT_OP_SCATTER;
 }
 
-const char *ct_comm_sig_str(char *buf, size_t cap, int op, int rop, int dtype, int64_t count, int root)
+const char *cti_comm_sig_str(char *buf, size_t cap, int op, int rop, int dtype, int64_t count, int root)
 {
-    const char *name = ct_comm_op_name(op);
+    const char *name = cti_comm_op_name(op);
     if (op == CT_OP_BARRIER)
         snprintf(buf, cap, "barrier()");
     else if (op == CT_OP_INIT)
@@ -61,23 +61,23 @@ const char *ct_comm_sig_str(char *buf, size_t cap, int op, int rop, int dtype, i
     return buf;
 }
 
-const char *ct_comm_work_title(char *buf, size_t cap, const ct_work *w)
+const char *cti_comm_work_title(char *buf, size_t cap, const ct_work *w)
 {
     if (w->op == CT_OP_SEND || w->op == CT_OP_RECV) {
-        snprintf(buf, cap, "%s #%llu %s rank %d (tag %d, %s, %lld)", ct_comm_op_name(w->op),
+        snprintf(buf, cap, "%s #%llu %s rank %d (tag %d, %s, %lld)", cti_comm_op_name(w->op),
                  (unsigned long long)w->seq, w->op == CT_OP_SEND ? "to" : "from", w->root, w->tag,
                  ct_dtype_name(w->dtype), (long long)w->count);
         return buf;
     }
     char sig[160];
-    ct_comm_sig_str(sig, sizeof sig, w->op, w->rop, w->dtype, w->count, w->root);
+    cti_comm_sig_str(sig, sizeof sig, w->op, w->rop, w->dtype, w->count, w->root);
     /* "allreduce #7 (sum, f32, 1000)": the signature's arguments after the number */
     const char *args = strchr(sig, '(');
     size_t alen = strlen(args);
     if (alen <= 2)
-        snprintf(buf, cap, "%s #%llu", ct_comm_op_name(w->op), (unsigned long long)w->seq);
+        snprintf(buf, cap, "%s #%llu", cti_comm_op_name(w->op), (unsigned long long)w->seq);
     else
-        snprintf(buf, cap, "%s #%llu (%.*s)", ct_comm_op_name(w->op), (unsigned long long)w->seq, (int)alen - 2,
+        snprintf(buf, cap, "%s #%llu (%.*s)", cti_comm_op_name(w->op), (unsigned long long)w->seq, (int)alen - 2,
                  args + 1);
     return buf;
 }

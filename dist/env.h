@@ -28,6 +28,7 @@
 #ifndef CT_DIST_ENV_H
 #define CT_DIST_ENV_H
 
+#include "core/api.h"
 #include "core/error.h"
 
 #define CT_DIST_DEFAULT_PORT 29500
@@ -44,22 +45,22 @@ typedef struct ct_dist_env {
 
 /* Fills *out from the process environment by the rules above. On error *out is
  * untouched and the message names the variable and its value. */
-ct_status ct_dist_env_detect(ct_dist_env *out);
+CT_API ct_status ct_dist_env_detect(ct_dist_env *out);
 
 /* The first host of a Slurm host list ("node[01-04,07],gpu5" -> "node01"), after
  * checking the whole list's syntax. Writes at most cap bytes (NUL included).
  * CT_ERR_INVALID when the list is malformed or the host does not fit. */
-ct_status ct_dist_nodelist_first(const char *nodelist, char *host, size_t cap);
+CT_API ct_status ct_dist_nodelist_first(const char *nodelist, char *host, size_t cap);
 
 /* *out = the integer in environment variable var (decimal digits only, >= min), or
  * dflt when it is unset or empty. CT_ERR_INVALID naming the variable and its value
  * otherwise ("CTRAIN_X='two' is not an integer >= 1"; callers prefix their name). */
-ct_status ct_dist_env_int(const char *var, int dflt, int min, int *out);
+CT_API ct_status ct_dist_env_int(const char *var, int dflt, int min, int *out);
 
 /* This job's id, to tell it from another job that happens to use the same
  * MASTER_ADDR:MASTER_PORT: CTRAIN_JOB_ID (ctrain launch sets a random one), else
  * SLURM_JOB_ID.SLURM_STEP_ID, else PMIX_NAMESPACE (mpirun); "" when none is known.
  * Static storage, valid until the next call. */
-const char *ct_dist_job_id(void);
+CT_API const char *ct_dist_job_id(void);
 
 #endif

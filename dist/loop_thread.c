@@ -6,7 +6,7 @@
 
 #include "core/error.h"
 
-int ct_loop_thread_create(uv_thread_t *t, void (*fn)(void *), void *arg, const char **what)
+int cti_loop_thread_create(uv_thread_t *t, void (*fn)(void *), void *arg, const char **what)
 {
     /* a thread inherits the mask it is created with: block, create, restore */
     sigset_t block, old;

@@ -10,6 +10,6 @@
  * without MSG_NOSIGNAL, so a peer that vanished must fail a write with EPIPE, not kill
  * the process. The caller's own mask is left as it was. Returns 0 or a libuv error code
  * (*what names the call that failed). */
-int ct_loop_thread_create(uv_thread_t *t, void (*fn)(void *), void *arg, const char **what);
+int cti_loop_thread_create(uv_thread_t *t, void (*fn)(void *), void *arg, const char **what);
 
 #endif

@@ -90,8 +90,8 @@ static ct_status check_across(ct_pg *g, ct_comm_op op, int64_t count, int root)
     w->dtype = CT_DTYPE_U8;
     w->count = count;
     w->root = root;
-    w->algo = &ct_algo_dissemination;
-    ct_pg_submit(g, w);
+    w->algo = &cti_algo_dissemination;
+    cti_pg_submit(g, w);
     ct_status st = ct_work_wait(w);
     ct_work_free(w);
     return st;
@@ -161,18 +161,18 @@ ct_pg *ct_pg_new(const ct_pg_config *cfg)
     ct_transport *tp = NULL;
     if (!ct_store_add(s, key, 1, &gen)) {
         snprintf(prefix, sizeof prefix, "ct/pg/%lld", (long long)gen);
-        tp = ct_transport_select(&(ct_transport_setup){.store = s, .prefix = prefix, .rank = c.rank,
+        tp = cti_transport_select(&(ct_transport_setup){.store = s, .prefix = prefix, .rank = c.rank,
                                                        .size = c.world_size, .timeout_s = c.timeout_s,
                                                        .master_addr = c.master_addr},
                                  want);
     }
     /* every rank says whether it runs allreduce directly before the init check, and
      * compares after it */
-    ct_shm_direct *direct = ct_shm_transport_direct(tp);
-    if (direct) ct_shm_direct_set_mode(direct, !async);
-    if (tp) g->grp = ct_comm_group_new(NULL, tp, ROOT_ID, c.rank, c.world_size, NULL, c.timeout_s);
+    ct_shm_direct *direct = cti_shm_transport_direct(tp);
+    if (direct) cti_shm_direct_set_mode(direct, !async);
+    if (tp) g->grp = cti_comm_group_new(NULL, tp, ROOT_ID, c.rank, c.world_size, NULL, c.timeout_s);
     ct_status st = g->grp ? check_across(g, CT_OP_INIT, c.world_size, 0) : ct_last_status();
-    if (!st && direct) st = ct_shm_direct_check_modes(direct);
+    if (!st && direct) st = cti_shm_direct_check_modes(direct);
     if (!st && direct && !async) g->direct = direct;
     if (s != c.store) ct_store_free(s);
     if (st) {
@@ -216,7 +216,7 @@ ct_pg *ct_pg_new_subgroup(ct_pg *parent, const int *ranks, int n)
     char why[CT_COMM_MSG] = "";
     if (member >= 0) {
         sub = pg_alloc(member, n, id, parent->timeout_s, parent->ring_min_bytes, parent->chunk_bytes);
-        if (sub && n > 1) sub->grp = ct_comm_group_new(parent->grp, NULL, id, member, n, ranks, parent->timeout_s);
+        if (sub && n > 1) sub->grp = cti_comm_group_new(parent->grp, NULL, id, member, n, ranks, parent->timeout_s);
         if (!sub || (n > 1 && !sub->grp)) {
             failed = ct_last_status();
             snprintf(why, sizeof why, "%s", ct_last_error());
@@ -249,8 +249,8 @@ const char *ct_pg_transport(const ct_pg *g) { return !g ? NULL : g->grp ? g->grp
 void ct_pg_free(ct_pg *g)
 {
     if (!g) return;
-    ct_pg_direct_release(g);
-    ct_comm_group_free(g->grp);
+    cti_pg_direct_release(g);
+    cti_comm_group_free(g->grp);
     free(g->p2p);
     free(g);
 }

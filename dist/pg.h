@@ -62,6 +62,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "core/api.h"
 #include "core/error.h"
 #include "core/tensor.h"
 #include "dist/store.h"
@@ -105,7 +106,7 @@ typedef struct ct_pg_config {
  * waking the reader) and check that they agree before returning. New handle, owned
  * by the caller (ct_pg_free); NULL with ct_last_error() set on failure (an
  * unreachable master or peer within the timeout names the address). */
-ct_pg *ct_pg_new(const ct_pg_config *cfg);
+CT_API ct_pg *ct_pg_new(const ct_pg_config *cfg);
 
 /* A group of the parent's ranks ranks[0..n-1] (distinct parent ranks; the new
  * group's rank i is ranks[i]). Called by EVERY rank of the parent, in the same order
@@ -113,43 +114,47 @@ ct_pg *ct_pg_new(const ct_pg_config *cfg);
  * ranks. Returns the new handle (owned by the caller) on members; on the parent's
  * other ranks NULL with no error (ct_last_status() == CT_OK); NULL with the error set
  * on failure. It shares the parent's connections; a parent may be freed first. */
-ct_pg *ct_pg_new_subgroup(ct_pg *parent, const int *ranks, int n);
+CT_API ct_pg *ct_pg_new_subgroup(ct_pg *parent, const int *ranks, int n);
 
-int ct_pg_rank(const ct_pg *g); /* -1 for NULL */
-int ct_pg_size(const ct_pg *g); /* 0 for NULL */
+/* This process's rank in g, 0 .. size - 1; -1 for NULL. */
+CT_API int ct_pg_rank(const ct_pg *g); /* -1 for NULL */
+/* Number of ranks in g; 0 for NULL. */
+CT_API int ct_pg_size(const ct_pg *g); /* 0 for NULL */
 /* The transport the group's messages use: "tcp", "shm", "none" for a group of one
  * rank (static strings); NULL for NULL. Sub-groups use their parent's. */
-const char *ct_pg_transport(const ct_pg *g);
+CT_API const char *ct_pg_transport(const ct_pg *g);
 
 /* Each returns a new work, owned by the caller (ct_work_free), or NULL with the
  * error set. In-place variants overwrite t; out-of-place ones read in and write out
  * (they may be the same tensor where the sizes allow). */
-ct_work *ct_pg_allreduce(ct_pg *g, ct_tensor *t, ct_reduce_op op);
-ct_work *ct_pg_allreduce_out(ct_pg *g, ct_tensor *out, const ct_tensor *in, ct_reduce_op op);
+CT_API ct_work *ct_pg_allreduce(ct_pg *g, ct_tensor *t, ct_reduce_op op);
+CT_API ct_work *ct_pg_allreduce_out(ct_pg *g, ct_tensor *out, const ct_tensor *in, ct_reduce_op op);
 /* in: size * numel(out) elements; rank r gets the reduction of block r */
-ct_work *ct_pg_reduce_scatter(ct_pg *g, ct_tensor *out, const ct_tensor *in, ct_reduce_op op);
+CT_API ct_work *ct_pg_reduce_scatter(ct_pg *g, ct_tensor *out, const ct_tensor *in, ct_reduce_op op);
 /* The same, with in given up: the reduction may run in in's memory (its contents are
  * then unspecified), which saves a copy of in (f32, f64, i32, i64; 16-bit inputs are
  * widened into a buffer of their own anyway). */
-ct_work *ct_pg_reduce_scatter_consume(ct_pg *g, ct_tensor *out, ct_tensor *in, ct_reduce_op op);
+CT_API ct_work *ct_pg_reduce_scatter_consume(ct_pg *g, ct_tensor *out, ct_tensor *in, ct_reduce_op op);
 /* out: size * numel(in) elements; block r is rank r's in */
-ct_work *ct_pg_allgather(ct_pg *g, ct_tensor *out, const ct_tensor *in);
-ct_work *ct_pg_broadcast(ct_pg *g, ct_tensor *t, int root);
+CT_API ct_work *ct_pg_allgather(ct_pg *g, ct_tensor *out, const ct_tensor *in);
+/* Copies root's t into t on every rank. */
+CT_API ct_work *ct_pg_broadcast(ct_pg *g, ct_tensor *t, int root);
 /* the reduction lands in root's t; the other ranks' t are left unchanged */
-ct_work *ct_pg_reduce(ct_pg *g, ct_tensor *t, int root, ct_reduce_op op);
+CT_API ct_work *ct_pg_reduce(ct_pg *g, ct_tensor *t, int root, ct_reduce_op op);
 /* out (size * numel(in)) is used on root only (NULL elsewhere is fine) */
-ct_work *ct_pg_gather(ct_pg *g, ct_tensor *out, const ct_tensor *in, int root);
+CT_API ct_work *ct_pg_gather(ct_pg *g, ct_tensor *out, const ct_tensor *in, int root);
 /* in (size * numel(out)) is used on root only (NULL elsewhere is fine) */
-ct_work *ct_pg_scatter(ct_pg *g, ct_tensor *out, const ct_tensor *in, int root);
+CT_API ct_work *ct_pg_scatter(ct_pg *g, ct_tensor *out, const ct_tensor *in, int root);
 /* in and out: size blocks of equal length; block j of in goes to rank j, block i of
  * out comes from rank i */
-ct_work *ct_pg_all_to_all(ct_pg *g, ct_tensor *out, const ct_tensor *in);
-ct_work *ct_pg_barrier(ct_pg *g);
+CT_API ct_work *ct_pg_all_to_all(ct_pg *g, ct_tensor *out, const ct_tensor *in);
+/* Completes once every rank of g has entered it. */
+CT_API ct_work *ct_pg_barrier(ct_pg *g);
 /* Point to point: the n-th send from a to b with a tag meets the n-th recv on b from
  * a with that tag; dtype and element count must match. They do not take part in the
  * collectives' ordering, so they may be interleaved with collectives freely. */
-ct_work *ct_pg_send(ct_pg *g, const ct_tensor *t, int dst, int tag);
-ct_work *ct_pg_recv(ct_pg *g, ct_tensor *t, int src, int tag);
+CT_API ct_work *ct_pg_send(ct_pg *g, const ct_tensor *t, int dst, int tag);
+CT_API ct_work *ct_pg_recv(ct_pg *g, ct_tensor *t, int src, int tag);
 
 /* Fails the group's pending works ("the group was freed"), tells the group's other
  * ranks that this one leaves (their collectives that still wait for data from it
@@ -157,9 +162,9 @@ ct_work *ct_pg_recv(ct_pg *g, ct_tensor *t, int src, int tag);
  * last group using them) and stops the communication thread with the last group of
  * the process. Sub-groups may be freed before or after their parent. Works stay valid
  * until ct_work_free. NULL is a no-op. */
-void ct_pg_free(ct_pg *g);
+CT_API void ct_pg_free(ct_pg *g);
 
 /* "sum", "avg", "max", "min"; "invalid" otherwise. */
-const char *ct_reduce_op_name(ct_reduce_op op);
+CT_API const char *ct_reduce_op_name(ct_reduce_op op);
 
 #endif

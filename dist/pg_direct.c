@@ -39,17 +39,17 @@ static void await_last(ct_pg *g)
 {
     if (!g->last) return;
     ct_work_await(g->last);
-    ct_work_unref(g->last);
+    cti_work_unref(g->last);
     g->last = NULL;
 }
 
-bool ct_pg_direct_submit(ct_pg *g, ct_work *w)
+bool cti_pg_direct_submit(ct_pg *g, ct_work *w)
 {
     bool direct = w->op == CT_OP_ALLREDUCE;
     /* published at submit, as the loop's collectives are: the peers compare it */
-    ct_shm_direct_announce(g->direct, w, direct);
+    cti_shm_direct_announce(g->direct, w, direct);
     if (!direct) {
-        if (g->last) ct_work_unref(g->last);
+        if (g->last) cti_work_unref(g->last);
         ct_work_ref(w);
         g->last = w;
         return false;
@@ -58,13 +58,13 @@ bool ct_pg_direct_submit(ct_pg *g, ct_work *w)
     w->grp = g->grp;
     /* the group timeout runs from when the collective can start, as on the loop */
     w->deadline = now_s() + g->timeout_s;
-    ct_shm_direct_allreduce(g->direct, g->grp, w); /* completes w, success or failure */
-    ct_work_unref(w);                              /* the engine's reference */
+    cti_shm_direct_allreduce(g->direct, g->grp, w); /* completes w, success or failure */
+    cti_work_unref(w);                              /* the engine's reference */
     return true;
 }
 
-void ct_pg_direct_release(ct_pg *g)
+void cti_pg_direct_release(ct_pg *g)
 {
-    if (g->last) ct_work_unref(g->last);
+    if (g->last) cti_work_unref(g->last);
     g->last = NULL;
 }

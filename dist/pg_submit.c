@@ -46,7 +46,7 @@ static bool check_reduce(const ct_pg *g, const char *op, const ct_tensor *t, ct_
                      g->rank, g->size);
         return false;
     }
-    if (!ct_reduce_dtype_ok(t->dtype)) {
+    if (!cti_reduce_dtype_ok(t->dtype)) {
         ct_error_set(CT_ERR_UNSUPPORTED, "%s: %s cannot be reduced; reductions take f32, f64, bf16, f16, i32, i64 "
                      "(rank %d of %d)", op, ct_tensor_describe(t, d, sizeof d), g->rank, g->size);
         return false;
@@ -98,20 +98,20 @@ static ct_work *make(const ct_pg *g, ct_comm_op op, ct_reduce_op rop, ct_dtype d
          * only while that is one message of at most the largest chunk */
         size_t bytes = (size_t)count * ct_dtype_size(dt);
         bool small = bytes < g->ring_min_bytes &&
-                     (size_t)count * ct_dtype_size(ct_reduce_acc_dtype(dt)) <= CT_COMM_MAX_CHUNK;
-        w->algo = small ? &ct_algo_rd : &ct_algo_ring;
+                     (size_t)count * ct_dtype_size(cti_reduce_acc_dtype(dt)) <= CT_COMM_MAX_CHUNK;
+        w->algo = small ? &cti_algo_rd : &cti_algo_ring;
         break;
     }
     case CT_OP_REDUCE_SCATTER:
     case CT_OP_ALLGATHER:
-    case CT_OP_REDUCE: w->algo = &ct_algo_ring; break;
-    case CT_OP_BROADCAST: w->algo = &ct_algo_tree; break;
+    case CT_OP_REDUCE: w->algo = &cti_algo_ring; break;
+    case CT_OP_BROADCAST: w->algo = &cti_algo_tree; break;
     case CT_OP_GATHER:
     case CT_OP_SCATTER:
-    case CT_OP_ALL_TO_ALL: w->algo = &ct_algo_direct; break;
+    case CT_OP_ALL_TO_ALL: w->algo = &cti_algo_direct; break;
     case CT_OP_SEND:
-    case CT_OP_RECV: w->algo = &ct_algo_p2p; break;
-    default: w->algo = &ct_algo_dissemination; break;
+    case CT_OP_RECV: w->algo = &cti_algo_p2p; break;
+    default: w->algo = &cti_algo_dissemination; break;
     }
     return w;
 }
@@ -125,7 +125,7 @@ static void run_alone(ct_work *w)
     if (n && w->out != w->in) memmove(w->out, w->in, n);
 }
 
-ct_work *ct_pg_submit(ct_pg *g, ct_work *w)
+ct_work *cti_pg_submit(ct_pg *g, ct_work *w)
 {
     w->rank = g->rank;
     w->size = g->size;
@@ -133,12 +133,12 @@ ct_work *ct_pg_submit(ct_pg *g, ct_work *w)
     if (w->op != CT_OP_SEND && w->op != CT_OP_RECV && w->op != CT_OP_INIT) w->seq = ++g->seq;
     if (!g->grp) {
         run_alone(w);
-        ct_work_complete(w, CT_OK, NULL);
-        ct_work_unref(w); /* no engine */
+        cti_work_complete(w, CT_OK, NULL);
+        cti_work_unref(w); /* no engine */
         return w;
     }
-    if (g->direct && !ct_comm_is_p2p(w) && w->op != CT_OP_INIT && ct_pg_direct_submit(g, w)) return w;
-    ct_comm_submit(g->grp, w);
+    if (g->direct && !cti_comm_is_p2p(w) && w->op != CT_OP_INIT && cti_pg_direct_submit(g, w)) return w;
+    cti_comm_submit(g->grp, w);
     return w;
 }
 
@@ -147,7 +147,7 @@ ct_work *ct_pg_allreduce(ct_pg *g, ct_tensor *t, ct_reduce_op op)
     const char *name = "allreduce";
     if (!check_group(g, name) || !check_tensor(g, name, "t", t) || !check_reduce(g, name, t, op)) return NULL;
     ct_work *w = make(g, CT_OP_ALLREDUCE, op, t->dtype, ct_tensor_numel(t), 0, t, t);
-    return w ? ct_pg_submit(g, w) : NULL;
+    return w ? cti_pg_submit(g, w) : NULL;
 }
 
 ct_work *ct_pg_allreduce_out(ct_pg *g, ct_tensor *out, const ct_tensor *in, ct_reduce_op op)
@@ -157,7 +157,7 @@ ct_work *ct_pg_allreduce_out(ct_pg *g, ct_tensor *out, const ct_tensor *in, ct_r
         !check_reduce(g, name, in, op) || !check_pair(g, name, "out", out, "in", in, 1))
         return NULL;
     ct_work *w = make(g, CT_OP_ALLREDUCE, op, in->dtype, ct_tensor_numel(in), 0, out, in);
-    return w ? ct_pg_submit(g, w) : NULL;
+    return w ? cti_pg_submit(g, w) : NULL;
 }
 
 static ct_work *reduce_scatter(ct_pg *g, ct_tensor *out, const ct_tensor *in, ct_reduce_op op, bool scratch)
@@ -168,7 +168,7 @@ static ct_work *reduce_scatter(ct_pg *g, ct_tensor *out, const ct_tensor *in, ct
         return NULL;
     ct_work *w = make(g, CT_OP_REDUCE_SCATTER, op, in->dtype, ct_tensor_numel(in), 0, out, in);
     if (w) w->in_scratch = scratch; /* before the comm thread can see it */
-    return w ? ct_pg_submit(g, w) : NULL;
+    return w ? cti_pg_submit(g, w) : NULL;
 }
 
 ct_work *ct_pg_reduce_scatter(ct_pg *g, ct_tensor *out, const ct_tensor *in, ct_reduce_op op)
@@ -188,7 +188,7 @@ ct_work *ct_pg_allgather(ct_pg *g, ct_tensor *out, const ct_tensor *in)
         !check_pair(g, name, "out", out, "in", in, g->size))
         return NULL;
     ct_work *w = make(g, CT_OP_ALLGATHER, 0, in->dtype, ct_tensor_numel(in), 0, out, in);
-    return w ? ct_pg_submit(g, w) : NULL;
+    return w ? cti_pg_submit(g, w) : NULL;
 }
 
 ct_work *ct_pg_broadcast(ct_pg *g, ct_tensor *t, int root)
@@ -196,7 +196,7 @@ ct_work *ct_pg_broadcast(ct_pg *g, ct_tensor *t, int root)
     const char *name = "broadcast";
     if (!check_group(g, name) || !check_tensor(g, name, "t", t) || !check_rank(g, name, "root", root)) return NULL;
     ct_work *w = make(g, CT_OP_BROADCAST, 0, t->dtype, ct_tensor_numel(t), root, t, t);
-    return w ? ct_pg_submit(g, w) : NULL;
+    return w ? cti_pg_submit(g, w) : NULL;
 }
 
 ct_work *ct_pg_reduce(ct_pg *g, ct_tensor *t, int root, ct_reduce_op op)
@@ -206,7 +206,7 @@ ct_work *ct_pg_reduce(ct_pg *g, ct_tensor *t, int root, ct_reduce_op op)
         !check_rank(g, name, "root", root))
         return NULL;
     ct_work *w = make(g, CT_OP_REDUCE, op, t->dtype, ct_tensor_numel(t), root, t, t);
-    return w ? ct_pg_submit(g, w) : NULL;
+    return w ? cti_pg_submit(g, w) : NULL;
 }
 
 ct_work *ct_pg_gather(ct_pg *g, ct_tensor *out, const ct_tensor *in, int root)
@@ -217,7 +217,7 @@ ct_work *ct_pg_gather(ct_pg *g, ct_tensor *out, const ct_tensor *in, int root)
     if (at_root && (!check_tensor(g, name, "out", out) || !check_pair(g, name, "out", out, "in", in, g->size)))
         return NULL;
     ct_work *w = make(g, CT_OP_GATHER, 0, in->dtype, ct_tensor_numel(in), root, at_root ? out : NULL, in);
-    return w ? ct_pg_submit(g, w) : NULL;
+    return w ? cti_pg_submit(g, w) : NULL;
 }
 
 ct_work *ct_pg_scatter(ct_pg *g, ct_tensor *out, const ct_tensor *in, int root)
@@ -228,7 +228,7 @@ ct_work *ct_pg_scatter(ct_pg *g, ct_tensor *out, const ct_tensor *in, int root)
     if (at_root && (!check_tensor(g, name, "in", in) || !check_pair(g, name, "in", in, "out", out, g->size)))
         return NULL;
     ct_work *w = make(g, CT_OP_SCATTER, 0, out->dtype, ct_tensor_numel(out), root, out, at_root ? in : NULL);
-    return w ? ct_pg_submit(g, w) : NULL;
+    return w ? cti_pg_submit(g, w) : NULL;
 }
 
 ct_work *ct_pg_all_to_all(ct_pg *g, ct_tensor *out, const ct_tensor *in)
@@ -245,14 +245,14 @@ ct_work *ct_pg_all_to_all(ct_pg *g, ct_tensor *out, const ct_tensor *in)
     }
     /* the algorithm moves blocks: its count is per block; the signature shows the same */
     ct_work *w = make(g, CT_OP_ALL_TO_ALL, 0, in->dtype, ct_tensor_numel(in) / g->size, 0, out, in);
-    return w ? ct_pg_submit(g, w) : NULL;
+    return w ? cti_pg_submit(g, w) : NULL;
 }
 
 ct_work *ct_pg_barrier(ct_pg *g)
 {
     if (!check_group(g, "barrier")) return NULL;
     ct_work *w = make(g, CT_OP_BARRIER, 0, CT_DTYPE_U8, 0, 0, NULL, NULL);
-    return w ? ct_pg_submit(g, w) : NULL;
+    return w ? cti_pg_submit(g, w) : NULL;
 }
 
 /* The next number of a send (or recv) with (peer, tag). */
@@ -295,7 +295,7 @@ static ct_work *p2p(ct_pg *g, ct_tensor *t, int peer, int tag, bool send)
     if (!w) return NULL;
     w->tag = tag;
     w->seq = seq;
-    return ct_pg_submit(g, w);
+    return cti_pg_submit(g, w);
 }
 
 ct_work *ct_pg_send(ct_pg *g, const ct_tensor *t, int dst, int tag) { return p2p(g, (ct_tensor *)t, dst, tag, true); }

@@ -6,17 +6,17 @@
 #include <poll.h>
 #include <time.h>
 
-double ct_dist_now(void)
+double cti_dist_now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-int ct_dist_wait_fd(int fd, short events, double deadline)
+int cti_dist_wait_fd(int fd, short events, double deadline)
 {
     for (;;) {
-        double left = deadline - ct_dist_now();
+        double left = deadline - cti_dist_now();
         if (left <= 0) return 0;
         struct pollfd p = {.fd = fd, .events = events};
         /* poll takes int milliseconds: wait at most ~11 days per call, then look again */

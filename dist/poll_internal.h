@@ -5,10 +5,10 @@
 #define CT_DIST_POLL_INTERNAL_H
 
 /* Seconds on the monotonic clock: deadlines are now + timeout. */
-double ct_dist_now(void);
+double cti_dist_now(void);
 
 /* Waits until fd is ready for events (POLLIN, POLLOUT) or the deadline passes,
  * retrying on EINTR. 1 ready, 0 deadline passed, -1 poll failed (errno set). */
-int ct_dist_wait_fd(int fd, short events, double deadline);
+int cti_dist_wait_fd(int fd, short events, double deadline);
 
 #endif

@@ -20,13 +20,13 @@
 #include "core/convert.h"
 #include "dist/comm_internal.h"
 
-bool ct_reduce_dtype_ok(ct_dtype dt)
+bool cti_reduce_dtype_ok(ct_dtype dt)
 {
     return dt == CT_DTYPE_F32 || dt == CT_DTYPE_F64 || dt == CT_DTYPE_BF16 || dt == CT_DTYPE_F16 ||
            dt == CT_DTYPE_I32 || dt == CT_DTYPE_I64;
 }
 
-ct_dtype ct_reduce_acc_dtype(ct_dtype dt) { return dt == CT_DTYPE_BF16 || dt == CT_DTYPE_F16 ? CT_DTYPE_F32 : dt; }
+ct_dtype cti_reduce_acc_dtype(ct_dtype dt) { return dt == CT_DTYPE_BF16 || dt == CT_DTYPE_F16 ? CT_DTYPE_F32 : dt; }
 
 /* d[i] = d[i] (op) s[i] for n elements of type T; SUM is its addition (wrapping for
  * integers), TEST_NAN its NaN test (never true for integers). */
@@ -56,7 +56,7 @@ ct_dtype ct_reduce_acc_dtype(ct_dtype dt) { return dt == CT_DTYPE_BF16 || dt == 
 #define ADD_U32(a, b) ((int32_t)((uint32_t)(a) + (uint32_t)(b)))
 #define ADD_U64(a, b) ((int64_t)((uint64_t)(a) + (uint64_t)(b)))
 
-void ct_reduce_combine(ct_dtype acc, ct_reduce_op op, void *dst, const void *src, int64_t n)
+void cti_reduce_combine(ct_dtype acc, ct_reduce_op op, void *dst, const void *src, int64_t n)
 {
     switch (acc) {
     case CT_DTYPE_F32: COMBINE(float, ADD, IS_NAN); break;
@@ -67,7 +67,7 @@ void ct_reduce_combine(ct_dtype acc, ct_reduce_op op, void *dst, const void *src
     }
 }
 
-void ct_reduce_widen(ct_dtype dt, void *acc, const void *in, int64_t n)
+void cti_reduce_widen(ct_dtype dt, void *acc, const void *in, int64_t n)
 {
     float *a = acc;
     const uint16_t *h = in;
@@ -80,7 +80,7 @@ void ct_reduce_widen(ct_dtype dt, void *acc, const void *in, int64_t n)
     }
 }
 
-void ct_reduce_finish(ct_dtype dt, ct_reduce_op op, int size, void *out, const void *acc, int64_t n)
+void cti_reduce_finish(ct_dtype dt, ct_reduce_op op, int size, void *out, const void *acc, int64_t n)
 {
     bool avg = op == CT_REDUCE_MEAN;
     switch (dt) {

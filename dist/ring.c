@@ -57,10 +57,10 @@ static int mod(int a, int n) { return ((a % n) + n) % n; }
 /* Elements [*lo, *lo + *len) of chunk k of segment j. */
 static void chunk_of(const ring *R, int j, int64_t k, int64_t *lo, int64_t *len)
 {
-    int64_t s0 = ct_comm_part_lo(R->count, R->n, j), sn = ct_comm_part_lo(R->count, R->n, j + 1) - s0;
-    int64_t c0 = ct_comm_part_lo(sn, R->nc, k);
+    int64_t s0 = cti_comm_part_lo(R->count, R->n, j), sn = cti_comm_part_lo(R->count, R->n, j + 1) - s0;
+    int64_t c0 = cti_comm_part_lo(sn, R->nc, k);
     *lo = s0 + c0;
-    *len = ct_comm_part_lo(sn, R->nc, k + 1) - c0;
+    *len = cti_comm_part_lo(sn, R->nc, k + 1) - c0;
 }
 
 static int64_t chunks_for(int64_t elems, size_t esz, size_t chunk_bytes)
@@ -88,7 +88,7 @@ static ct_status send_chunk(ct_work *w, int dst, uint32_t step, int64_t k, const
     ring *R = w->algo_state;
     int64_t lo, len;
     chunk_of(R, j, k, &lo, &len);
-    return ct_comm_send(w, dst, step, (uint32_t)k, base + lo * esz, (size_t)len * esz, false);
+    return cti_comm_send(w, dst, step, (uint32_t)k, base + lo * esz, (size_t)len * esz, false);
 }
 
 /* Chunk k of segment r is fully reduced in work. */
@@ -101,14 +101,14 @@ static void own_final(ct_work *w, int64_t k)
     const uint8_t *acc = R->work + lo * R->asz;
     switch (R->mode) {
     case MODE_ALLREDUCE:
-        ct_reduce_finish(R->dt, w->rop, n, R->out + lo * R->esz, acc, len);
+        cti_reduce_finish(R->dt, w->rop, n, R->out + lo * R->esz, acc, len);
         send_chunk(w, R->next, (uint32_t)(n - 1), k, R->out, R->r, R->esz);
         break;
     case MODE_RS:
-        ct_reduce_finish(R->dt, w->rop, n, R->out + (lo - ct_comm_part_lo(R->count, n, R->r)) * R->esz, acc, len);
+        cti_reduce_finish(R->dt, w->rop, n, R->out + (lo - cti_comm_part_lo(R->count, n, R->r)) * R->esz, acc, len);
         break;
     case MODE_REDUCE:
-        if (R->r == w->root) ct_reduce_finish(R->dt, w->rop, n, R->out + lo * R->esz, acc, len);
+        if (R->r == w->root) cti_reduce_finish(R->dt, w->rop, n, R->out + lo * R->esz, acc, len);
         else send_chunk(w, w->root, (uint32_t)(n - 1), k, R->work, R->r, R->asz);
         break;
     }
@@ -127,15 +127,15 @@ static ct_status ring_start(ct_work *w)
               : w->op == CT_OP_REDUCE_SCATTER ? MODE_RS
               : w->op == CT_OP_ALLGATHER ? MODE_AG
                                           : MODE_REDUCE;
-    R->acc = R->mode == MODE_AG ? w->dtype : ct_reduce_acc_dtype(w->dtype);
+    R->acc = R->mode == MODE_AG ? w->dtype : cti_reduce_acc_dtype(w->dtype);
     R->esz = ct_dtype_size(R->dt);
     R->asz = ct_dtype_size(R->acc);
     R->count = R->mode == MODE_AG ? w->count * n : w->count;
-    int64_t maxseg = ct_comm_part_lo(R->count, n, 1);
+    int64_t maxseg = cti_comm_part_lo(R->count, n, 1);
     R->nc = chunks_for(maxseg, R->mode == MODE_AG ? R->esz : R->asz, w->chunk_bytes);
     R->out = w->out;
     R->next_step = calloc((size_t)R->nc, sizeof *R->next_step);
-    R->scratch = malloc((size_t)(ct_comm_part_lo(maxseg, R->nc, 1) + 1) * R->asz);
+    R->scratch = malloc((size_t)(cti_comm_part_lo(maxseg, R->nc, 1) + 1) * R->asz);
     if (!R->next_step || !R->scratch) return CT_ERR_NOMEM;
     size_t nbytes = (size_t)R->count * R->asz;
     switch (R->mode) {
@@ -148,7 +148,7 @@ static ct_status ring_start(ct_work *w)
         break;
     case MODE_RS: R->left = (int64_t)(n - 1) * R->nc; break;
     case MODE_AG: {
-        int64_t lo = ct_comm_part_lo(R->count, n, r);
+        int64_t lo = cti_comm_part_lo(R->count, n, r);
         if (w->in != R->out + lo * R->esz && w->count)
             memmove(R->out + lo * R->esz, w->in, (size_t)w->count * R->esz);
         for (int64_t k = 0; k < R->nc; k++) R->next_step[k] = (uint32_t)(n - 1);
@@ -171,7 +171,7 @@ static ct_status ring_start(ct_work *w)
         R->work = malloc(nbytes + 1);
         if (!R->work) return CT_ERR_NOMEM;
         R->own_work = true;
-        ct_reduce_widen(R->dt, R->work, w->in, R->count);
+        cti_reduce_widen(R->dt, R->work, w->in, R->count);
     }
     for (int64_t k = 0; k < R->nc; k++) {
         ct_status st = R->mode == MODE_AG ? send_chunk(w, R->next, (uint32_t)(n - 1), k, R->out, r, R->esz)
@@ -218,13 +218,13 @@ static void ring_deliver(ct_work *w, int src, uint32_t step, uint32_t chunk)
         R->next_src[src]++;
         int64_t lo, len;
         chunk_of(R, src, chunk, &lo, &len);
-        ct_reduce_finish(R->dt, w->rop, n, R->out + lo * R->esz, R->work + lo * R->asz, len);
+        cti_reduce_finish(R->dt, w->rop, n, R->out + lo * R->esz, R->work + lo * R->asz, len);
     } else if (step <= (uint32_t)(n - 2)) {
         R->next_step[chunk]++;
         int j = mod(R->r - (int)step - 2, n);
         int64_t lo, len;
         chunk_of(R, j, chunk, &lo, &len);
-        ct_reduce_combine(R->acc, w->rop, R->work + lo * R->asz, R->scratch, len);
+        cti_reduce_combine(R->acc, w->rop, R->work + lo * R->asz, R->scratch, len);
         if (step < (uint32_t)(n - 2)) send_chunk(w, R->next, step + 1, chunk, R->work, j, R->asz);
         else own_final(w, chunk);
     } else {
@@ -232,7 +232,7 @@ static void ring_deliver(ct_work *w, int src, uint32_t step, uint32_t chunk)
         int t = (int)(step - (uint32_t)(n - 1));
         if (t < n - 2) send_chunk(w, R->next, step + 1, chunk, R->out, mod(R->r - t - 1, n), R->esz);
     }
-    if (R->left == 0) ct_comm_ready(w);
+    if (R->left == 0) cti_comm_ready(w);
 }
 
 static bool ring_needs(const ct_work *w, int src)
@@ -245,7 +245,7 @@ static bool ring_needs(const ct_work *w, int src)
     return R->mode == MODE_REDUCE && R->r == w->root && src != w->root && R->next_src[src] < R->nc;
 }
 
-const ct_algo ct_algo_ring = {.name = "ring", .id = CT_ALGO_RING, .start = ring_start, .expect = ring_expect,
+const ct_algo cti_algo_ring = {.name = "ring", .id = CT_ALGO_RING, .start = ring_start, .expect = ring_expect,
                               .deliver = ring_deliver, .needs = ring_needs, .cleanup = ring_cleanup};
 
 /* ---- recursive doubling ------------------------------------------------------------------- */
@@ -274,8 +274,8 @@ static void rd_cleanup(ct_work *w)
 static void rd_finish(ct_work *w)
 {
     rd *D = w->algo_state;
-    ct_reduce_finish(w->dtype, w->rop, D->n, w->out, D->work, w->count);
-    ct_comm_ready(w);
+    cti_reduce_finish(w->dtype, w->rop, D->n, w->out, D->work, w->count);
+    cti_comm_ready(w);
 }
 
 /* Completes every step whose message is in, sending the next step's data. */
@@ -286,17 +286,17 @@ static void rd_progress(ct_work *w)
         int s = D->cur;
         if (s > D->steps) {
             uint32_t last = (uint32_t)(D->steps + 1);
-            if (D->helper && ct_comm_send(w, D->r + D->p, last, 0, D->work, D->nbytes, true)) return;
+            if (D->helper && cti_comm_send(w, D->r + D->p, last, 0, D->work, D->nbytes, true)) return;
             D->cur++;
             rd_finish(w);
             return;
         }
         bool wait = s > 0 || D->helper;
         if (wait && !D->arrived[s]) return;
-        if (wait) ct_reduce_combine(D->acc, w->rop, D->work, D->slots + (size_t)s * D->nbytes, w->count);
+        if (wait) cti_reduce_combine(D->acc, w->rop, D->work, D->slots + (size_t)s * D->nbytes, w->count);
         D->cur++;
         if (D->cur <= D->steps &&
-            ct_comm_send(w, D->r ^ (1 << (D->cur - 1)), (uint32_t)D->cur, 0, D->work, D->nbytes, true))
+            cti_comm_send(w, D->r ^ (1 << (D->cur - 1)), (uint32_t)D->cur, 0, D->work, D->nbytes, true))
             return;
     }
 }
@@ -311,14 +311,14 @@ static ct_status rd_start(ct_work *w)
     for (D->p = 1; D->p * 2 <= D->n; D->p *= 2) D->steps++;
     D->extra = D->r >= D->p;
     D->helper = D->r < D->n - D->p;
-    D->acc = ct_reduce_acc_dtype(w->dtype);
+    D->acc = cti_reduce_acc_dtype(w->dtype);
     D->nbytes = (size_t)w->count * ct_dtype_size(D->acc);
     D->work = malloc(D->nbytes + 1);
     D->slots = malloc((size_t)(D->steps + 2) * D->nbytes + 1);
     D->arrived = calloc((size_t)D->steps + 2, sizeof *D->arrived);
     if (!D->work || !D->slots || !D->arrived) return CT_ERR_NOMEM;
-    ct_reduce_widen(w->dtype, D->work, w->in, w->count);
-    if (D->extra) ct_comm_send(w, D->r - D->p, 0, 0, D->work, D->nbytes, true); /* a failure failed w */
+    cti_reduce_widen(w->dtype, D->work, w->in, w->count);
+    if (D->extra) cti_comm_send(w, D->r - D->p, 0, 0, D->work, D->nbytes, true); /* a failure failed w */
     else rd_progress(w);
     return CT_OK;
 }
@@ -360,5 +360,5 @@ static bool rd_needs(const ct_work *w, int src)
     return false;
 }
 
-const ct_algo ct_algo_rd = {.name = "recursive doubling", .id = CT_ALGO_RD, .start = rd_start, .expect = rd_expect,
+const ct_algo cti_algo_rd = {.name = "recursive doubling", .id = CT_ALGO_RD, .start = rd_start, .expect = rd_expect,
                             .deliver = rd_deliver, .needs = rd_needs, .cleanup = rd_cleanup};

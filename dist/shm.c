@@ -264,7 +264,7 @@ static ct_status shm_send_msg(ct_transport *t, int peer, const ct_msg *m, const 
     s->len = m->len;
     s->off = 0;
     s->payload = payload;
-    ct_msg_encode(s->hdr, m);
+    cti_msg_encode(s->hdr, m);
     if (copy && !now && m->len) {
         memcpy(s->copy, payload, m->len);
         s->payload = s->copy;
@@ -280,12 +280,12 @@ static ct_status shm_send_msg(ct_transport *t, int peer, const ct_msg *m, const 
 
 /* ---- receiving ---------------------------------------------------------------------------- */
 
-static void message_done(shm_peer *p) { ct_msg_reader_done(&p->rd, &p->tp->h, p->peer); }
+static void message_done(shm_peer *p) { cti_msg_reader_done(&p->rd, &p->tp->h, p->peer); }
 
 static void header_done(shm_peer *p)
 {
     char why[160];
-    int rc = ct_msg_reader_header(&p->rd, &p->tp->h, p->peer, why, sizeof why);
+    int rc = cti_msg_reader_header(&p->rd, &p->tp->h, p->peer, why, sizeof why);
     if (rc == -1) conn_fail(p, CT_ERR_FORMAT, true, "sent a malformed frame: %s", why);
     if (rc == -2) conn_fail(p, CT_ERR_FORMAT, false, "closed by the handler");
 }
@@ -475,7 +475,7 @@ static void shm_free(ct_transport *t)
             free(s);
         }
     }
-    ct_shm_direct_free(tp->direct);
+    cti_shm_direct_free(tp->direct);
     for (int i = 0; i < t->size; i++) unmap(tp->slots[i], tp->slots[i] ? tp->slots[i]->capacity : 0);
     free(tp->slots);
     free(tp->peers);
@@ -486,17 +486,17 @@ static void shm_free(ct_transport *t)
 static const ct_transport_ops shm_ops = {
     .name = "shm", .start = shm_start, .send = shm_send_msg, .close = shm_close, .free = shm_free};
 
-ct_shm_direct *ct_shm_transport_direct(ct_transport *t)
+ct_shm_direct *cti_shm_transport_direct(ct_transport *t)
 {
     return t && t->ops == &shm_ops ? ((shm_tp *)t)->direct : NULL;
 }
 
-ct_transport *ct_shm_transport_wrap(int rank, int size, int *fds, ct_shm_ring **tx, ct_shm_ring **rx,
-                                    ct_shm_ring **slots, size_t slot, double spin_s)
+ct_transport *cti_shm_transport_wrap(int rank, int size, int *fds, ct_shm_ring **tx, ct_shm_ring **rx,
+                                     ct_shm_ring **slots, size_t slot, double spin_s)
 {
     shm_tp *tp = calloc(1, sizeof *tp);
     if (tp) tp->peers = calloc((size_t)size, sizeof *tp->peers);
-    if (tp && tp->peers) tp->direct = ct_shm_direct_new(rank, size, (void *const *)slots, slot, spin_s);
+    if (tp && tp->peers) tp->direct = cti_shm_direct_new(rank, size, (void *const *)slots, slot, spin_s);
     if (!tp || !tp->peers || !tp->direct) {
         if (tp) free(tp->peers);
         free(tp);

@@ -38,9 +38,9 @@ static inline void cpu_relax(void)
 #endif
 }
 
-size_t ct_shm_direct_seg_bytes(size_t slot) { return 4096 + 2 * slot; }
+size_t cti_shm_direct_seg_bytes(size_t slot) { return 4096 + 2 * slot; }
 
-ct_shm_direct *ct_shm_direct_new(int rank, int size, void *const *segs, size_t slot, double spin_s)
+ct_shm_direct *cti_shm_direct_new(int rank, int size, void *const *segs, size_t slot, double spin_s)
 {
     ct_shm_direct *d = calloc(1, sizeof *d);
     if (d) {
@@ -51,7 +51,7 @@ ct_shm_direct *ct_shm_direct_new(int rank, int size, void *const *segs, size_t s
         d->tmp = malloc(2 * slot);
     }
     if (!d || !d->ctl || !d->data || !d->acc || !d->tmp) {
-        ct_shm_direct_free(d);
+        cti_shm_direct_free(d);
         ct_error_set(CT_ERR_NOMEM, "shm: out of memory for the direct allreduce of %d ranks", size);
         return NULL;
     }
@@ -68,7 +68,7 @@ ct_shm_direct *ct_shm_direct_new(int rank, int size, void *const *segs, size_t s
     return d;
 }
 
-void ct_shm_direct_free(ct_shm_direct *d)
+void cti_shm_direct_free(ct_shm_direct *d)
 {
     if (!d) return;
     free(d->ctl);
@@ -78,12 +78,12 @@ void ct_shm_direct_free(ct_shm_direct *d)
     free(d);
 }
 
-void ct_shm_direct_set_mode(ct_shm_direct *d, bool direct)
+void cti_shm_direct_set_mode(ct_shm_direct *d, bool direct)
 {
     atomic_store(&d->ctl[d->rank]->mode, direct ? 1u : 2u);
 }
 
-ct_status ct_shm_direct_check_modes(const ct_shm_direct *d)
+ct_status cti_shm_direct_check_modes(const ct_shm_direct *d)
 {
     uint32_t mine = atomic_load(&d->ctl[d->rank]->mode);
     for (int q = 0; q < d->size; q++) {
@@ -104,7 +104,7 @@ static uint64_t sig_word(const ct_work *w, bool direct)
            (uint64_t)(uint32_t)w->root << 32;
 }
 
-void ct_shm_direct_announce(ct_shm_direct *d, const ct_work *w, bool direct)
+void cti_shm_direct_announce(ct_shm_direct *d, const ct_work *w, bool direct)
 {
     ct_direct_ctl *c = d->ctl[d->rank];
     ct_direct_sig *s = &c->hist[w->seq % CT_DIRECT_HIST];
@@ -204,24 +204,24 @@ static wait_result wait_for(ct_shm_direct *d, ct_comm_group *grp, const ct_work 
 static void fail(ct_comm_group *grp, ct_work *w, ct_status st, const char *text)
 {
     char title[256], msg[CT_COMM_MSG];
-    ct_comm_work_title(title, sizeof title, w);
+    cti_comm_work_title(title, sizeof title, w);
     if (strstr(text, title)) snprintf(msg, sizeof msg, "%s", text);
     else snprintf(msg, sizeof msg, "%s: %.760s", title, text);
-    ct_comm_group_fail_sync(grp, st, msg);
-    ct_work_complete(w, st, msg);
+    cti_comm_group_fail_sync(grp, st, msg);
+    cti_work_complete(w, st, msg);
 }
 
 /* The wait for rank q ended with r (not WAIT_OK): fail w saying why. */
 static void fail_wait(ct_shm_direct *d, ct_comm_group *grp, ct_work *w, wait_result r, int q)
 {
     char title[256], text[CT_COMM_MSG], who[64];
-    ct_comm_work_title(title, sizeof title, w);
-    ct_comm_rank_name(grp, q, who, sizeof who);
+    cti_comm_work_title(title, sizeof title, w);
+    cti_comm_rank_name(grp, q, who, sizeof who);
     if (r == WAIT_BROKEN) {
         /* the group failed on the comm thread: its message, once set, never changes */
         snprintf(text, sizeof text, "%s: the group failed: %.700s", title, grp->broken_msg);
         if (strstr(grp->broken_msg, title)) snprintf(text, sizeof text, "%s", grp->broken_msg);
-        ct_work_complete(w, grp->broken, text);
+        cti_work_complete(w, grp->broken, text);
         return;
     }
     if (r == WAIT_GONE) {
@@ -235,7 +235,7 @@ static void fail_wait(ct_shm_direct *d, ct_comm_group *grp, ct_work *w, wait_res
     for (int i = 0; i < d->size && n < sizeof text - 200; i++) {
         if (i == d->rank) continue;
         uint64_t s = atomic_load(&d->ctl[i]->seq);
-        ct_comm_rank_name(grp, i, who, sizeof who);
+        cti_comm_rank_name(grp, i, who, sizeof who);
         if (s < w->seq)
             n += (size_t)snprintf(text + n, sizeof text - n, "%s %s (has not called it; its last collective is #%llu)",
                                   listed++ ? "," : "", who, (unsigned long long)s);
@@ -258,12 +258,12 @@ static bool same_signature(ct_shm_direct *d, ct_comm_group *grp, ct_work *w)
         atomic_thread_fence(memory_order_acquire);
         uint64_t latest = atomic_load(&c->seq);
         char text[CT_COMM_MSG], who[64], mine[160], theirs[160];
-        ct_comm_rank_name(grp, q, who, sizeof who);
+        cti_comm_rank_name(grp, q, who, sizeof who);
         if (seq != w->seq || latest - w->seq >= CT_DIRECT_HIST) {
             snprintf(text, sizeof text,
                      "%s #%llu: %s is already at collective #%llu, too far ahead to compare: do all ranks call the "
                      "same collectives in the same order?",
-                     ct_comm_op_name(w->op), (unsigned long long)w->seq, who, (unsigned long long)latest);
+                     cti_comm_op_name(w->op), (unsigned long long)w->seq, who, (unsigned long long)latest);
             fail(grp, w, CT_ERR_PEER, text);
             return false;
         }
@@ -275,12 +275,12 @@ static bool same_signature(ct_shm_direct *d, ct_comm_group *grp, ct_work *w)
             snprintf(text, sizeof text,
                      "%s #%llu: rank %d runs it directly in shared memory, %s on the comm thread: every rank must use "
                      "the same async_collectives setting",
-                     ct_comm_op_name(w->op), (unsigned long long)w->seq, d->rank, who);
+                     cti_comm_op_name(w->op), (unsigned long long)w->seq, d->rank, who);
         } else {
-            ct_comm_sig_str(mine, sizeof mine, w->op, w->rop, w->dtype, w->count, w->root);
-            ct_comm_sig_str(theirs, sizeof theirs, op, rop, dt, (int64_t)count, root);
+            cti_comm_sig_str(mine, sizeof mine, w->op, w->rop, w->dtype, w->count, w->root);
+            cti_comm_sig_str(theirs, sizeof theirs, op, rop, dt, (int64_t)count, root);
             snprintf(text, sizeof text, "%s #%llu: rank %d called %s, %s called %s",
-                     op == (int)w->op ? ct_comm_op_name(w->op) : "collective", (unsigned long long)w->seq, d->rank,
+                     op == (int)w->op ? cti_comm_op_name(w->op) : "collective", (unsigned long long)w->seq, d->rank,
                      mine, who, theirs);
         }
         fail(grp, w, CT_ERR_PEER, text);
@@ -298,7 +298,7 @@ static bool same_signature(ct_shm_direct *d, ct_comm_group *grp, ct_work *w)
 static void reduce_segment(ct_shm_direct *d, const ct_work *w, size_t buf_off, int64_t lo, int64_t len,
                            const uint8_t *in, uint8_t *out)
 {
-    ct_dtype dt = w->dtype, acc_dt = ct_reduce_acc_dtype(dt);
+    ct_dtype dt = w->dtype, acc_dt = cti_reduce_acc_dtype(dt);
     size_t es = ct_dtype_size(dt), off = buf_off + (size_t)lo * es, bytes = (size_t)len * es;
     uint8_t *mine = d->data[d->rank] + off;
     if (len == 0) return;
@@ -306,29 +306,29 @@ static void reduce_segment(ct_shm_direct *d, const ct_work *w, size_t buf_off, i
     if (acc == out) {
         if (out != in) memcpy(out, in, bytes);
     } else {
-        ct_reduce_widen(dt, acc, in, len);
+        cti_reduce_widen(dt, acc, in, len);
     }
     for (int q = 0; q < d->size; q++) {
         if (q == d->rank) continue;
         const void *src = d->data[q] + off;
         if (acc_dt != dt) {
-            ct_reduce_widen(dt, d->tmp, src, len);
+            cti_reduce_widen(dt, d->tmp, src, len);
             src = d->tmp;
         }
-        ct_reduce_combine(acc_dt, w->rop, acc, src, len);
+        cti_reduce_combine(acc_dt, w->rop, acc, src, len);
     }
-    ct_reduce_finish(dt, w->rop, d->size, out, acc, len);
+    cti_reduce_finish(dt, w->rop, d->size, out, acc, len);
     memcpy(mine, out, bytes);
 }
 
-void ct_shm_direct_allreduce(ct_shm_direct *d, ct_comm_group *grp, ct_work *w)
+void cti_shm_direct_allreduce(ct_shm_direct *d, ct_comm_group *grp, ct_work *w)
 {
     int who = -1;
     if (atomic_load_explicit(&grp->alert, memory_order_acquire) && grp->broken) {
         char title[256], text[CT_COMM_MSG];
-        ct_comm_work_title(title, sizeof title, w);
+        cti_comm_work_title(title, sizeof title, w);
         snprintf(text, sizeof text, "%s: not run: the group had failed: %.700s", title, grp->broken_msg);
-        ct_work_complete(w, grp->broken, text);
+        cti_work_complete(w, grp->broken, text);
         return;
     }
     wait_result r = wait_for(d, grp, w, F_SEQ, w->seq, &who);
@@ -354,7 +354,7 @@ void ct_shm_direct_allreduce(ct_shm_direct *d, ct_comm_group *grp, ct_work *w)
         if (m < 0) m = 0;
         if (k >= 1 && (r = wait_for(d, grp, w, F_CONSUMED, k - 1, &who)) != WAIT_OK) goto failed;
         /* the others' segments of this rank's input (its own it reduces from in) */
-        int64_t lo = ct_comm_part_lo(m, d->size, d->rank), hi = ct_comm_part_lo(m, d->size, d->rank + 1);
+        int64_t lo = cti_comm_part_lo(m, d->size, d->rank), hi = cti_comm_part_lo(m, d->size, d->rank + 1);
         uint8_t *slot = d->data[d->rank] + buf;
         if (lo > 0) memcpy(slot, in + (size_t)e0 * es, (size_t)lo * es);
         if (m > hi) memcpy(slot + (size_t)hi * es, in + (size_t)(e0 + hi) * es, (size_t)(m - hi) * es);
@@ -367,14 +367,14 @@ void ct_shm_direct_allreduce(ct_shm_direct *d, ct_comm_group *grp, ct_work *w)
         if ((r = wait_for(d, grp, w, F_REDUCED, k + 1, &who)) != WAIT_OK) goto failed;
         for (int q = 0; q < d->size; q++) {
             if (q == d->rank) continue;
-            int64_t qlo = ct_comm_part_lo(m, d->size, q), qhi = ct_comm_part_lo(m, d->size, q + 1);
+            int64_t qlo = cti_comm_part_lo(m, d->size, q), qhi = cti_comm_part_lo(m, d->size, q + 1);
             if (qhi > qlo)
                 memcpy(out + (size_t)(e0 + qlo) * es, d->data[q] + buf + (size_t)qlo * es, (size_t)(qhi - qlo) * es);
         }
         post(d, &me->consumed, k + 1);
         d->k = k + 1;
     }
-    ct_work_complete(w, CT_OK, NULL);
+    cti_work_complete(w, CT_OK, NULL);
     return;
 
 failed:

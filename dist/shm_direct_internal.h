@@ -16,7 +16,7 @@
  *     chunk k out, so chunk k's buffers may be reused by chunk k + 2).
  *
  * Chunk k of an allreduce of n ranks (elements [e0, e0 + m)) is cut into n segments
- * equal to within one element (ct_comm_part_lo); rank r owns segment r:
+ * equal to within one element (cti_comm_part_lo); rank r owns segment r:
  *   1. wait until every rank's consumed >= k - 1 (its buffer k % 2 is free);
  *      copy the input's chunk into the own buffer; posted = k + 1;
  *   2. wait until every rank's posted >= k + 1; reduce segment r over the ranks'
@@ -78,18 +78,18 @@ typedef struct ct_comm_group ct_comm_group;
  * caller keeps them mapped for the handle's life). spin_s: how long a waiting rank
  * polls before it sleeps; negative: 1 ms when every rank can have a core, else 0.
  * NULL with the error set. */
-ct_shm_direct *ct_shm_direct_new(int rank, int size, void *const *segs, size_t slot, double spin_s);
-void ct_shm_direct_free(ct_shm_direct *d);
+ct_shm_direct *cti_shm_direct_new(int rank, int size, void *const *segs, size_t slot, double spin_s);
+void cti_shm_direct_free(ct_shm_direct *d);
 /* The slot segment's size for slot bytes per buffer. */
-size_t ct_shm_direct_seg_bytes(size_t slot);
+size_t cti_shm_direct_seg_bytes(size_t slot);
 
 /* Publishes this rank's mode (before the group's init check) and, after it, compares
  * every rank's: an error naming the ranks that differ. */
-void ct_shm_direct_set_mode(ct_shm_direct *d, bool direct);
-ct_status ct_shm_direct_check_modes(const ct_shm_direct *d);
+void cti_shm_direct_set_mode(ct_shm_direct *d, bool direct);
+ct_status cti_shm_direct_check_modes(const ct_shm_direct *d);
 
 /* Publishes the signature of collective w (any op) as this rank's latest. */
-void ct_shm_direct_announce(ct_shm_direct *d, const ct_work *w, bool direct);
+void cti_shm_direct_announce(ct_shm_direct *d, const ct_work *w, bool direct);
 
 /* Runs allreduce w to the end on the caller's thread (w's request filled in,
  * announced; this rank's earlier collectives of the group complete) and completes w,
@@ -97,6 +97,6 @@ void ct_shm_direct_announce(ct_shm_direct *d, const ct_work *w, bool direct);
  * the failure flags and the group timeout; w->deadline (the absolute uv_hrtime time
  * in seconds) bounds the wait for the other ranks to call it, and the group timeout
  * after that the rest. */
-void ct_shm_direct_allreduce(ct_shm_direct *d, ct_comm_group *grp, ct_work *w);
+void cti_shm_direct_allreduce(ct_shm_direct *d, ct_comm_group *grp, ct_work *w);
 
 #endif

@@ -51,14 +51,14 @@ _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2 && ATOMIC_INT_LOCK_FREE == 2,
  * doorbell; -1 at rank); tx[p], rx[p]: the mapped segments rank -> p and p -> rank,
  * each CT_SHM_CTL_BYTES + capacity bytes (NULL at rank); slots[q]: rank q's
  * direct-allreduce segment (dist/shm_direct_internal.h; capacity 2 * slot; spin_s as in
- * ct_shm_direct_new). Takes all of them
+ * cti_shm_direct_new). Takes all of them
  * (malloc'd arrays, sockets, mappings), also on failure (NULL, error set). */
-ct_transport *ct_shm_transport_wrap(int rank, int size, int *fds, ct_shm_ring **tx, ct_shm_ring **rx,
-                                    ct_shm_ring **slots, size_t slot, double spin_s);
+ct_transport *cti_shm_transport_wrap(int rank, int size, int *fds, ct_shm_ring **tx, ct_shm_ring **rx,
+                                     ct_shm_ring **slots, size_t slot, double spin_s);
 
 /* The direct allreduce over the slots of an shm transport (owned by it); NULL for
  * another transport. */
-struct ct_shm_direct *ct_shm_transport_direct(ct_transport *t);
+struct ct_shm_direct *cti_shm_transport_direct(ct_transport *t);
 
 /* Sets up the transport that want names: "tcp", "shm", or "auto" ("shm" when every
  * rank runs on this host and asked for "auto" or "shm" and the segments could be
@@ -68,6 +68,6 @@ struct ct_shm_direct *ct_shm_transport_direct(ct_transport *t);
  * rank decides the same. New transport owned by the caller; NULL with the error set
  * (a forced "shm" across hosts names the ranks elsewhere; disagreeing ranks are
  * named). */
-ct_transport *ct_transport_select(const ct_transport_setup *s, const char *want);
+ct_transport *cti_transport_select(const ct_transport_setup *s, const char *want);
 
 #endif

@@ -196,7 +196,7 @@ static ct_status handshake(const ct_transport_setup *s, const int *fds, char min
         if (q == s->rank) continue;
         char b = 0;
         for (;;) {
-            int r = ct_dist_wait_fd(fds[q], POLLIN, deadline);
+            int r = cti_dist_wait_fd(fds[q], POLLIN, deadline);
             if (r == 0)
                 return ct_error_set(CT_ERR_TIMEOUT,
                                     "shm: rank %d did not answer during the shared-memory setup within %.3g s; set "
@@ -266,7 +266,7 @@ static ct_transport *shm_setup(const ct_transport_setup *s, int *fds, unsigned l
         seg_name(name, sizeof name, job, s->rank, s->rank);
         shm_unlink(name);
     }
-    if (mine && failed < 0) return ct_shm_transport_wrap(s->rank, s->size, fds, tx, rx, slots, (size_t)slot, spin);
+    if (mine && failed < 0) return cti_shm_transport_wrap(s->rank, s->size, fds, tx, rx, slots, (size_t)slot, spin);
 
 fail:
     for (int q = 0; q < s->size; q++) {
@@ -288,7 +288,7 @@ fail:
     free(tx);
     free(rx);
     free(slots);
-    if (!st && fallback) return ct_tcp_transport_wrap(s->rank, s->size, fds);
+    if (!st && fallback) return cti_tcp_transport_wrap(s->rank, s->size, fds);
     for (int q = 0; q < s->size; q++)
         if (fds[q] >= 0) close(fds[q]);
     free(fds);
@@ -312,9 +312,9 @@ static void rank_list(const bool *bad, int n, char *out, size_t cap)
         if (bad[q]) k += (size_t)snprintf(out + k, cap - k, "%s%d", k ? ", " : "", q);
 }
 
-ct_transport *ct_transport_select(const ct_transport_setup *s, const char *want)
+ct_transport *cti_transport_select(const ct_transport_setup *s, const char *want)
 {
-    double deadline = ct_dist_now() + s->timeout_s;
+    double deadline = cti_dist_now() + s->timeout_s;
     entry *e = calloc((size_t)s->size, sizeof *e);
     bool *bad = calloc((size_t)s->size, sizeof *bad);
     int *fds = NULL;
@@ -325,7 +325,7 @@ ct_transport *ct_transport_select(const ct_transport_setup *s, const char *want)
     }
     unsigned long long job = 0;
     if (s->rank == 0 && getrandom(&job, sizeof job, 0) != (ssize_t)sizeof job)
-        job = (unsigned long long)getpid() * 0x9e3779b97f4a7c15u ^ (unsigned long long)(ct_dist_now() * 1e9);
+        job = (unsigned long long)getpid() * 0x9e3779b97f4a7c15u ^ (unsigned long long)(cti_dist_now() * 1e9);
     char boot[64], host[256];
     host_identity(boot, sizeof boot, host, sizeof host);
     snprintf(key, sizeof key, "%s/host/%d", s->prefix, s->rank);
@@ -334,7 +334,7 @@ ct_transport *ct_transport_select(const ct_transport_setup *s, const char *want)
         ct_error_prefix("transport: ");
         goto fail;
     }
-    fds = ct_tcp_connect(s);
+    fds = cti_tcp_connect(s);
     if (!fds) goto fail;
 
     for (int q = 0; q < s->size; q++) {
@@ -384,7 +384,7 @@ ct_transport *ct_transport_select(const ct_transport_setup *s, const char *want)
     free(bad);
     if (any_tcp || elsewhere) {
         free(e);
-        return ct_tcp_transport_wrap(s->rank, s->size, fds);
+        return cti_tcp_transport_wrap(s->rank, s->size, fds);
     }
     job = e[0].job;
     free(e);

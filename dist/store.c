@@ -76,7 +76,7 @@ static int try_connect(const struct addrinfo *ai, double deadline, char *why, si
         if (errno != EINPROGRESS) {
             err = errno;
         } else {
-            int r = ct_dist_wait_fd(fd, POLLOUT, deadline);
+            int r = cti_dist_wait_fd(fd, POLLOUT, deadline);
             socklen_t len = sizeof err;
             if (r == 0) err = ETIMEDOUT;
             else if (r < 0) err = errno;
@@ -97,7 +97,7 @@ static int try_connect(const struct addrinfo *ai, double deadline, char *why, si
  * backoff, until the timeout. */
 static ct_status store_connect(ct_store *s)
 {
-    double start = ct_dist_now(), deadline = start + s->timeout_s, backoff = 0.01;
+    double start = cti_dist_now(), deadline = start + s->timeout_s, backoff = 0.01;
     char port[8], why[256] = "no attempt";
     snprintf(port, sizeof port, "%d", s->port);
     for (;;) {
@@ -113,7 +113,7 @@ static ct_status store_connect(ct_store *s)
             freeaddrinfo(res);
             if (s->fd >= 0) return CT_OK;
         }
-        double left = deadline - ct_dist_now();
+        double left = deadline - cti_dist_now();
         if (left <= 0)
             return ct_error_set(CT_ERR_TIMEOUT,
                                 "store: cannot reach the master at %s:%d within %g s (last attempt: %s); check "
@@ -163,7 +163,7 @@ static ct_status send_all(ct_store *s, struct iovec *iov, int n, double deadline
             if (errno == EINTR) continue;
             if (errno != EAGAIN && errno != EWOULDBLOCK)
                 return break_handle(s, CT_ERR_PEER, "sending: %s", strerror(errno));
-            int r = ct_dist_wait_fd(s->fd, POLLOUT, deadline);
+            int r = cti_dist_wait_fd(s->fd, POLLOUT, deadline);
             if (r == 0) return break_handle(s, CT_ERR_TIMEOUT, "%s", "a request could not be sent");
             if (r < 0) return break_handle(s, CT_ERR_PEER, "poll: %s", strerror(errno));
             continue;
@@ -188,7 +188,7 @@ static ct_status recv_all(ct_store *s, uint8_t *buf, size_t n, double deadline)
         } else if (r == 0) {
             return break_handle(s, CT_ERR_PEER, "%s", "the master closed the connection");
         } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            int w = ct_dist_wait_fd(s->fd, POLLIN, deadline);
+            int w = cti_dist_wait_fd(s->fd, POLLIN, deadline);
             if (w == 0) return break_handle(s, CT_ERR_TIMEOUT, "%s", "no reply");
             if (w < 0) return break_handle(s, CT_ERR_PEER, "poll: %s", strerror(errno));
         } else if (errno != EINTR) {
@@ -214,16 +214,16 @@ static ct_status roundtrip(ct_store *s, uint8_t op, const char *const *keys, int
     for (int i = 0; i < nkeys; i++) head += 4 + strlen(keys[i]);
     uint8_t *h = malloc(head);
     if (!h) return ct_error_set(CT_ERR_NOMEM, "store: out of memory building a request of %zu bytes", head);
-    ct_wire_header(h, op, (uint16_t)nkeys, (uint32_t)(head - CT_WIRE_HEADER + vlen));
+    cti_wire_header(h, op, (uint16_t)nkeys, (uint32_t)(head - CT_WIRE_HEADER + vlen));
     uint8_t *p = h + CT_WIRE_HEADER;
     for (int i = 0; i < nkeys; i++) {
         size_t k = strlen(keys[i]);
-        ct_wire_put32(p, (uint32_t)k);
+        cti_wire_put32(p, (uint32_t)k);
         memcpy(p + 4, keys[i], k);
         p += 4 + k;
     }
     struct iovec iov[2] = {{h, head}, {(void *)val, vlen}};
-    double deadline = ct_dist_now() + (wait_s >= 0 ? wait_s + REPLY_GRACE_S : s->timeout_s);
+    double deadline = cti_dist_now() + (wait_s >= 0 ? wait_s + REPLY_GRACE_S : s->timeout_s);
     ct_status st = send_all(s, iov, vlen ? 2 : 1, deadline);
     free(h);
     if (st) return st;
@@ -232,7 +232,7 @@ static ct_status roundtrip(ct_store *s, uint8_t op, const char *const *keys, int
     if ((st = recv_all(s, rh, sizeof rh, deadline))) return st;
     if (memcmp(rh, CT_WIRE_MAGIC, 4)) return break_handle(s, CT_ERR_FORMAT, "%s", "a reply that is not a store frame");
     if (rh[4] != CT_WIRE_VERSION) return break_handle(s, CT_ERR_FORMAT, "%s", "a reply of another protocol version");
-    uint32_t len = ct_wire_get32(rh + 8);
+    uint32_t len = cti_wire_get32(rh + 8);
     if (rh[5] > CT_WIRE_ERROR || len > CT_WIRE_REPLY_LIMIT)
         return break_handle(s, CT_ERR_FORMAT, "%s", "a malformed reply header");
     out->status = rh[5];
@@ -315,13 +315,13 @@ ct_store *ct_store_new(const ct_store_config *cfg)
         free(s);
         return NULL;
     }
-    if (cfg->serve && !(s->srv = ct_store_server_start(cfg->host, cfg->port, &s->port))) {
+    if (cfg->serve && !(s->srv = cti_store_server_start(cfg->host, cfg->port, &s->port))) {
         uv_mutex_destroy(&s->mu);
         free(s);
         return NULL;
     }
     if (store_connect(s)) {
-        ct_store_server_stop(s->srv);
+        cti_store_server_stop(s->srv);
         uv_mutex_destroy(&s->mu);
         free(s);
         return NULL;
@@ -376,7 +376,7 @@ ct_status ct_store_get(ct_store *s, const char *key, double timeout_s, void **va
     if (check_key("get", key)) return CT_ERR_INVALID;
     double t = effective_timeout(s, timeout_s);
     uint8_t ms[8];
-    ct_wire_put64(ms, wire_ms(t));
+    cti_wire_put64(ms, wire_ms(t));
     reply r = {0};
     ct_status st = request(s, CT_WIRE_GET, &key, 1, ms, sizeof ms, t, &r);
     if (st) return ct_error_prefix("store get '%s': ", key);
@@ -397,12 +397,12 @@ ct_status ct_store_add(ct_store *s, const char *key, int64_t delta, int64_t *res
     if (!s) return ct_error_set(CT_ERR_INVALID, "store add: the store is NULL");
     if (check_key("add", key)) return CT_ERR_INVALID;
     uint8_t d[8];
-    ct_wire_put64(d, (uint64_t)delta);
+    cti_wire_put64(d, (uint64_t)delta);
     reply r = {0};
     ct_status st = request(s, CT_WIRE_ADD, &key, 1, d, sizeof d, -1, &r);
     if (st) return ct_error_prefix("store add '%s': ", key);
     bool ok = r.status == CT_WIRE_OK && r.len == 8;
-    if (ok && result) *result = (int64_t)ct_wire_get64(r.body);
+    if (ok && result) *result = (int64_t)cti_wire_get64(r.body);
     free(r.body);
     if (!ok) return ct_error_set(CT_ERR_FORMAT, "store add '%s': the master sent a malformed reply", key);
     return CT_OK;
@@ -423,7 +423,7 @@ static ct_status wait_keys(ct_store *s, const char *const *keys, int nkeys, doub
                            uint32_t *nmissing)
 {
     uint8_t ms[8];
-    ct_wire_put64(ms, wire_ms(t));
+    cti_wire_put64(ms, wire_ms(t));
     reply r = {0};
     ct_status st = request(s, CT_WIRE_WAIT, keys, nkeys, ms, sizeof ms, t, &r);
     if (st) return st;
@@ -440,7 +440,7 @@ static ct_status wait_keys(ct_store *s, const char *const *keys, int nkeys, doub
         return ct_error_set(CT_ERR_NOMEM, "store wait: out of memory");
     }
     for (uint32_t i = 0; i < n; i++) {
-        idx[i] = ct_wire_get32(r.body + 4 * i);
+        idx[i] = cti_wire_get32(r.body + 4 * i);
         if (idx[i] >= (uint32_t)nkeys) {
             free(idx);
             free(r.body);
@@ -554,7 +554,7 @@ ct_status ct_store_barrier(ct_store *s, const char *name, double timeout_s)
     if (!*name || strlen(name) > CT_STORE_MAX_KEY - 64)
         return ct_error_set(CT_ERR_INVALID, "store barrier: a name of %zu bytes; names are 1..%d bytes", strlen(name),
                             CT_STORE_MAX_KEY - 64);
-    double t = effective_timeout(s, timeout_s), deadline = ct_dist_now() + t;
+    double t = effective_timeout(s, timeout_s), deadline = cti_dist_now() + t;
     uint64_t gen = 0;
     if (barrier_enter(s, name, &gen)) return CT_ERR_NOMEM;
     char prefix[CT_STORE_MAX_KEY - 16], key[CT_STORE_MAX_KEY + 32];
@@ -567,7 +567,7 @@ ct_status ct_store_barrier(ct_store *s, const char *name, double timeout_s)
     snprintf(key, sizeof key, "%s/done", prefix);
     if (arrived == s->world_size && ct_store_set(s, key, "", 0)) return ct_error_prefix("barrier '%s': ", name);
 
-    double left = deadline - ct_dist_now();
+    double left = deadline - cti_dist_now();
     const char *done = key;
     uint32_t *missing, n;
     ct_status st = wait_keys(s, &done, 1, left > 0 ? left : 0, &missing, &n);
@@ -581,7 +581,7 @@ void ct_store_free(ct_store *s)
 {
     if (!s) return;
     if (s->fd >= 0) close(s->fd);
-    ct_store_server_stop(s->srv);
+    cti_store_server_stop(s->srv);
     for (int i = 0; i < s->ngens; i++) free(s->gens[i].name);
     free(s->gens);
     uv_mutex_destroy(&s->mu);

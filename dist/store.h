@@ -49,6 +49,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/api.h"
 #include "core/error.h"
 
 #define CT_STORE_MAX_KEY 1024                  /* bytes */
@@ -73,36 +74,36 @@ typedef struct ct_store_config {
  * given, a host name binds every interface, "localhost" the loopback), then connects,
  * retrying until the timeout. New handle, owned by the caller (ct_store_free);
  * NULL on failure with ct_last_error() set. */
-ct_store *ct_store_new(const ct_store_config *cfg);
+CT_API ct_store *ct_store_new(const ct_store_config *cfg);
 
 /* The server's port: the bound one for the serving handle (useful with port 0),
  * else the configured one. */
-int ct_store_port(const ct_store *s);
+CT_API int ct_store_port(const ct_store *s);
 
 /* Stores n bytes under key (replacing any value) and wakes requests waiting on it. */
-ct_status ct_store_set(ct_store *s, const char *key, const void *val, size_t n);
+CT_API ct_status ct_store_set(ct_store *s, const char *key, const void *val, size_t n);
 
 /* Waits until key exists, then *val = a copy of its value (malloc'd, owned by the
  * caller, followed by a NUL byte not counted in *n so text can be used as is).
  * CT_ERR_TIMEOUT when the key is not set within timeout_s. */
-ct_status ct_store_get(ct_store *s, const char *key, double timeout_s, void **val, size_t *n);
+CT_API ct_status ct_store_get(ct_store *s, const char *key, double timeout_s, void **val, size_t *n);
 
 /* Atomically adds delta to the counter under key (a missing key counts as 0) and
  * sets *result (may be NULL) to the new value. Counters are stored as decimal text
  * ("12"), so ct_store_get reads them; adding to a non-integer value is CT_ERR_INVALID. */
-ct_status ct_store_add(ct_store *s, const char *key, int64_t delta, int64_t *result);
+CT_API ct_status ct_store_add(ct_store *s, const char *key, int64_t delta, int64_t *result);
 
 /* Waits until every key exists (1..CT_STORE_MAX_WAIT_KEYS keys). CT_ERR_TIMEOUT
  * names the keys still missing. */
-ct_status ct_store_wait(ct_store *s, const char *const *keys, int nkeys, double timeout_s);
+CT_API ct_status ct_store_wait(ct_store *s, const char *const *keys, int nkeys, double timeout_s);
 
 /* Returns when all world_size ranks have called it with the same name (the n-th call
  * with a name meets the n-th call of every other rank). CT_ERR_TIMEOUT names the ranks
  * that did not arrive ("barrier 'init': ranks 2, 3 of 4 did not arrive within 5 s"). */
-ct_status ct_store_barrier(ct_store *s, const char *name, double timeout_s);
+CT_API ct_status ct_store_barrier(ct_store *s, const char *name, double timeout_s);
 
 /* Closes the connection; the serving handle also stops the loop thread, closes every
  * client's connection and frees the data. NULL is a no-op. */
-void ct_store_free(ct_store *s);
+CT_API void ct_store_free(ct_store *s);
 
 #endif

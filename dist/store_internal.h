@@ -42,7 +42,7 @@ enum {
 
 /* The largest body a request with nkeys keys may have; a header claiming more is
  * a foreign or broken peer and its connection is closed. */
-static inline uint64_t ct_wire_body_limit(unsigned nkeys)
+static inline uint64_t cti_wire_body_limit(unsigned nkeys)
 {
     return (uint64_t)nkeys * (4 + CT_STORE_MAX_KEY) + CT_STORE_MAX_VALUE;
 }
@@ -50,41 +50,41 @@ static inline uint64_t ct_wire_body_limit(unsigned nkeys)
 /* Replies carry at most a value, or one index per waited key. */
 #define CT_WIRE_REPLY_LIMIT ((uint64_t)CT_STORE_MAX_VALUE + 4u * CT_STORE_MAX_WAIT_KEYS)
 
-static inline void ct_wire_put16(uint8_t *p, uint16_t v)
+static inline void cti_wire_put16(uint8_t *p, uint16_t v)
 {
     p[0] = (uint8_t)v;
     p[1] = (uint8_t)(v >> 8);
 }
 
-static inline void ct_wire_put32(uint8_t *p, uint32_t v)
+static inline void cti_wire_put32(uint8_t *p, uint32_t v)
 {
     for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> 8 * i);
 }
 
-static inline void ct_wire_put64(uint8_t *p, uint64_t v)
+static inline void cti_wire_put64(uint8_t *p, uint64_t v)
 {
     for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> 8 * i);
 }
 
-static inline uint16_t ct_wire_get16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static inline uint16_t cti_wire_get16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 
-static inline uint32_t ct_wire_get32(const uint8_t *p)
+static inline uint32_t cti_wire_get32(const uint8_t *p)
 {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-static inline uint64_t ct_wire_get64(const uint8_t *p)
+static inline uint64_t cti_wire_get64(const uint8_t *p)
 {
-    return (uint64_t)ct_wire_get32(p) | (uint64_t)ct_wire_get32(p + 4) << 32;
+    return (uint64_t)cti_wire_get32(p) | (uint64_t)cti_wire_get32(p + 4) << 32;
 }
 
-static inline void ct_wire_header(uint8_t *h, uint8_t op, uint16_t nkeys, uint32_t body_len)
+static inline void cti_wire_header(uint8_t *h, uint8_t op, uint16_t nkeys, uint32_t body_len)
 {
     memcpy(h, CT_WIRE_MAGIC, 4);
     h[4] = CT_WIRE_VERSION;
     h[5] = op;
-    ct_wire_put16(h + 6, nkeys);
-    ct_wire_put32(h + 8, body_len);
+    cti_wire_put16(h + 6, nkeys);
+    cti_wire_put32(h + 8, body_len);
 }
 
 /* ---- the server's table (dist/store_table.c); keys are byte strings -------- */
@@ -104,12 +104,12 @@ typedef struct ct_store_table {
 } ct_store_table;
 
 /* The entry of key k (n bytes), borrowed; NULL when absent. */
-ct_store_entry *ct_store_table_find(const ct_store_table *t, const uint8_t *k, uint32_t n);
+ct_store_entry *cti_store_table_find(const ct_store_table *t, const uint8_t *k, uint32_t n);
 /* Stores val under k, taking ownership of val (and freeing a replaced value).
  * false on allocation failure, with val still the caller's. */
-bool ct_store_table_put(ct_store_table *t, const uint8_t *k, uint32_t n, uint8_t *val, size_t vlen);
+bool cti_store_table_put(ct_store_table *t, const uint8_t *k, uint32_t n, uint8_t *val, size_t vlen);
 /* Frees every entry and value; the table is then empty. */
-void ct_store_table_free(ct_store_table *t);
+void cti_store_table_free(ct_store_table *t);
 
 /* ---- the server, run by the handle that serves ----------------------------- */
 
@@ -117,8 +117,8 @@ typedef struct ct_store_server ct_store_server;
 
 /* Binds host:port (port 0: any free port), then serves on a thread of its own.
  * *bound_port = the port bound. NULL on failure with the error set. */
-ct_store_server *ct_store_server_start(const char *host, int port, int *bound_port);
+ct_store_server *cti_store_server_start(const char *host, int port, int *bound_port);
 /* Stops the loop, closes every connection, frees everything. NULL is a no-op. */
-void ct_store_server_stop(ct_store_server *srv);
+void cti_store_server_stop(ct_store_server *srv);
 
 #endif

@@ -111,7 +111,7 @@ static wreq *reply_new(uint8_t status, size_t body_len)
     wreq *w = malloc(sizeof *w + CT_WIRE_HEADER + body_len);
     if (!w) return NULL;
     w->len = CT_WIRE_HEADER + body_len;
-    ct_wire_header(w->data, status, 0, (uint32_t)body_len);
+    cti_wire_header(w->data, status, 0, (uint32_t)body_len);
     return w;
 }
 
@@ -178,7 +178,7 @@ static bool keys_present(conn *c)
     const uint8_t *body = frame_body(c);
     while (c->next_missing < c->nkeys) {
         span k = c->keys[c->next_missing];
-        if (!ct_store_table_find(&c->srv->kv, body + k.off, k.len)) return false;
+        if (!cti_store_table_find(&c->srv->kv, body + k.off, k.len)) return false;
         c->next_missing++;
     }
     return true;
@@ -188,7 +188,7 @@ static bool keys_present(conn *c)
 static void answer(conn *c)
 {
     if (c->op == CT_WIRE_GET) {
-        const ct_store_entry *e = ct_store_table_find(&c->srv->kv, frame_body(c) + c->keys[0].off, c->keys[0].len);
+        const ct_store_entry *e = cti_store_table_find(&c->srv->kv, frame_body(c) + c->keys[0].off, c->keys[0].len);
         reply_bytes(c, CT_WIRE_OK, e->val, e->vlen);
     } else {
         reply_bytes(c, CT_WIRE_OK, NULL, 0);
@@ -218,10 +218,10 @@ static void on_timeout(uv_timer_t *t)
             uint32_t n = 0;
             const uint8_t *body = frame_body(c);
             for (uint32_t i = c->next_missing; i < c->nkeys; i++)
-                if (!ct_store_table_find(&c->srv->kv, body + c->keys[i].off, c->keys[i].len))
-                    ct_wire_put32(w->data + CT_WIRE_HEADER + 4 * n++, i);
+                if (!cti_store_table_find(&c->srv->kv, body + c->keys[i].off, c->keys[i].len))
+                    cti_wire_put32(w->data + CT_WIRE_HEADER + 4 * n++, i);
             w->len = CT_WIRE_HEADER + 4u * n;
-            ct_wire_put32(w->data + 8, 4u * n);
+            cti_wire_put32(w->data + 8, 4u * n);
         }
     } else {
         w = reply_new(CT_WIRE_TIMEOUT, 0);
@@ -235,7 +235,7 @@ static void op_set(conn *c, const uint8_t *key, uint32_t klen, const uint8_t *va
 {
     uint8_t *copy = malloc(vlen ? vlen : 1);
     if (copy) memcpy(copy, val, vlen);
-    if (!copy || !ct_store_table_put(&c->srv->kv, key, klen, copy, vlen)) {
+    if (!copy || !cti_store_table_put(&c->srv->kv, key, klen, copy, vlen)) {
         free(copy);
         reply_error(c, "store: the master ran out of memory storing a value under '%.*s'", key, klen);
         frame_done(c);
@@ -249,7 +249,7 @@ static void op_set(conn *c, const uint8_t *key, uint32_t klen, const uint8_t *va
 static void op_add(conn *c, const uint8_t *key, uint32_t klen, int64_t delta)
 {
     int64_t cur = 0;
-    const ct_store_entry *e = ct_store_table_find(&c->srv->kv, key, klen);
+    const ct_store_entry *e = cti_store_table_find(&c->srv->kv, key, klen);
     if (e) {
         char text[32], *end;
         bool ok = e->vlen > 0 && e->vlen < sizeof text;
@@ -275,7 +275,7 @@ static void op_add(conn *c, const uint8_t *key, uint32_t klen, int64_t delta)
     char text[32];
     int n = snprintf(text, sizeof text, "%lld", (long long)sum);
     uint8_t *val = malloc((size_t)n);
-    if (!val || !ct_store_table_put(&c->srv->kv, key, klen, val, (size_t)n)) {
+    if (!val || !cti_store_table_put(&c->srv->kv, key, klen, val, (size_t)n)) {
         free(val);
         reply_error(c, "store: the master ran out of memory updating '%.*s'", key, klen);
         frame_done(c);
@@ -283,7 +283,7 @@ static void op_add(conn *c, const uint8_t *key, uint32_t klen, int64_t delta)
     }
     memcpy(val, text, (size_t)n);
     uint8_t out[8];
-    ct_wire_put64(out, (uint64_t)sum);
+    cti_wire_put64(out, (uint64_t)sum);
     reply_bytes(c, CT_WIRE_OK, out, sizeof out);
     frame_done(c);
     wake_waiters(c->srv);
@@ -313,7 +313,7 @@ static bool handle_frame(conn *c, uint32_t body_len)
     uint32_t p = 0;
     for (unsigned i = 0; i < c->nkeys; i++) {
         if (body_len - p < 4) return false;
-        uint32_t klen = ct_wire_get32(body + p);
+        uint32_t klen = cti_wire_get32(body + p);
         p += 4;
         if (klen == 0 || klen > CT_STORE_MAX_KEY || klen > body_len - p) return false;
         c->keys[i] = (span){p, klen};
@@ -324,8 +324,8 @@ static bool handle_frame(conn *c, uint32_t body_len)
     if (c->op != CT_WIRE_SET && vlen != 8) return false;
     switch (c->op) {
     case CT_WIRE_SET: op_set(c, key, c->keys[0].len, val, vlen); break;
-    case CT_WIRE_ADD: op_add(c, key, c->keys[0].len, (int64_t)ct_wire_get64(val)); break;
-    default: op_wait(c, ct_wire_get64(val)); break;
+    case CT_WIRE_ADD: op_add(c, key, c->keys[0].len, (int64_t)cti_wire_get64(val)); break;
+    default: op_wait(c, cti_wire_get64(val)); break;
     }
     return true;
 }
@@ -351,11 +351,11 @@ static void process(conn *c)
             return;
         }
         uint8_t op = h[5];
-        uint16_t nkeys = ct_wire_get16(h + 6);
-        uint32_t body_len = ct_wire_get32(h + 8);
+        uint16_t nkeys = cti_wire_get16(h + 6);
+        uint32_t body_len = cti_wire_get32(h + 8);
         bool ok = op >= CT_WIRE_SET && op <= CT_WIRE_WAIT && nkeys >= 1 &&
                   (op == CT_WIRE_WAIT ? nkeys <= CT_STORE_MAX_WAIT_KEYS : nkeys == 1) &&
-                  body_len <= ct_wire_body_limit(nkeys);
+                  body_len <= cti_wire_body_limit(nkeys);
         if (!ok) {
             conn_close(c);
             return;
@@ -410,7 +410,7 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     }
     if (c->parked) {
         /* a client waits for its answer before sending more: at most one frame queued */
-        if (c->len - c->off > c->frame_len + CT_WIRE_HEADER + ct_wire_body_limit(CT_STORE_MAX_WAIT_KEYS))
+        if (c->len - c->off > c->frame_len + CT_WIRE_HEADER + cti_wire_body_limit(CT_STORE_MAX_WAIT_KEYS))
             conn_close(c);
         return;
     }
@@ -500,7 +500,7 @@ static void close_quietly(uv_loop_t *loop)
     uv_loop_close(loop);
 }
 
-ct_store_server *ct_store_server_start(const char *host, int port, int *bound_port)
+ct_store_server *cti_store_server_start(const char *host, int port, int *bound_port)
 {
     const char *shown = host && *host ? host : "127.0.0.1";
     struct sockaddr_storage sa;
@@ -535,7 +535,7 @@ ct_store_server *ct_store_server_start(const char *host, int port, int *bound_po
     if ((rc = uv_async_init(&srv->loop, &srv->stop, on_stop))) goto fail_timer;
     srv->stop.data = srv;
     /* a client that vanishes mid-reply must fail a write, not kill the process */
-    if ((rc = ct_loop_thread_create(&srv->thread, server_main, srv, &what))) goto fail_async;
+    if ((rc = cti_loop_thread_create(&srv->thread, server_main, srv, &what))) goto fail_async;
     return srv;
 
 fail_async:
@@ -560,7 +560,7 @@ fail_loop:
     return NULL;
 }
 
-void ct_store_server_stop(ct_store_server *srv)
+void cti_store_server_stop(ct_store_server *srv)
 {
     if (!srv) return;
     /* uv_async_send only fails on a handle that is not an async one */
@@ -568,6 +568,6 @@ void ct_store_server_stop(ct_store_server *srv)
     uv_thread_join(&srv->thread);
     /* every handle was closed by on_stop and the loop has run their callbacks */
     CT_ASSERT(uv_loop_close(&srv->loop) == 0);
-    ct_store_table_free(&srv->kv);
+    cti_store_table_free(&srv->kv);
     free(srv);
 }

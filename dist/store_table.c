@@ -13,7 +13,7 @@ static uint64_t table_hash(const uint8_t *k, size_t n)
     return h;
 }
 
-ct_store_entry *ct_store_table_find(const ct_store_table *t, const uint8_t *k, uint32_t n)
+ct_store_entry *cti_store_table_find(const ct_store_table *t, const uint8_t *k, uint32_t n)
 {
     if (!t->nb) return NULL;
     uint64_t h = table_hash(k, n);
@@ -39,9 +39,9 @@ static bool table_grow(ct_store_table *t)
     return true;
 }
 
-bool ct_store_table_put(ct_store_table *t, const uint8_t *k, uint32_t n, uint8_t *val, size_t vlen)
+bool cti_store_table_put(ct_store_table *t, const uint8_t *k, uint32_t n, uint8_t *val, size_t vlen)
 {
-    ct_store_entry *e = ct_store_table_find(t, k, n);
+    ct_store_entry *e = cti_store_table_find(t, k, n);
     if (e) {
         free(e->val);
         e->val = val;
@@ -62,7 +62,7 @@ bool ct_store_table_put(ct_store_table *t, const uint8_t *k, uint32_t n, uint8_t
     return true;
 }
 
-void ct_store_table_free(ct_store_table *t)
+void cti_store_table_free(ct_store_table *t)
 {
     for (size_t i = 0; i < t->nb; i++)
         for (ct_store_entry *e = t->b[i], *next; e; e = next) {

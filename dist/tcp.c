@@ -100,7 +100,7 @@ static ct_status tcp_send_msg(ct_transport *t, int peer, const ct_msg *m, const 
     if (!s) return CT_ERR_NOMEM;
     s->cb = cb;
     s->arg = arg;
-    ct_msg_encode(s->hdr, m);
+    cti_msg_encode(s->hdr, m);
     const void *p = payload;
     if (copy && m->len) {
         memcpy(s->copy, payload, m->len);
@@ -128,13 +128,13 @@ static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 }
 
 /* The payload (or a header without one) is complete. */
-static void message_done(tcp_conn *c) { ct_msg_reader_done(&c->rd, &c->tp->h, c->peer); }
+static void message_done(tcp_conn *c) { cti_msg_reader_done(&c->rd, &c->tp->h, c->peer); }
 
 /* A whole header is in c->rd.hdr: ask where its payload goes. false: stop reading. */
 static bool header_done(tcp_conn *c)
 {
     char why[160];
-    int rc = ct_msg_reader_header(&c->rd, &c->tp->h, c->peer, why, sizeof why);
+    int rc = cti_msg_reader_header(&c->rd, &c->tp->h, c->peer, why, sizeof why);
     if (rc == -1) conn_fail(c, CT_ERR_FORMAT, true, "sent a malformed frame: %s", why);
     if (rc == -2) conn_fail(c, CT_ERR_FORMAT, false, "closed by the handler");
     return !rc && !c->closing;
@@ -245,7 +245,7 @@ static void tcp_free(ct_transport *t)
 static const ct_transport_ops tcp_ops = {
     .name = "tcp", .start = tcp_start, .send = tcp_send_msg, .close = tcp_close, .free = tcp_free};
 
-ct_transport *ct_tcp_transport_wrap(int rank, int size, int *fds)
+ct_transport *cti_tcp_transport_wrap(int rank, int size, int *fds)
 {
     tcp_tp *tp = calloc(1, sizeof *tp);
     if (tp) {

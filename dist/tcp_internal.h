@@ -7,12 +7,12 @@
 
 /* A transport over connected sockets: fds[p] is the connection to rank p, fds[rank]
  * is -1. Takes fds (malloc'd) and the sockets, also on failure (NULL, error set). */
-ct_transport *ct_tcp_transport_wrap(int rank, int size, int *fds);
+ct_transport *cti_tcp_transport_wrap(int rank, int size, int *fds);
 
-/* The setup of ct_tcp_transport_new without the transport: the connected,
+/* The setup of cti_tcp_transport_new without the transport: the connected,
  * non-blocking sockets (TCP_NODELAY), fds[p] to rank p, fds[rank] = -1; malloc'd,
  * owned by the caller. NULL with the error set on failure. The shared-memory
  * transport (dist/shm_setup.c) uses them for its handshake and as doorbells. */
-int *ct_tcp_connect(const ct_transport_setup *s);
+int *cti_tcp_connect(const ct_transport_setup *s);
 
 #endif

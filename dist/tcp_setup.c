@@ -58,7 +58,7 @@ static int io_full(int fd, void *buf, size_t n, bool out, double deadline, char 
             snprintf(why, cap, "%s", strerror(errno));
             return -1;
         }
-        int r = ct_dist_wait_fd(fd, out ? POLLOUT : POLLIN, deadline);
+        int r = cti_dist_wait_fd(fd, out ? POLLOUT : POLLIN, deadline);
         if (r <= 0) {
             snprintf(why, cap, "%s", r == 0 ? "no answer in time" : strerror(errno));
             return -1;
@@ -132,9 +132,9 @@ static void hello_encode(uint8_t *h, int rank, int size, uint64_t nonce)
     memset(h, 0, HELLO_BYTES);
     memcpy(h, HELLO_MAGIC, 4);
     h[4] = HELLO_VERSION;
-    ct_msg_put(h + 8, (uint32_t)rank, 4);
-    ct_msg_put(h + 12, (uint32_t)size, 4);
-    ct_msg_put(h + 16, nonce, 8);
+    cti_msg_put(h + 8, (uint32_t)rank, 4);
+    cti_msg_put(h + 12, (uint32_t)size, 4);
+    cti_msg_put(h + 16, nonce, 8);
 }
 
 /* Connects to peer q at "ip port" and sends the hello; retries refusals until the deadline. */
@@ -162,7 +162,7 @@ static int connect_peer(int q, const char *addr, const ct_transport_setup *s, ui
     }
     char why[256] = "no attempt";
     double backoff = 0.01;
-    while (ct_dist_now() < deadline) {
+    while (cti_dist_now() < deadline) {
         int fd = socket(sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (fd < 0 || set_nonblock(fd)) {
             snprintf(why, sizeof why, "socket: %s", strerror(errno));
@@ -171,7 +171,7 @@ static int connect_peer(int q, const char *addr, const ct_transport_setup *s, ui
         }
         int rc = connect(fd, (struct sockaddr *)&sa, len), err = rc ? errno : 0;
         if (rc && err == EINPROGRESS) {
-            int r = ct_dist_wait_fd(fd, POLLOUT, deadline);
+            int r = cti_dist_wait_fd(fd, POLLOUT, deadline);
             socklen_t el = sizeof err;
             if (r <= 0) err = r == 0 ? ETIMEDOUT : errno;
             else if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el)) err = errno;
@@ -192,7 +192,7 @@ static int connect_peer(int q, const char *addr, const ct_transport_setup *s, ui
         nanosleep(&ts, NULL);
         backoff = backoff * 2 > 0.5 ? 0.5 : backoff * 2;
     }
-    ct_error_set(ct_dist_now() >= deadline ? CT_ERR_TIMEOUT : CT_ERR_PEER,
+    ct_error_set(cti_dist_now() >= deadline ? CT_ERR_TIMEOUT : CT_ERR_PEER,
                  "tcp: cannot connect to rank %d at %s:%d (%s); is that host reachable from this one? set "
                  "CTRAIN_TIMEOUT to wait longer",
                  q, ip, port, why);
@@ -204,7 +204,7 @@ static ct_status accept_peers(int *fds, int lfd, const ct_transport_setup *s, ui
 {
     int need = s->size - 1 - s->rank;
     while (need > 0) {
-        int r = ct_dist_wait_fd(lfd, POLLIN, deadline);
+        int r = cti_dist_wait_fd(lfd, POLLIN, deadline);
         if (r < 0) return ct_error_set(CT_ERR_IO, "tcp: poll on the listening socket: %s", strerror(errno));
         if (r == 0) {
             char list[256] = "";
@@ -225,8 +225,8 @@ static ct_status accept_peers(int *fds, int lfd, const ct_transport_setup *s, ui
         char why[128];
         int q = -1;
         if (io_full(fd, h, sizeof h, false, deadline, why, sizeof why) == 0 && !memcmp(h, HELLO_MAGIC, 4) &&
-            h[4] == HELLO_VERSION && ct_msg_get(h + 12, 4) == (uint64_t)s->size && ct_msg_get(h + 16, 8) == nonce) {
-            q = (int)ct_msg_get(h + 8, 4);
+            h[4] == HELLO_VERSION && cti_msg_get(h + 12, 4) == (uint64_t)s->size && cti_msg_get(h + 16, 8) == nonce) {
+            q = (int)cti_msg_get(h + 8, 4);
             if (q <= s->rank || q >= s->size || fds[q] >= 0) q = -1;
         }
         int one = 1;
@@ -244,7 +244,7 @@ static ct_status store_get_text(const ct_transport_setup *s, const char *key, do
 {
     void *v = NULL;
     size_t n = 0;
-    double left = deadline - ct_dist_now();
+    double left = deadline - cti_dist_now();
     if (left <= 0.001) left = 0.001;
     ct_status st = ct_store_get(s->store, key, left, &v, &n);
     if (st) return ct_error_prefix("tcp: ");
@@ -253,9 +253,9 @@ static ct_status store_get_text(const ct_transport_setup *s, const char *key, do
     return CT_OK;
 }
 
-int *ct_tcp_connect(const ct_transport_setup *s)
+int *cti_tcp_connect(const ct_transport_setup *s)
 {
-    double deadline = ct_dist_now() + s->timeout_s;
+    double deadline = cti_dist_now() + s->timeout_s;
     int *fds = malloc((size_t)s->size * sizeof *fds);
     if (!fds) {
         ct_error_set(CT_ERR_NOMEM, "tcp: out of memory setting up the transport for %d ranks", s->size);
@@ -276,8 +276,8 @@ int *ct_tcp_connect(const ct_transport_setup *s)
     if (s->rank == 0) {
         uint8_t b[8];
         if (getrandom(&nonce, sizeof nonce, 0) != (ssize_t)sizeof nonce)
-            nonce = (uint64_t)getpid() * 0x9e3779b97f4a7c15u ^ (uint64_t)(ct_dist_now() * 1e9);
-        ct_msg_put(b, nonce, 8);
+            nonce = (uint64_t)getpid() * 0x9e3779b97f4a7c15u ^ (uint64_t)(cti_dist_now() * 1e9);
+        cti_msg_put(b, nonce, 8);
         if (ct_store_set(s->store, key, b, sizeof b)) {
             ct_error_prefix("tcp: ");
             goto fail;
@@ -285,7 +285,7 @@ int *ct_tcp_connect(const ct_transport_setup *s)
     } else {
         void *v = NULL;
         size_t n = 0;
-        double left = deadline - ct_dist_now();
+        double left = deadline - cti_dist_now();
         if (ct_store_get(s->store, key, left > 0.001 ? left : 0.001, &v, &n)) {
             ct_error_prefix("tcp: ");
             goto fail;
@@ -295,7 +295,7 @@ int *ct_tcp_connect(const ct_transport_setup *s)
             ct_error_set(CT_ERR_FORMAT, "tcp: the group's nonce under '%s' is not 8 bytes", key);
             goto fail;
         }
-        nonce = ct_msg_get(v, 8);
+        nonce = cti_msg_get(v, 8);
         free(v);
     }
     snprintf(key, sizeof key, "%s/addr/%d", s->prefix, s->rank);
@@ -322,8 +322,8 @@ fail:
     return NULL;
 }
 
-ct_transport *ct_tcp_transport_new(const ct_transport_setup *s)
+ct_transport *cti_tcp_transport_new(const ct_transport_setup *s)
 {
-    int *fds = ct_tcp_connect(s);
-    return fds ? ct_tcp_transport_wrap(s->rank, s->size, fds) : NULL;
+    int *fds = cti_tcp_connect(s);
+    return fds ? cti_tcp_transport_wrap(s->rank, s->size, fds) : NULL;
 }

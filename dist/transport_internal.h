@@ -59,19 +59,19 @@ typedef struct ct_msg {
     uint32_t step, chunk, len;
 } ct_msg;
 
-static inline void ct_msg_put(uint8_t *p, uint64_t v, int n)
+static inline void cti_msg_put(uint8_t *p, uint64_t v, int n)
 {
     for (int i = 0; i < n; i++) p[i] = (uint8_t)(v >> 8 * i);
 }
 
-static inline uint64_t ct_msg_get(const uint8_t *p, int n)
+static inline uint64_t cti_msg_get(const uint8_t *p, int n)
 {
     uint64_t v = 0;
     for (int i = n - 1; i >= 0; i--) v = v << 8 | p[i];
     return v;
 }
 
-static inline void ct_msg_encode(uint8_t out[CT_MSG_HEADER], const ct_msg *m)
+static inline void cti_msg_encode(uint8_t out[CT_MSG_HEADER], const ct_msg *m)
 {
     memset(out, 0, CT_MSG_HEADER);
     memcpy(out, CT_MSG_MAGIC, 4);
@@ -82,17 +82,17 @@ static inline void ct_msg_encode(uint8_t out[CT_MSG_HEADER], const ct_msg *m)
     out[8] = m->dtype;
     out[9] = m->algo;
     out[10] = m->status;
-    ct_msg_put(out + 12, (uint32_t)m->root, 4);
-    ct_msg_put(out + 16, m->group, 8);
-    ct_msg_put(out + 24, m->seq, 8);
-    ct_msg_put(out + 32, (uint64_t)m->count, 8);
-    ct_msg_put(out + 40, m->step, 4);
-    ct_msg_put(out + 44, m->chunk, 4);
-    ct_msg_put(out + 48, m->len, 4);
+    cti_msg_put(out + 12, (uint32_t)m->root, 4);
+    cti_msg_put(out + 16, m->group, 8);
+    cti_msg_put(out + 24, m->seq, 8);
+    cti_msg_put(out + 32, (uint64_t)m->count, 8);
+    cti_msg_put(out + 40, m->step, 4);
+    cti_msg_put(out + 44, m->chunk, 4);
+    cti_msg_put(out + 48, m->len, 4);
 }
 
 /* false, with the reason in why, when the bytes are not a header of this version. */
-static inline bool ct_msg_decode(const uint8_t in[CT_MSG_HEADER], ct_msg *m, char *why, size_t cap)
+static inline bool cti_msg_decode(const uint8_t in[CT_MSG_HEADER], ct_msg *m, char *why, size_t cap)
 {
     if (memcmp(in, CT_MSG_MAGIC, 4)) {
         char shown[20];
@@ -107,7 +107,7 @@ static inline bool ct_msg_decode(const uint8_t in[CT_MSG_HEADER], ct_msg *m, cha
                  CT_MSG_VERSION);
         return false;
     }
-    if (in[11] || ct_msg_get(in + 52, 4)) {
+    if (in[11] || cti_msg_get(in + 52, 4)) {
         snprintf(why, cap, "reserved header bytes are not zero");
         return false;
     }
@@ -117,13 +117,13 @@ static inline bool ct_msg_decode(const uint8_t in[CT_MSG_HEADER], ct_msg *m, cha
     m->dtype = in[8];
     m->algo = in[9];
     m->status = in[10];
-    m->root = (int32_t)(uint32_t)ct_msg_get(in + 12, 4);
-    m->group = ct_msg_get(in + 16, 8);
-    m->seq = ct_msg_get(in + 24, 8);
-    m->count = (int64_t)ct_msg_get(in + 32, 8);
-    m->step = (uint32_t)ct_msg_get(in + 40, 4);
-    m->chunk = (uint32_t)ct_msg_get(in + 44, 4);
-    m->len = (uint32_t)ct_msg_get(in + 48, 4);
+    m->root = (int32_t)(uint32_t)cti_msg_get(in + 12, 4);
+    m->group = cti_msg_get(in + 16, 8);
+    m->seq = cti_msg_get(in + 24, 8);
+    m->count = (int64_t)cti_msg_get(in + 32, 8);
+    m->step = (uint32_t)cti_msg_get(in + 40, 4);
+    m->chunk = (uint32_t)cti_msg_get(in + 44, 4);
+    m->len = (uint32_t)cti_msg_get(in + 48, 4);
     if (m->kind < CT_MSG_COLL || m->kind > CT_MSG_BYE) {
         snprintf(why, cap, "unknown message kind %d", m->kind);
         return false;
@@ -168,7 +168,7 @@ typedef struct ct_msg_reader {
 
 /* The message in r is complete: hand it to the handler (unless dropped) and wait for
  * the next header. */
-static inline void ct_msg_reader_done(ct_msg_reader *r, const ct_transport_handler *h, int peer)
+static inline void cti_msg_reader_done(ct_msg_reader *r, const ct_transport_handler *h, int peer)
 {
     r->in_payload = false;
     r->hdr_got = 0;
@@ -178,10 +178,10 @@ static inline void ct_msg_reader_done(ct_msg_reader *r, const ct_transport_handl
 /* A whole header is in r->hdr: decodes it and asks h where its payload goes; a message
  * without payload is delivered at once. 0, or -1 with the reason in why (not a frame of
  * this protocol), or -2 (the handler refused the connection). */
-static inline int ct_msg_reader_header(ct_msg_reader *r, const ct_transport_handler *h, int peer, char *why,
-                                       size_t cap)
+static inline int cti_msg_reader_header(ct_msg_reader *r, const ct_transport_handler *h, int peer, char *why,
+                                        size_t cap)
 {
-    if (!ct_msg_decode(r->hdr, &r->m, why, cap)) return -1;
+    if (!cti_msg_decode(r->hdr, &r->m, why, cap)) return -1;
     void *dest = NULL;
     int rc = h->on_header(h->ctx, peer, &r->m, &dest);
     if (rc < 0) return -2;
@@ -190,7 +190,7 @@ static inline int ct_msg_reader_header(ct_msg_reader *r, const ct_transport_hand
     r->got = 0;
     r->in_payload = true;
     CT_ASSERT(r->drop || dest || r->m.len == 0);
-    if (r->m.len == 0) ct_msg_reader_done(r, h, peer);
+    if (r->m.len == 0) cti_msg_reader_done(r, h, peer);
     return 0;
 }
 
@@ -234,6 +234,6 @@ typedef struct ct_transport_setup {
  * the lower ranks and accepts the higher ones, each connection opened by a hello
  * that carries a per-group nonce. New transport owned by the caller; NULL with the
  * error set (names the peer and address) on failure or when the deadline passes. */
-ct_transport *ct_tcp_transport_new(const ct_transport_setup *s);
+ct_transport *cti_tcp_transport_new(const ct_transport_setup *s);
 
 #endif

@@ -24,7 +24,7 @@ ct_status ct_work_req_init(ct_work *w, void (*release)(ct_work *w))
     return CT_OK;
 }
 
-void ct_work_complete(ct_work *w, ct_status st, const char *msg)
+void cti_work_complete(ct_work *w, ct_status st, const char *msg)
 {
     ct_work_req *r = req(w);
     uv_mutex_lock(&r->mu);
@@ -47,7 +47,7 @@ void ct_work_complete(ct_work *w, ct_status st, const char *msg)
 
 void ct_work_ref(ct_work *w) { __atomic_add_fetch(&req(w)->refs, 1, __ATOMIC_RELAXED); }
 
-void ct_work_unref(ct_work *w)
+void cti_work_unref(ct_work *w)
 {
     ct_work_req *r = req(w);
     if (__atomic_sub_fetch(&r->refs, 1, __ATOMIC_ACQ_REL)) return;
@@ -134,7 +134,7 @@ void ct_work_free(ct_work *w)
 {
     if (!w) return;
     ct_work_await(w);
-    ct_work_unref(w);
+    cti_work_unref(w);
 }
 
 void ct_work_on_complete(ct_work *w, ct_work_cb cb, void *arg)

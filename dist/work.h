@@ -18,6 +18,7 @@
 
 #include <stdbool.h>
 
+#include "core/api.h"
 #include "core/error.h"
 
 typedef struct ct_work ct_work;
@@ -25,29 +26,31 @@ typedef struct ct_work ct_work;
 /* Blocks until the work completes and returns its status; on failure the message is
  * ct_last_error() of the calling thread. The wait is bounded: a collective that
  * cannot complete fails within the group timeout. NULL: CT_ERR_INVALID. */
-ct_status ct_work_wait(ct_work *w);
+CT_API ct_status ct_work_wait(ct_work *w);
 
 /* The common blocking call: w is the result of submitting a collective (NULL when
  * the submit failed, its error set); waits for it and frees it. The status is
  * ct_work_wait's, or the submit's failure. */
-ct_status ct_work_run(ct_work *w);
+CT_API ct_status ct_work_run(ct_work *w);
 
 /* As ct_work_wait, but gives up after seconds (>= 0): CT_ERR_TIMEOUT if the work is
  * still running, which it keeps doing (wait again, test or free it later). */
-ct_status ct_work_wait_timeout(ct_work *w, double seconds);
+CT_API ct_status ct_work_wait_timeout(ct_work *w, double seconds);
 
 /* *done = whether the work has completed; returns its status when done, else CT_OK. */
-ct_status ct_work_test(ct_work *w, bool *done);
+CT_API ct_status ct_work_test(ct_work *w, bool *done);
 
 /* When the work completed, in seconds of the monotonic clock libuv uses (uv_hrtime
  * / 1e9), or 0 while it runs: the DDP engine measures how much communication
  * backward hid with it. */
-double ct_work_end_time(const ct_work *w);
+CT_API double ct_work_end_time(const ct_work *w);
 
 /* Waits for completion if still running, then frees. NULL is a no-op. */
-void ct_work_free(ct_work *w);
+CT_API void ct_work_free(ct_work *w);
 
-/* Called once when w completes, with its status (the message is ct_work_wait's).
+/* A completion callback: the work, its status, the argument given with it. */
+typedef void (*ct_work_cb)(ct_work *w, ct_status status, void *arg);
+/* Calls cb once when w completes, with its status (the message is ct_work_wait's).
  * It runs on the thread that completes the work — usually the communication thread —
  * before the waiters wake, so once ct_work_wait or ct_work_test reports completion
  * the callback has returned; it must be short, must not wait on, test or free w, and
@@ -55,7 +58,6 @@ void ct_work_free(ct_work *w);
  * When w has already completed (as a direct allreduce has once its submit returns),
  * cb runs at once on the calling thread. Setting another callback before completion
  * replaces the first; NULL removes it. NULL w: nothing. */
-typedef void (*ct_work_cb)(ct_work *w, ct_status status, void *arg);
-void ct_work_on_complete(ct_work *w, ct_work_cb cb, void *arg);
+CT_API void ct_work_on_complete(ct_work *w, ct_work_cb cb, void *arg);
 
 #endif

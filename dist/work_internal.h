@@ -14,7 +14,7 @@
  *
  * References. A work starts with two: the caller's (dropped by ct_work_free) and
  * the executor's (dropped once the executor is done with the work's memory). The
- * executor holds its reference across ct_work_complete, so the work outlives the
+ * executor holds its reference across cti_work_complete, so the work outlives the
  * completion callback and the wake-up of the waiters even when a waiter frees it.
  */
 #ifndef CT_DIST_WORK_INTERNAL_H
@@ -31,7 +31,7 @@
 typedef struct ct_work_req {
     uv_mutex_t mu; /* guards everything below but refs */
     uv_cond_t cv;  /* broadcast when done becomes true */
-    bool completing; /* ct_work_complete has taken the callback: a late setter runs it itself */
+    bool completing; /* cti_work_complete has taken the callback: a late setter runs it itself */
     bool done;
     ct_status status;
     char msg[CT_WORK_MSG];
@@ -39,7 +39,7 @@ typedef struct ct_work_req {
     ct_work_cb cb;
     void *cb_arg;
     int refs; /* atomic */
-    /* the executor's destructor, run by the last ct_work_unref after the request's
+    /* the executor's destructor, run by the last cti_work_unref after the request's
      * own resources are gone: frees what the executor attached, then the memory */
     void (*release)(ct_work *w);
 } ct_work_req;
@@ -52,7 +52,7 @@ ct_status ct_work_req_init(ct_work *w, void (*release)(ct_work *w));
 /* Records the outcome (msg may be NULL for success), runs the completion callback
  * (if set) on this thread, then wakes the waiters. Exactly once per work; the
  * caller holds a reference. */
-void ct_work_complete(ct_work *w, ct_status st, const char *msg);
+void cti_work_complete(ct_work *w, ct_status st, const char *msg);
 
 /* Blocks until w completes, without reporting its status (for an executor that
  * orders one operation after another and learns about failures its own way). */
@@ -61,6 +61,6 @@ void ct_work_await(ct_work *w);
 /* Takes one more reference (an executor that keeps a finished work around). */
 void ct_work_ref(ct_work *w);
 /* Drops one reference; the last destroys the request and calls release. */
-void ct_work_unref(ct_work *w);
+void cti_work_unref(ct_work *w);
 
 #endif

@@ -19,12 +19,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size < CT_MSG_HEADER) return 0;
     ct_msg m;
     char why[160] = "";
-    if (!ct_msg_decode(data, &m, why, sizeof why)) {
+    if (!cti_msg_decode(data, &m, why, sizeof why)) {
         CT_ASSERT(why[0] != '\0');
         return 0;
     }
     uint8_t again[CT_MSG_HEADER];
-    ct_msg_encode(again, &m);
+    cti_msg_encode(again, &m);
     CT_ASSERT(memcmp(again, data, CT_MSG_HEADER) == 0);
     return 0;
 }

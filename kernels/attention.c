@@ -3,11 +3,11 @@
 #include <math.h>
 
 #include "kernels/cpu/attention.h"
-#include "kernels/dispatch.h"
+#include "kernels/dispatch_internal.h"
 
-static const ct_attention_fn attention_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = ct_cpu_attention};
+static const ct_attention_fn attention_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = cti_cpu_attention};
 static const ct_attention_backward_fn attention_backward_impl[CT_DEVICE_TYPE_COUNT] = {
-    [CT_DEVICE_CPU] = ct_cpu_attention_backward,
+    [CT_DEVICE_CPU] = cti_cpu_attention_backward,
 };
 
 /* Checks q (B,H,T,D), k (B,H,S,D), v (B,H,S,Dv): ranks, matching dims, one float dtype,
@@ -27,14 +27,14 @@ static ct_status attention_check(const char *op, const ct_tensor *q, const ct_te
                             c);
     if (q->shape[3] < 1)
         return ct_error_set(CT_ERR_INVALID, "%s: head dim D must be >= 1: q %s, k %s, v %s", op, a, b, c);
-    if (!ct_kernel_is_float(q->dtype) || k->dtype != q->dtype || v->dtype != q->dtype)
+    if (!cti_kernel_is_float(q->dtype) || k->dtype != q->dtype || v->dtype != q->dtype)
         return ct_error_set(CT_ERR_INVALID, "%s: q, k, v need one dtype among f32, f64, bf16, f16: q %s, k %s, v %s",
                             op, a, b, c);
     if (isnan(scale) || isinf(scale))
         return ct_error_set(CT_ERR_INVALID, "%s: scale must be finite (<= 0 for 1/sqrt(D)), got %g (q %s)", op, scale,
                             a);
     const ct_tensor *ts[3] = {q, k, v};
-    return ct_kernel_same_device(op, ts, 3);
+    return cti_kernel_same_device(op, ts, 3);
 }
 
 /* t is (d0, d1, d2, d3) with the given dtype and q's device, any strides. */
@@ -63,9 +63,9 @@ ct_status ct_kernel_attention_into(const ct_tensor *q, const ct_tensor *k, const
     if (st) return st;
     const int64_t want[4] = {q->shape[0], q->shape[1], q->shape[2], v->shape[3]};
     if ((st = attention_check_result(op, "out", out, q, 4, want, q->dtype))) return st;
-    if (lse && (st = attention_check_result(op, "lse", lse, q, 3, want, ct_kernel_stat_dtype(q->dtype)))) return st;
+    if (lse && (st = attention_check_result(op, "lse", lse, q, 3, want, cti_kernel_stat_dtype(q->dtype)))) return st;
     ct_attention_fn fn = attention_impl[q->device.type];
-    if (!fn) return ct_kernel_unavailable(op, q->device);
+    if (!fn) return cti_kernel_unavailable(op, q->device);
     return fn(q, k, v, causal, scale, out, lse);
 }
 
@@ -76,7 +76,7 @@ ct_tensor *ct_kernel_attention(const ct_tensor *q, const ct_tensor *k, const ct_
     if (attention_check("attention", q, k, v, scale)) return NULL;
     const int64_t B = q->shape[0], H = q->shape[1], T = q->shape[2], Dv = v->shape[3];
     ct_tensor *out = ct_tensor_empty_on(q->device, q->dtype, CT_SHAPE(B, H, T, Dv));
-    ct_tensor *l = lse ? ct_tensor_empty_on(q->device, ct_kernel_stat_dtype(q->dtype), CT_SHAPE(B, H, T)) : NULL;
+    ct_tensor *l = lse ? ct_tensor_empty_on(q->device, cti_kernel_stat_dtype(q->dtype), CT_SHAPE(B, H, T)) : NULL;
     if (!out || (lse && !l)) return NULL;
     if (ct_kernel_attention_into(q, k, v, causal, scale, out, l)) return NULL;
     if (lse) *lse = l;
@@ -112,9 +112,9 @@ ct_status ct_kernel_attention_backward_into(const ct_tensor *dout, const ct_tens
         return ct_error_set(CT_ERR_INVALID, "%s: dout and out need q's dtype and lse f32 or f64: q %s, dout %s, out %s, lse %s",
                             op, d, a, b, c);
     const ct_tensor *ts[6] = {dout, q, k, v, out, lse};
-    if ((st = ct_kernel_same_device(op, ts, 6))) return st;
+    if ((st = cti_kernel_same_device(op, ts, 6))) return st;
     ct_attention_backward_fn fn = attention_backward_impl[q->device.type];
-    if (!fn) return ct_kernel_unavailable(op, q->device);
+    if (!fn) return cti_kernel_unavailable(op, q->device);
     if ((st = attention_check_result(op, "dq", dq, q, 4, q->shape, q->dtype)) ||
         (st = attention_check_result(op, "dk", dk, q, 4, k->shape, q->dtype)) ||
         (st = attention_check_result(op, "dv", dv, q, 4, v->shape, q->dtype)))

@@ -20,6 +20,7 @@
 
 #include <stdbool.h>
 
+#include "core/api.h"
 #include "core/tensor.h"
 
 /* Device function types for the dispatch tables. out (B,H,T,Dv) and lse (B,H,T)
@@ -38,14 +39,14 @@ typedef ct_status (*ct_attention_backward_fn)(const ct_tensor *dout, const ct_te
  * the current frame. When lse is non-NULL, *lse receives the (B,H,T) logsumexp rows
  * (new reference, owned by the current frame) that the backward needs.
  * NULL on error (message names the op and the operands). */
-ct_tensor *ct_kernel_attention(const ct_tensor *q, const ct_tensor *k, const ct_tensor *v,
-                               bool causal, double scale, ct_tensor **lse);
+CT_API ct_tensor *ct_kernel_attention(const ct_tensor *q, const ct_tensor *k, const ct_tensor *v,
+                                      bool causal, double scale, ct_tensor **lse);
 
 /* The same into caller-made tensors of any strides (views into larger buffers, e.g.
  * the heads of a (B,T,H,D) output): out (B,H,T,Dv) of q's dtype, lse (B,H,T) f32 (f64
  * for f64 inputs) or NULL. Non-zero status with a message naming the misfit on error. */
-ct_status ct_kernel_attention_into(const ct_tensor *q, const ct_tensor *k, const ct_tensor *v,
-                                   bool causal, double scale, ct_tensor *out, ct_tensor *lse);
+CT_API ct_status ct_kernel_attention_into(const ct_tensor *q, const ct_tensor *k, const ct_tensor *v,
+                                          bool causal, double scale, ct_tensor *out, ct_tensor *lse);
 
 /* dq, dk, dv (new references owned by the current frame, same shapes and dtype as
  * q, k, v) from dout (B,H,T,Dv), recomputing the probabilities blockwise from
@@ -53,18 +54,18 @@ ct_status ct_kernel_attention_into(const ct_tensor *q, const ct_tensor *k, const
  *   P = exp(q k^T * scale - lse);  dV = P^T dO;  dP = dO V^T;
  *   dS = P * (dP - rowsum(dO * O));  dQ = dS K * scale;  dK = dS^T Q * scale.
  * On error returns non-zero, sets nothing. */
-ct_status ct_kernel_attention_backward(const ct_tensor *dout, const ct_tensor *q,
-                                       const ct_tensor *k, const ct_tensor *v,
-                                       const ct_tensor *out, const ct_tensor *lse, bool causal,
-                                       double scale, ct_tensor **dq, ct_tensor **dk,
-                                       ct_tensor **dv);
+CT_API ct_status ct_kernel_attention_backward(const ct_tensor *dout, const ct_tensor *q,
+                                              const ct_tensor *k, const ct_tensor *v,
+                                              const ct_tensor *out, const ct_tensor *lse, bool causal,
+                                              double scale, ct_tensor **dq, ct_tensor **dk,
+                                              ct_tensor **dv);
 
 /* The same into caller-made dq, dk, dv (shapes and dtype of q, k, v; any strides, e.g.
  * the three column blocks of one (B,T,3C) gradient); every element is overwritten. */
-ct_status ct_kernel_attention_backward_into(const ct_tensor *dout, const ct_tensor *q,
-                                            const ct_tensor *k, const ct_tensor *v,
-                                            const ct_tensor *out, const ct_tensor *lse,
-                                            bool causal, double scale, ct_tensor *dq,
-                                            ct_tensor *dk, ct_tensor *dv);
+CT_API ct_status ct_kernel_attention_backward_into(const ct_tensor *dout, const ct_tensor *q,
+                                                   const ct_tensor *k, const ct_tensor *v,
+                                                   const ct_tensor *out, const ct_tensor *lse,
+                                                   bool causal, double scale, ct_tensor *dq,
+                                                   ct_tensor *dk, ct_tensor *dv);
 
 #endif

@@ -1,13 +1,13 @@
-#include "kernels/dispatch.h"
+#include "kernels/dispatch_internal.h"
 
-ct_status ct_kernel_unavailable(const char *op, ct_device dev)
+ct_status cti_kernel_unavailable(const char *op, ct_device dev)
 {
     char d[32];
     return ct_error_set(CT_ERR_UNSUPPORTED, "%s: no kernel for %s in this build (ctrain was built without %s support)",
                         op, ct_device_str(dev, d, sizeof d), dev.type == CT_DEVICE_CUDA ? "CUDA" : "that device's");
 }
 
-ct_status ct_kernel_same_device(const char *op, const ct_tensor *const *ts, int n)
+ct_status cti_kernel_same_device(const char *op, const ct_tensor *const *ts, int n)
 {
     const ct_tensor *first = NULL;
     for (int i = 0; i < n; i++) {
@@ -25,16 +25,16 @@ ct_status ct_kernel_same_device(const char *op, const ct_tensor *const *ts, int 
     return CT_OK;
 }
 
-bool ct_kernel_is_float(ct_dtype dt)
+bool cti_kernel_is_float(ct_dtype dt)
 {
     return dt == CT_DTYPE_F32 || dt == CT_DTYPE_F64 || dt == CT_DTYPE_BF16 || dt == CT_DTYPE_F16;
 }
 
-bool ct_kernel_is_fp8(ct_dtype dt) { return dt == CT_DTYPE_F8_E4M3 || dt == CT_DTYPE_F8_E5M2; }
+bool cti_kernel_is_fp8(ct_dtype dt) { return dt == CT_DTYPE_F8_E4M3 || dt == CT_DTYPE_F8_E5M2; }
 
-ct_dtype ct_kernel_stat_dtype(ct_dtype dt) { return dt == CT_DTYPE_F64 ? CT_DTYPE_F64 : CT_DTYPE_F32; }
+ct_dtype cti_kernel_stat_dtype(ct_dtype dt) { return dt == CT_DTYPE_F64 ? CT_DTYPE_F64 : CT_DTYPE_F32; }
 
-bool ct_kernel_is_row_shaped(const ct_tensor *t, const ct_tensor *x)
+bool cti_kernel_is_row_shaped(const ct_tensor *t, const ct_tensor *x)
 {
     if (t->ndim != x->ndim - 1) return false;
     for (int d = 0; d < t->ndim; d++)
@@ -42,23 +42,23 @@ bool ct_kernel_is_row_shaped(const ct_tensor *t, const ct_tensor *x)
     return true;
 }
 
-ct_status ct_kernel_check_float(const char *op, const char *name, const ct_tensor *t)
+ct_status cti_kernel_check_float(const char *op, const char *name, const ct_tensor *t)
 {
     char a[200];
-    if (ct_kernel_is_float(t->dtype)) return CT_OK;
+    if (cti_kernel_is_float(t->dtype)) return CT_OK;
     return ct_error_set(CT_ERR_INVALID, "%s: %s must be f32, f64, bf16 or f16, got %s", op, name,
                         ct_tensor_describe(t, a, sizeof a));
 }
 
-ct_status ct_kernel_check_float_rows(const char *op, const char *name, const ct_tensor *t, const char *row)
+ct_status cti_kernel_check_float_rows(const char *op, const char *name, const ct_tensor *t, const char *row)
 {
     char a[200];
-    if (ct_kernel_is_float(t->dtype) && t->ndim >= 1) return CT_OK;
+    if (cti_kernel_is_float(t->dtype) && t->ndim >= 1) return CT_OK;
     return ct_error_set(CT_ERR_INVALID, "%s: %s must be an f32, f64, bf16 or f16 tensor of shape (..., %s), got %s",
                         op, name, row, ct_tensor_describe(t, a, sizeof a));
 }
 
-ct_status ct_kernel_check_same(const char *op, const char *an, const ct_tensor *a, const char *bn,
+ct_status cti_kernel_check_same(const char *op, const char *an, const ct_tensor *a, const char *bn,
                                const ct_tensor *b)
 {
     char da[200], db[200];
@@ -67,23 +67,23 @@ ct_status ct_kernel_check_same(const char *op, const char *an, const ct_tensor *
                         ct_tensor_describe(a, da, sizeof da), bn, ct_tensor_describe(b, db, sizeof db));
 }
 
-ct_status ct_kernel_unsupported_dtype(const char *op, const ct_tensor *t)
+ct_status cti_kernel_unsupported_dtype(const char *op, const ct_tensor *t)
 {
     char d[200];
-    if (ct_kernel_is_fp8(t->dtype))
+    if (cti_kernel_is_fp8(t->dtype))
         return ct_error_set(CT_ERR_UNSUPPORTED, "%s: %s is fp8; use ct_tensor_cast to f32 or bf16 first", op,
                             ct_tensor_describe(t, d, sizeof d));
     return ct_error_set(CT_ERR_UNSUPPORTED, "%s: not supported for %s %s; use ct_tensor_cast to a float dtype first",
                         op, t->dtype == CT_DTYPE_BOOL ? "bool" : "integer", ct_tensor_describe(t, d, sizeof d));
 }
 
-ct_status ct_kernel_null_input(const char *op, const char *name)
+ct_status cti_kernel_null_input(const char *op, const char *name)
 {
     if (ct_last_status() != CT_OK) return ct_last_status();
     return ct_error_set(CT_ERR_INVALID, "%s: %s is NULL", op, name);
 }
 
-const ct_tensor *ct_kernel_contiguous(const ct_tensor *t)
+const ct_tensor *cti_kernel_contiguous(const ct_tensor *t)
 {
     return !t || ct_tensor_is_contiguous(t) ? t : ct_tensor_clone(t);
 }

@@ -22,6 +22,7 @@
 #ifndef CT_KERNELS_DROPOUT_H
 #define CT_KERNELS_DROPOUT_H
 
+#include "core/api.h"
 #include "core/philox.h"
 #include "core/tensor.h"
 
@@ -31,7 +32,8 @@ typedef ct_status (*ct_dropout_fn)(const ct_tensor *x, double p, ct_rng *rng, ct
 typedef ct_status (*ct_dropout_backward_fn)(const ct_tensor *dy, const ct_tensor *mask, double p, ct_tensor *dx);
 
 /* Returns y; *mask (when mask is non-NULL) receives the mask, or NULL on failure. */
-ct_tensor *ct_kernel_dropout(const ct_tensor *x, double p, ct_rng *rng, ct_tensor **mask);
-ct_tensor *ct_kernel_dropout_backward(const ct_tensor *dy, const ct_tensor *mask, double p);
+CT_API ct_tensor *ct_kernel_dropout(const ct_tensor *x, double p, ct_rng *rng, ct_tensor **mask);
+/* dx = dy * mask / (1 - p), from the mask ct_kernel_dropout returned (new reference, current frame). */
+CT_API ct_tensor *ct_kernel_dropout_backward(const ct_tensor *dy, const ct_tensor *mask, double p);
 
 #endif

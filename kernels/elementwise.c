@@ -5,9 +5,9 @@
 #include <math.h>
 
 #include "core/frame.h"
-#include "core/threads.h"
+#include "core/threads_internal.h"
 #include "kernels/cpu/elementwise.h"
-#include "kernels/dispatch.h"
+#include "kernels/dispatch_internal.h"
 
 typedef ct_status (*binary_fn)(ct_binary_op, ct_tensor *, const ct_tensor *, const ct_tensor *);
 typedef ct_status (*binary_scalar_fn)(ct_binary_op, ct_tensor *, const ct_tensor *, double, bool);
@@ -16,12 +16,12 @@ typedef ct_status (*unary_backward_fn)(ct_unary_op, ct_tensor *, const ct_tensor
                                        const ct_tensor *);
 typedef ct_status (*where_fn)(ct_tensor *, const ct_tensor *, const ct_tensor *, const ct_tensor *);
 
-static const binary_fn binary_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = ct_cpu_binary};
-static const binary_scalar_fn binary_scalar_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = ct_cpu_binary_scalar};
-static const unary_fn unary_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = ct_cpu_unary};
+static const binary_fn binary_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = cti_cpu_binary};
+static const binary_scalar_fn binary_scalar_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = cti_cpu_binary_scalar};
+static const unary_fn unary_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = cti_cpu_unary};
 static const unary_backward_fn unary_backward_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] =
-                                                                                ct_cpu_unary_backward};
-static const where_fn where_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = ct_cpu_where};
+                                                                                cti_cpu_unary_backward};
+static const where_fn where_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = cti_cpu_where};
 
 static const char *const binary_names[CT_BINARY_OP_COUNT] = {
     "add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge"};
@@ -49,25 +49,25 @@ static ct_status check_binary_dtype(const char *name, ct_binary_op op, const ct_
 {
     ct_dtype dt = t->dtype;
     bool cmp = ct_binary_op_is_comparison(op), minmax = op == CT_BINARY_MAX || op == CT_BINARY_MIN;
-    if (ct_kernel_is_float(dt)) return CT_OK;
+    if (cti_kernel_is_float(dt)) return CT_OK;
     if (is_int(dt) && (cmp || minmax || op == CT_BINARY_ADD || op == CT_BINARY_SUB || op == CT_BINARY_MUL))
         return CT_OK;
     if (dt == CT_DTYPE_BOOL && (cmp || minmax)) return CT_OK;
-    return ct_kernel_unsupported_dtype(name, t);
+    return cti_kernel_unsupported_dtype(name, t);
 }
 
 static ct_status check_unary_dtype(const char *name, ct_unary_op op, const ct_tensor *t)
 {
-    if (ct_kernel_is_float(t->dtype)) return CT_OK;
+    if (cti_kernel_is_float(t->dtype)) return CT_OK;
     if (is_int(t->dtype) && (op == CT_UNARY_NEG || op == CT_UNARY_ABS || op == CT_UNARY_RELU)) return CT_OK;
-    return ct_kernel_unsupported_dtype(name, t);
+    return cti_kernel_unsupported_dtype(name, t);
 }
 
 /* All tensors on one device, and a kernel for that device (have_impl). */
 static ct_status check_device(const char *name, const ct_tensor *const *ts, int n, bool have_impl)
 {
-    if (ct_kernel_same_device(name, ts, n)) return ct_last_status();
-    return have_impl ? CT_OK : ct_kernel_unavailable(name, ts[0]->device);
+    if (cti_kernel_same_device(name, ts, n)) return ct_last_status();
+    return have_impl ? CT_OK : cti_kernel_unavailable(name, ts[0]->device);
 }
 
 /* Byte range [lo, hi) that t's elements span (strides may be any sign). */
@@ -100,7 +100,7 @@ static bool same_view(const ct_tensor *out, const ct_tensor *in)
     if (ct_dtype_size(out->dtype) != ct_dtype_size(in->dtype) || ct_tensor_data(out) != ct_tensor_data(in))
         return false;
     int64_t st[CT_MAX_DIMS];
-    ct_cpu_ew_bcast_strides(in, out->ndim, out->shape, st);
+    cti_cpu_ew_bcast_strides(in, out->ndim, out->shape, st);
     for (int d = 0; d < out->ndim; d++)
         if (out->shape[d] > 1 && st[d] != out->strides[d]) return false;
     return true;
@@ -134,7 +134,7 @@ static ct_status check_out(const char *name, const ct_tensor *out, int ndim, con
  * NULL input with no earlier failure) is an error of its own. Never CT_OK. */
 static ct_status null_status(const char *name, const ct_tensor *out)
 {
-    return out ? ct_kernel_null_input(name, "an input") : ct_error_set(CT_ERR_INVALID, "%s: out is NULL", name);
+    return out ? cti_kernel_null_input(name, "an input") : ct_error_set(CT_ERR_INVALID, "%s: out is NULL", name);
 }
 
 /* ---- binary ----------------------------------------------------------------------------- */
@@ -160,7 +160,7 @@ static ct_status binary_prepare(ct_binary_op op, const ct_tensor *a, const ct_te
 ct_tensor *ct_kernel_binary(ct_binary_op op, const ct_tensor *a, const ct_tensor *b)
 {
     if (!a || !b) return NULL;
-    ct_threads_sync();
+    cti_threads_sync();
     int ndim = 0;
     int64_t shape[CT_MAX_DIMS];
     ct_dtype dt = CT_DTYPE_F32;
@@ -173,12 +173,12 @@ ct_tensor *ct_kernel_binary(ct_binary_op op, const ct_tensor *a, const ct_tensor
 ct_status ct_kernel_binary_out(ct_binary_op op, ct_tensor *out, const ct_tensor *a, const ct_tensor *b)
 {
     if (!out || !a || !b) return null_status("binary_out", out);
-    ct_threads_sync();
+    cti_threads_sync();
     int ndim = 0;
     int64_t shape[CT_MAX_DIMS];
     ct_dtype dt = CT_DTYPE_F32;
     if (binary_prepare(op, a, b, &ndim, shape, &dt)) return ct_last_status();
-    if (ct_kernel_same_device(ct_binary_op_name(op), (const ct_tensor *[]){out, a}, 2)) return ct_last_status();
+    if (cti_kernel_same_device(ct_binary_op_name(op), (const ct_tensor *[]){out, a}, 2)) return ct_last_status();
     if (check_out(ct_binary_op_name(op), out, ndim, shape, dt)) return ct_last_status();
     binary_fn fn = binary_impl[a->device.type];
     if (!needs_temp(out, (const ct_tensor *[]){a, b}, 2)) return fn(op, out, a, b);
@@ -211,7 +211,7 @@ static ct_status check_int_scalar(const char *name, const ct_tensor *a, double s
 static ct_tensor *binary_scalar(ct_binary_op op, const ct_tensor *a, double s, bool reversed)
 {
     if (!a) return NULL;
-    ct_threads_sync();
+    cti_threads_sync();
     if ((unsigned)op >= CT_BINARY_OP_COUNT) {
         ct_error_set(CT_ERR_INVALID, "binary_scalar: invalid op %d", (int)op);
         return NULL;
@@ -249,7 +249,7 @@ static ct_status unary_prepare(ct_unary_op op, const ct_tensor *x)
 ct_tensor *ct_kernel_unary(ct_unary_op op, const ct_tensor *x)
 {
     if (!x) return NULL;
-    ct_threads_sync();
+    cti_threads_sync();
     if (unary_prepare(op, x)) return NULL;
     ct_tensor *out = ct_tensor_empty_on(x->device, x->dtype, x->ndim, x->shape);
     if (!out || unary_impl[x->device.type](op, out, x)) return NULL;
@@ -259,10 +259,10 @@ ct_tensor *ct_kernel_unary(ct_unary_op op, const ct_tensor *x)
 ct_status ct_kernel_unary_out(ct_unary_op op, ct_tensor *out, const ct_tensor *x)
 {
     if (!out || !x) return null_status("unary_out", out);
-    ct_threads_sync();
+    cti_threads_sync();
     if (unary_prepare(op, x)) return ct_last_status();
     const char *name = ct_unary_op_name(op);
-    if (ct_kernel_same_device(name, (const ct_tensor *[]){out, x}, 2)) return ct_last_status();
+    if (cti_kernel_same_device(name, (const ct_tensor *[]){out, x}, 2)) return ct_last_status();
     if (check_out(name, out, x->ndim, x->shape, x->dtype)) return ct_last_status();
     unary_fn fn = unary_impl[x->device.type];
     if (!needs_temp(out, (const ct_tensor *[]){x}, 1)) return fn(op, out, x);
@@ -284,14 +284,14 @@ ct_tensor *ct_kernel_unary_backward(ct_unary_op op, const ct_tensor *grad_out, c
     }
     bool y_suffices = y && (op == CT_UNARY_EXP || op == CT_UNARY_TANH || op == CT_UNARY_SIGMOID);
     if (!grad_out || (!x && !y_suffices)) return NULL;
-    ct_threads_sync();
+    cti_threads_sync();
     char name[48], dg[200], dx[200], dy[200];
     snprintf(name, sizeof name, "%s backward", ct_unary_op_name(op));
     if (y_suffices) x = NULL; /* y is cheaper than recomputing f(x) */
     const ct_tensor *ts[3] = {grad_out, x, y};
     for (int k = 0; k < 3; k++) {
         if (!ts[k]) continue;
-        if (!ct_kernel_is_float(ts[k]->dtype) || ts[k]->dtype != grad_out->dtype ||
+        if (!cti_kernel_is_float(ts[k]->dtype) || ts[k]->dtype != grad_out->dtype ||
             !ct_tensor_same_shape(ts[k], grad_out)) {
             ct_error_set(CT_ERR_INVALID, "%s: grad_out, x and y need one shape and one f32/f64/f16/bf16 dtype; got "
                          "grad_out %s, x %s, y %s", name, ct_tensor_describe(grad_out, dg, sizeof dg),
@@ -310,12 +310,12 @@ ct_tensor *ct_kernel_unary_backward(ct_unary_op op, const ct_tensor *grad_out, c
 ct_tensor *ct_kernel_where(const ct_tensor *cond, const ct_tensor *a, const ct_tensor *b)
 {
     if (!cond || !a || !b) return NULL;
-    ct_threads_sync();
+    cti_threads_sync();
     char dc[200], da[200], db[200];
     ct_tensor_describe(cond, dc, sizeof dc);
     ct_tensor_describe(a, da, sizeof da);
     ct_tensor_describe(b, db, sizeof db);
-    if (cond->dtype != CT_DTYPE_BOOL || a->dtype != b->dtype || ct_kernel_is_fp8(a->dtype)) {
+    if (cond->dtype != CT_DTYPE_BOOL || a->dtype != b->dtype || cti_kernel_is_fp8(a->dtype)) {
         ct_error_set(CT_ERR_INVALID, "where: needs a bool condition and a, b of one non-fp8 dtype; got cond %s, a %s, b %s",
                      dc, da, db);
         return NULL;

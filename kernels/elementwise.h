@@ -31,6 +31,7 @@
 #ifndef CT_KERNELS_ELEMENTWISE_H
 #define CT_KERNELS_ELEMENTWISE_H
 
+#include "core/api.h"
 #include "core/tensor.h"
 
 typedef enum ct_binary_op {
@@ -71,24 +72,24 @@ typedef enum ct_unary_op {
 } ct_unary_op;
 
 /* "add", "sub", ..., "ge" / "neg", ..., "silu"; "invalid" for a bad value. Static strings. */
-const char *ct_binary_op_name(ct_binary_op op);
-const char *ct_unary_op_name(ct_unary_op op);
+CT_API const char *ct_binary_op_name(ct_binary_op op);
+CT_API const char *ct_unary_op_name(ct_unary_op op);
 /* True for EQ, NE, LT, LE, GT, GE (the ops whose result is BOOL). */
-bool ct_binary_op_is_comparison(ct_binary_op op);
+CT_API bool ct_binary_op_is_comparison(ct_binary_op op);
 
 /* out = a op b with broadcasting. New reference, owned by the current frame. */
-ct_tensor *ct_kernel_binary(ct_binary_op op, const ct_tensor *a, const ct_tensor *b);
+CT_API ct_tensor *ct_kernel_binary(ct_binary_op op, const ct_tensor *a, const ct_tensor *b);
 /* out = a op s. New reference, owned by the current frame. */
-ct_tensor *ct_kernel_binary_scalar(ct_binary_op op, const ct_tensor *a, double s);
+CT_API ct_tensor *ct_kernel_binary_scalar(ct_binary_op op, const ct_tensor *a, double s);
 /* out = s op a (1 - x, 1 / x, 2 ^ x). New reference, owned by the current frame. */
-ct_tensor *ct_kernel_rbinary_scalar(ct_binary_op op, double s, const ct_tensor *a);
+CT_API ct_tensor *ct_kernel_rbinary_scalar(ct_binary_op op, double s, const ct_tensor *a);
 /* out = a op b into out, which has the broadcast shape and the result dtype. */
-ct_status ct_kernel_binary_out(ct_binary_op op, ct_tensor *out, const ct_tensor *a, const ct_tensor *b);
+CT_API ct_status ct_kernel_binary_out(ct_binary_op op, ct_tensor *out, const ct_tensor *a, const ct_tensor *b);
 
 /* out = f(x). New reference, owned by the current frame. */
-ct_tensor *ct_kernel_unary(ct_unary_op op, const ct_tensor *x);
+CT_API ct_tensor *ct_kernel_unary(ct_unary_op op, const ct_tensor *x);
 /* out = f(x) into out (same shape and dtype as x; may be x itself). */
-ct_status ct_kernel_unary_out(ct_unary_op op, ct_tensor *out, const ct_tensor *x);
+CT_API ct_status ct_kernel_unary_out(ct_unary_op op, ct_tensor *out, const ct_tensor *x);
 
 /* Backward of y = f(x): grad_in = grad_out * f'(x), a new tensor (overwritten, not
  * accumulated) of grad_out's shape and dtype; float dtypes only. grad_out, x and y
@@ -96,11 +97,11 @@ ct_status ct_kernel_unary_out(ct_unary_op op, ct_tensor *out, const ct_tensor *x
  * and SIGMOID use it when given (then x may be NULL), else recompute it from x;
  * the other ops read only x. Derivatives at kinks: ABS'(0) = 0, RELU'(0) = 0.
  * New reference, owned by the current frame. */
-ct_tensor *ct_kernel_unary_backward(ct_unary_op op, const ct_tensor *grad_out, const ct_tensor *x,
-                                    const ct_tensor *y);
+CT_API ct_tensor *ct_kernel_unary_backward(ct_unary_op op, const ct_tensor *grad_out, const ct_tensor *x,
+                                           const ct_tensor *y);
 
 /* out = cond ? a : b, broadcasting over all three. cond is BOOL; a and b share a
  * dtype (any non-fp8 dtype), which is out's. New reference, owned by the current frame. */
-ct_tensor *ct_kernel_where(const ct_tensor *cond, const ct_tensor *a, const ct_tensor *b);
+CT_API ct_tensor *ct_kernel_where(const ct_tensor *cond, const ct_tensor *a, const ct_tensor *b);
 
 #endif

@@ -3,13 +3,13 @@
 #include "kernels/embedding.h"
 
 #include "core/frame.h"
-#include "core/threads.h"
+#include "core/threads_internal.h"
 #include "kernels/cpu/embedding.h"
-#include "kernels/dispatch.h"
+#include "kernels/dispatch_internal.h"
 
-static const ct_embedding_fn embedding_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = ct_cpu_embedding};
+static const ct_embedding_fn embedding_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = cti_cpu_embedding};
 static const ct_embedding_backward_fn embedding_backward_impl[CT_DEVICE_TYPE_COUNT] = {
-    [CT_DEVICE_CPU] = ct_cpu_embedding_backward};
+    [CT_DEVICE_CPU] = cti_cpu_embedding_backward};
 
 static ct_status check_ids(const char *op, const ct_tensor *ids, const ct_tensor *table)
 {
@@ -32,10 +32,10 @@ ct_tensor *ct_kernel_embedding(const ct_tensor *weight, const ct_tensor *ids)
         return NULL;
     }
     if (check_ids(op, ids, weight)) return NULL;
-    if (ct_kernel_same_device(op, (const ct_tensor *[]){weight, ids}, 2)) return NULL;
+    if (cti_kernel_same_device(op, (const ct_tensor *[]){weight, ids}, 2)) return NULL;
     ct_embedding_fn fn = embedding_impl[weight->device.type];
     if (!fn) {
-        ct_kernel_unavailable(op, weight->device);
+        cti_kernel_unavailable(op, weight->device);
         return NULL;
     }
     int64_t shape[CT_MAX_DIMS];
@@ -45,9 +45,9 @@ ct_tensor *ct_kernel_embedding(const ct_tensor *weight, const ct_tensor *ids)
     if (!out) return NULL;
     out->scale = weight->scale;
     out->amax = weight->amax;
-    ct_threads_sync();
+    cti_threads_sync();
     ct_frame_push();
-    const ct_tensor *wc = ct_kernel_contiguous(weight), *ic = ct_kernel_contiguous(ids);
+    const ct_tensor *wc = cti_kernel_contiguous(weight), *ic = cti_kernel_contiguous(ids);
     ct_status st = wc && ic ? fn(wc, ic, out) : ct_last_status();
     ct_frame_pop();
     return st ? NULL : out;
@@ -57,13 +57,13 @@ ct_status ct_kernel_embedding_backward(ct_tensor *dweight, const ct_tensor *dout
 {
     const char *op = "embedding_backward";
     char a[200], b[200], c[200];
-    if (!dweight || !dout || !ids) return ct_kernel_null_input(op, !dweight ? "dweight" : !dout ? "dout" : "ids");
-    if (dweight->ndim != 2 || !ct_kernel_is_float(dweight->dtype))
+    if (!dweight || !dout || !ids) return cti_kernel_null_input(op, !dweight ? "dweight" : !dout ? "dout" : "ids");
+    if (dweight->ndim != 2 || !cti_kernel_is_float(dweight->dtype))
         return ct_error_set(CT_ERR_INVALID, "%s: dweight must be an f32, f64, bf16 or f16 (V, C) table, got %s", op,
                             ct_tensor_describe(dweight, a, sizeof a));
     ct_status st = check_ids(op, ids, dweight);
     if (st) return st;
-    bool ok = ct_kernel_is_float(dout->dtype) && dout->ndim == ids->ndim + 1 &&
+    bool ok = cti_kernel_is_float(dout->dtype) && dout->ndim == ids->ndim + 1 &&
               dout->shape[ids->ndim] == dweight->shape[1];
     for (int d = 0; ok && d < ids->ndim; d++) ok = dout->shape[d] == ids->shape[d];
     if (!ok)
@@ -71,15 +71,15 @@ ct_status ct_kernel_embedding_backward(ct_tensor *dweight, const ct_tensor *dout
                             "%s: dout %s must be f32, f64, bf16 or f16 with shape ids + [C] (ids %s, dweight %s)", op,
                             ct_tensor_describe(dout, a, sizeof a), ct_tensor_describe(ids, b, sizeof b),
                             ct_tensor_describe(dweight, c, sizeof c));
-    st = ct_kernel_same_device(op, (const ct_tensor *[]){dweight, dout, ids}, 3);
+    st = cti_kernel_same_device(op, (const ct_tensor *[]){dweight, dout, ids}, 3);
     if (st) return st;
     ct_embedding_backward_fn fn = embedding_backward_impl[dweight->device.type];
-    if (!fn) return ct_kernel_unavailable(op, dweight->device);
-    ct_threads_sync();
+    if (!fn) return cti_kernel_unavailable(op, dweight->device);
+    cti_threads_sync();
     ct_frame_push();
     /* a strided dweight accumulates in a contiguous copy that is written back */
     ct_tensor *target = ct_tensor_is_contiguous(dweight) ? dweight : ct_tensor_clone(dweight);
-    const ct_tensor *dc = ct_kernel_contiguous(dout), *ic = ct_kernel_contiguous(ids);
+    const ct_tensor *dc = cti_kernel_contiguous(dout), *ic = cti_kernel_contiguous(ids);
     st = target && dc && ic ? fn(target, dc, ic) : ct_last_status();
     if (!st && target != dweight) st = ct_tensor_copy_(dweight, target);
     ct_frame_pop();

@@ -21,6 +21,7 @@
 #ifndef CT_KERNELS_EMBEDDING_H
 #define CT_KERNELS_EMBEDDING_H
 
+#include "core/api.h"
 #include "core/tensor.h"
 
 /* Device functions (kernels/cpu/embedding.h). Tensors contiguous and checked
@@ -30,10 +31,10 @@ typedef ct_status (*ct_embedding_backward_fn)(ct_tensor *dweight, const ct_tenso
 
 /* New reference owned by the current frame, or NULL with an error. A NULL input
  * returns NULL and keeps the earlier error. */
-ct_tensor *ct_kernel_embedding(const ct_tensor *weight, const ct_tensor *ids);
+CT_API ct_tensor *ct_kernel_embedding(const ct_tensor *weight, const ct_tensor *ids);
 
 /* dweight (V, C) is updated in place (it may be a strided view); dout has shape
  * (ids..., C). Returns CT_OK, or non-zero with an error and dweight untouched. */
-ct_status ct_kernel_embedding_backward(ct_tensor *dweight, const ct_tensor *dout, const ct_tensor *ids);
+CT_API ct_status ct_kernel_embedding_backward(ct_tensor *dweight, const ct_tensor *dout, const ct_tensor *ids);
 
 #endif

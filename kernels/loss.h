@@ -25,6 +25,7 @@
 
 #include <stdint.h>
 
+#include "core/api.h"
 #include "core/tensor.h"
 
 /* Device functions (kernels/cpu/loss.h). Tensors contiguous and checked except
@@ -38,14 +39,14 @@ typedef ct_status (*ct_cross_entropy_backward_fn)(const ct_tensor *dloss, const 
 
 /* Returns the loss; *lse (when lse is non-NULL) receives the row log-sum-exp for
  * backward, or NULL on failure. */
-ct_tensor *ct_kernel_cross_entropy(const ct_tensor *logits, const ct_tensor *targets, int64_t ignore_index,
-                                   ct_tensor **lse);
+CT_API ct_tensor *ct_kernel_cross_entropy(const ct_tensor *logits, const ct_tensor *targets, int64_t ignore_index,
+                                          ct_tensor **lse);
 
 /* dloss: one element (0-d usually), any float dtype. Returns dlogits (logits'
  * shape and dtype), a new tensor:
  *   dlogits[r, v] = (softmax(logits[r])[v] - [v == t_r]) * dloss / count
  * and 0 on ignored rows (all rows when count = 0). */
-ct_tensor *ct_kernel_cross_entropy_backward(const ct_tensor *dloss, const ct_tensor *logits,
-                                            const ct_tensor *targets, const ct_tensor *lse, int64_t ignore_index);
+CT_API ct_tensor *ct_kernel_cross_entropy_backward(const ct_tensor *dloss, const ct_tensor *logits,
+                                                   const ct_tensor *targets, const ct_tensor *lse, int64_t ignore_index);
 
 #endif

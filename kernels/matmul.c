@@ -4,10 +4,10 @@
 
 #include "core/frame.h"
 #include "kernels/cpu/matmul.h"
-#include "kernels/dispatch.h"
+#include "kernels/dispatch_internal.h"
 
 static const ct_matmul_fn matmul_impl[CT_DEVICE_TYPE_COUNT] = {
-    [CT_DEVICE_CPU] = ct_cpu_matmul,
+    [CT_DEVICE_CPU] = cti_cpu_matmul,
 };
 
 /* Checks a and b and writes the result's shape (bcast..., M, N) into *nd, shape. */
@@ -16,12 +16,12 @@ static ct_status matmul_check(const char *op, const ct_tensor *a, const ct_tenso
 {
     char da[200], db[200];
     const ct_tensor *ts[2] = {a, b};
-    ct_status st = ct_kernel_same_device(op, ts, 2);
+    ct_status st = cti_kernel_same_device(op, ts, 2);
     if (st) return st;
     if (a->dtype != b->dtype)
         return ct_error_set(CT_ERR_INVALID, "%s: dtype mismatch: a %s, b %s (both must have one dtype)", op,
                             ct_tensor_describe(a, da, sizeof da), ct_tensor_describe(b, db, sizeof db));
-    if (!ct_kernel_is_float(a->dtype))
+    if (!cti_kernel_is_float(a->dtype))
         return ct_error_set(CT_ERR_INVALID, "%s: unsupported dtype %s for a %s, b %s (f32, f64, bf16, f16)", op,
                             ct_dtype_name(a->dtype), ct_tensor_describe(a, da, sizeof da),
                             ct_tensor_describe(b, db, sizeof db));
@@ -52,7 +52,7 @@ static ct_status matmul_run(ct_tensor *out, const ct_tensor *a, const ct_tensor 
                             double alpha, double beta)
 {
     ct_matmul_fn fn = matmul_impl[a->device.type];
-    if (!fn) return ct_kernel_unavailable("matmul", a->device);
+    if (!fn) return cti_kernel_unavailable("matmul", a->device);
     return fn(out, a, b, ta, tb, alpha, beta);
 }
 
@@ -81,7 +81,7 @@ ct_status ct_kernel_matmul_out(ct_tensor *out, const ct_tensor *a, const ct_tens
     if (st) return st;
     char d0[200], da[200], db[200], sh[160];
     const ct_tensor *ts[2] = {out, a};
-    if ((st = ct_kernel_same_device("matmul_out", ts, 2))) return st;
+    if ((st = cti_kernel_same_device("matmul_out", ts, 2))) return st;
     bool shape_ok = out->ndim == nd;
     for (int d = 0; shape_ok && d < nd; d++) shape_ok = out->shape[d] == shape[d];
     bool f32_out = out->dtype == CT_DTYPE_F32 && (a->dtype == CT_DTYPE_BF16 || a->dtype == CT_DTYPE_F16);

@@ -15,17 +15,18 @@
 
 #include <stdbool.h>
 
+#include "core/api.h"
 #include "core/tensor.h"
 
 /* op(a) @ op(b). New reference, owned by the current frame; NULL and an error
  * (naming the op and both operands) on a shape, dtype or device mismatch. */
-ct_tensor *ct_kernel_matmul(const ct_tensor *a, const ct_tensor *b, bool trans_a, bool trans_b);
+CT_API ct_tensor *ct_kernel_matmul(const ct_tensor *a, const ct_tensor *b, bool trans_a, bool trans_b);
 
 /* out = alpha * op(a) @ op(b) + beta * out, into an existing contiguous out of the
  * result's shape and the inputs' dtype, or f32 for bf16/f16 inputs (the f32
  * accumulation then is the result, never rounded to 16 bits). beta = 0 never reads
  * out (NaNs there do not propagate); backward passes accumulate with beta = 1. */
-ct_status ct_kernel_matmul_out(ct_tensor *out, const ct_tensor *a, const ct_tensor *b, bool trans_a,
-                               bool trans_b, double alpha, double beta);
+CT_API ct_status ct_kernel_matmul_out(ct_tensor *out, const ct_tensor *a, const ct_tensor *b, bool trans_a,
+                                      bool trans_b, double alpha, double beta);
 
 #endif

@@ -5,22 +5,22 @@
 #include <math.h>
 
 #include "core/frame.h"
-#include "core/threads.h"
+#include "core/threads_internal.h"
 #include "kernels/cpu/norm.h"
-#include "kernels/dispatch.h"
+#include "kernels/dispatch_internal.h"
 
-static const ct_layernorm_fn layernorm_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = ct_cpu_layernorm};
+static const ct_layernorm_fn layernorm_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = cti_cpu_layernorm};
 static const ct_layernorm_backward_fn layernorm_backward_impl[CT_DEVICE_TYPE_COUNT] = {
-    [CT_DEVICE_CPU] = ct_cpu_layernorm_backward};
-static const ct_rmsnorm_fn rmsnorm_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = ct_cpu_rmsnorm};
+    [CT_DEVICE_CPU] = cti_cpu_layernorm_backward};
+static const ct_rmsnorm_fn rmsnorm_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = cti_cpu_rmsnorm};
 static const ct_rmsnorm_backward_fn rmsnorm_backward_impl[CT_DEVICE_TYPE_COUNT] = {
-    [CT_DEVICE_CPU] = ct_cpu_rmsnorm_backward};
+    [CT_DEVICE_CPU] = cti_cpu_rmsnorm_backward};
 
 /* w or b: absent, or a float vector of x's last size. */
 static ct_status check_param(const char *op, const char *name, const ct_tensor *p, const ct_tensor *x)
 {
     char a[200], b[200];
-    if (p && (!ct_kernel_is_float(p->dtype) || p->ndim != 1 || p->shape[0] != x->shape[x->ndim - 1]))
+    if (p && (!cti_kernel_is_float(p->dtype) || p->ndim != 1 || p->shape[0] != x->shape[x->ndim - 1]))
         return ct_error_set(CT_ERR_INVALID, "%s: %s %s must be an f32, f64, bf16 or f16 vector of shape [%lld] to match x %s",
                             op, name, ct_tensor_describe(p, a, sizeof a), (long long)x->shape[x->ndim - 1],
                             ct_tensor_describe(x, b, sizeof b));
@@ -37,17 +37,17 @@ static ct_status check_eps(const char *op, double eps)
 static ct_status check_stat(const char *op, const char *name, const ct_tensor *s, const ct_tensor *x)
 {
     char a[200], b[200];
-    if (s->dtype != ct_kernel_stat_dtype(x->dtype) || !ct_kernel_is_row_shaped(s, x))
+    if (s->dtype != cti_kernel_stat_dtype(x->dtype) || !cti_kernel_is_row_shaped(s, x))
         return ct_error_set(CT_ERR_INVALID, "%s: %s %s must be %s with x's shape without its last dim (x %s)", op,
-                            name, ct_tensor_describe(s, a, sizeof a), ct_dtype_name(ct_kernel_stat_dtype(x->dtype)),
+                            name, ct_tensor_describe(s, a, sizeof a), ct_dtype_name(cti_kernel_stat_dtype(x->dtype)),
                             ct_tensor_describe(x, b, sizeof b));
     return CT_OK;
 }
 
-/* ct_kernel_contiguous, clearing *ok when the copy fails. */
+/* cti_kernel_contiguous, clearing *ok when the copy fails. */
 static const ct_tensor *contiguous(const ct_tensor *t, bool *ok)
 {
-    const ct_tensor *c = ct_kernel_contiguous(t);
+    const ct_tensor *c = cti_kernel_contiguous(t);
     if (t && !c) *ok = false;
     return c;
 }
@@ -71,22 +71,22 @@ ct_status ct_kernel_layernorm(const ct_tensor *x, const ct_tensor *w, const ct_t
 {
     const char *op = "layernorm";
     set_out(y, NULL), set_out(mean, NULL), set_out(rstd, NULL);
-    if (!x) return ct_kernel_null_input(op, "x");
+    if (!x) return cti_kernel_null_input(op, "x");
     if (!y) return ct_error_set(CT_ERR_INVALID, "%s: the y output pointer is NULL", op);
-    ct_status st = ct_kernel_check_float_rows(op, "x", x, "C");
+    ct_status st = cti_kernel_check_float_rows(op, "x", x, "C");
     if (!st) st = check_param(op, "w", w, x);
     if (!st) st = check_param(op, "b", b, x);
     if (!st) st = check_eps(op, eps);
-    if (!st) st = ct_kernel_same_device(op, (const ct_tensor *[]){x, w, b}, 3);
+    if (!st) st = cti_kernel_same_device(op, (const ct_tensor *[]){x, w, b}, 3);
     if (st) return st;
     ct_layernorm_fn fn = layernorm_impl[x->device.type];
-    if (!fn) return ct_kernel_unavailable(op, x->device);
+    if (!fn) return cti_kernel_unavailable(op, x->device);
     bool ok = true;
     ct_tensor *yt = make_out(y, x->device, x->dtype, x->ndim, x->shape, &ok);
-    ct_tensor *mt = make_out(mean, x->device, ct_kernel_stat_dtype(x->dtype), x->ndim - 1, x->shape, &ok);
-    ct_tensor *rt = make_out(rstd, x->device, ct_kernel_stat_dtype(x->dtype), x->ndim - 1, x->shape, &ok);
+    ct_tensor *mt = make_out(mean, x->device, cti_kernel_stat_dtype(x->dtype), x->ndim - 1, x->shape, &ok);
+    ct_tensor *rt = make_out(rstd, x->device, cti_kernel_stat_dtype(x->dtype), x->ndim - 1, x->shape, &ok);
     if (!ok) return ct_last_status();
-    ct_threads_sync();
+    cti_threads_sync();
     ct_frame_push();
     const ct_tensor *xc = contiguous(x, &ok), *wc = contiguous(w, &ok), *bc = contiguous(b, &ok);
     st = ok ? fn(xc, wc, bc, eps, yt, mt, rt) : ct_last_status();
@@ -102,26 +102,26 @@ ct_status ct_kernel_layernorm_backward(const ct_tensor *dy, const ct_tensor *x, 
 {
     const char *op = "layernorm_backward";
     set_out(dx, NULL), set_out(dw, NULL), set_out(db, NULL);
-    if (!dy) return ct_kernel_null_input(op, "dy");
-    if (!x) return ct_kernel_null_input(op, "x");
-    if (!mean) return ct_kernel_null_input(op, "mean");
-    if (!rstd) return ct_kernel_null_input(op, "rstd");
-    ct_status st = ct_kernel_check_float_rows(op, "x", x, "C");
-    if (!st) st = ct_kernel_check_same(op, "dy", dy, "x", x);
+    if (!dy) return cti_kernel_null_input(op, "dy");
+    if (!x) return cti_kernel_null_input(op, "x");
+    if (!mean) return cti_kernel_null_input(op, "mean");
+    if (!rstd) return cti_kernel_null_input(op, "rstd");
+    ct_status st = cti_kernel_check_float_rows(op, "x", x, "C");
+    if (!st) st = cti_kernel_check_same(op, "dy", dy, "x", x);
     if (!st) st = check_param(op, "w", w, x);
     if (!st) st = check_stat(op, "mean", mean, x);
     if (!st) st = check_stat(op, "rstd", rstd, x);
-    if (!st) st = ct_kernel_same_device(op, (const ct_tensor *[]){dy, x, w, mean, rstd}, 5);
+    if (!st) st = cti_kernel_same_device(op, (const ct_tensor *[]){dy, x, w, mean, rstd}, 5);
     if (st) return st;
     ct_layernorm_backward_fn fn = layernorm_backward_impl[x->device.type];
-    if (!fn) return ct_kernel_unavailable(op, x->device);
+    if (!fn) return cti_kernel_unavailable(op, x->device);
     bool ok = true;
     const int64_t *C = &x->shape[x->ndim - 1];
     ct_tensor *dxt = make_out(dx, x->device, x->dtype, x->ndim, x->shape, &ok);
     ct_tensor *dwt = w ? make_out(dw, x->device, w->dtype, 1, C, &ok) : NULL;
     ct_tensor *dbt = make_out(db, x->device, w ? w->dtype : x->dtype, 1, C, &ok);
     if (!ok) return ct_last_status();
-    ct_threads_sync();
+    cti_threads_sync();
     ct_frame_push();
     const ct_tensor *dyc = contiguous(dy, &ok), *xc = contiguous(x, &ok), *wc = contiguous(w, &ok);
     const ct_tensor *mc = contiguous(mean, &ok), *rc = contiguous(rstd, &ok);
@@ -136,20 +136,20 @@ ct_status ct_kernel_rmsnorm(const ct_tensor *x, const ct_tensor *w, double eps, 
 {
     const char *op = "rmsnorm";
     set_out(y, NULL), set_out(rstd, NULL);
-    if (!x) return ct_kernel_null_input(op, "x");
+    if (!x) return cti_kernel_null_input(op, "x");
     if (!y) return ct_error_set(CT_ERR_INVALID, "%s: the y output pointer is NULL", op);
-    ct_status st = ct_kernel_check_float_rows(op, "x", x, "C");
+    ct_status st = cti_kernel_check_float_rows(op, "x", x, "C");
     if (!st) st = check_param(op, "w", w, x);
     if (!st) st = check_eps(op, eps);
-    if (!st) st = ct_kernel_same_device(op, (const ct_tensor *[]){x, w}, 2);
+    if (!st) st = cti_kernel_same_device(op, (const ct_tensor *[]){x, w}, 2);
     if (st) return st;
     ct_rmsnorm_fn fn = rmsnorm_impl[x->device.type];
-    if (!fn) return ct_kernel_unavailable(op, x->device);
+    if (!fn) return cti_kernel_unavailable(op, x->device);
     bool ok = true;
     ct_tensor *yt = make_out(y, x->device, x->dtype, x->ndim, x->shape, &ok);
-    ct_tensor *rt = make_out(rstd, x->device, ct_kernel_stat_dtype(x->dtype), x->ndim - 1, x->shape, &ok);
+    ct_tensor *rt = make_out(rstd, x->device, cti_kernel_stat_dtype(x->dtype), x->ndim - 1, x->shape, &ok);
     if (!ok) return ct_last_status();
-    ct_threads_sync();
+    cti_threads_sync();
     ct_frame_push();
     const ct_tensor *xc = contiguous(x, &ok), *wc = contiguous(w, &ok);
     st = ok ? fn(xc, wc, eps, yt, rt) : ct_last_status();
@@ -164,22 +164,22 @@ ct_status ct_kernel_rmsnorm_backward(const ct_tensor *dy, const ct_tensor *x, co
 {
     const char *op = "rmsnorm_backward";
     set_out(dx, NULL), set_out(dw, NULL);
-    if (!dy) return ct_kernel_null_input(op, "dy");
-    if (!x) return ct_kernel_null_input(op, "x");
-    if (!rstd) return ct_kernel_null_input(op, "rstd");
-    ct_status st = ct_kernel_check_float_rows(op, "x", x, "C");
-    if (!st) st = ct_kernel_check_same(op, "dy", dy, "x", x);
+    if (!dy) return cti_kernel_null_input(op, "dy");
+    if (!x) return cti_kernel_null_input(op, "x");
+    if (!rstd) return cti_kernel_null_input(op, "rstd");
+    ct_status st = cti_kernel_check_float_rows(op, "x", x, "C");
+    if (!st) st = cti_kernel_check_same(op, "dy", dy, "x", x);
     if (!st) st = check_param(op, "w", w, x);
     if (!st) st = check_stat(op, "rstd", rstd, x);
-    if (!st) st = ct_kernel_same_device(op, (const ct_tensor *[]){dy, x, w, rstd}, 4);
+    if (!st) st = cti_kernel_same_device(op, (const ct_tensor *[]){dy, x, w, rstd}, 4);
     if (st) return st;
     ct_rmsnorm_backward_fn fn = rmsnorm_backward_impl[x->device.type];
-    if (!fn) return ct_kernel_unavailable(op, x->device);
+    if (!fn) return cti_kernel_unavailable(op, x->device);
     bool ok = true;
     ct_tensor *dxt = make_out(dx, x->device, x->dtype, x->ndim, x->shape, &ok);
     ct_tensor *dwt = w ? make_out(dw, x->device, w->dtype, 1, &x->shape[x->ndim - 1], &ok) : NULL;
     if (!ok) return ct_last_status();
-    ct_threads_sync();
+    cti_threads_sync();
     ct_frame_push();
     const ct_tensor *dyc = contiguous(dy, &ok), *xc = contiguous(x, &ok), *wc = contiguous(w, &ok);
     const ct_tensor *rc = contiguous(rstd, &ok);

@@ -21,6 +21,7 @@
 #ifndef CT_KERNELS_NORM_H
 #define CT_KERNELS_NORM_H
 
+#include "core/api.h"
 #include "core/tensor.h"
 
 /* Device functions (kernels/cpu/norm.h). Tensors contiguous and checked; optional
@@ -36,8 +37,8 @@ typedef ct_status (*ct_rmsnorm_backward_fn)(const ct_tensor *dy, const ct_tensor
                                             const ct_tensor *rstd, ct_tensor *dx, ct_tensor *dw);
 
 /* x (..., C), w (C) or NULL, b (C) or NULL, eps >= 0 -> y (..., C), mean and rstd (...). */
-ct_status ct_kernel_layernorm(const ct_tensor *x, const ct_tensor *w, const ct_tensor *b, double eps,
-                              ct_tensor **y, ct_tensor **mean, ct_tensor **rstd);
+CT_API ct_status ct_kernel_layernorm(const ct_tensor *x, const ct_tensor *w, const ct_tensor *b, double eps,
+                                     ct_tensor **y, ct_tensor **mean, ct_tensor **rstd);
 
 /* dy and x (..., C), w (C) or NULL, mean and rstd from the forward. With
  * xhat = (x - mean) * rstd and g = dy * w:
@@ -45,18 +46,18 @@ ct_status ct_kernel_layernorm(const ct_tensor *x, const ct_tensor *w, const ct_t
  *   dw = sum over rows of dy * xhat   (only when w is given; w's dtype)
  *   db = sum over rows of dy          (w's dtype, x's dtype without w)
  * All three are new tensors (overwritten, not accumulated). */
-ct_status ct_kernel_layernorm_backward(const ct_tensor *dy, const ct_tensor *x, const ct_tensor *w,
-                                       const ct_tensor *mean, const ct_tensor *rstd, ct_tensor **dx,
-                                       ct_tensor **dw, ct_tensor **db);
+CT_API ct_status ct_kernel_layernorm_backward(const ct_tensor *dy, const ct_tensor *x, const ct_tensor *w,
+                                              const ct_tensor *mean, const ct_tensor *rstd, ct_tensor **dx,
+                                              ct_tensor **dw, ct_tensor **db);
 
 /* x (..., C), w (C) or NULL, eps >= 0 -> y (..., C), rstd (...). */
-ct_status ct_kernel_rmsnorm(const ct_tensor *x, const ct_tensor *w, double eps, ct_tensor **y, ct_tensor **rstd);
+CT_API ct_status ct_kernel_rmsnorm(const ct_tensor *x, const ct_tensor *w, double eps, ct_tensor **y, ct_tensor **rstd);
 
 /* With xhat = x * rstd and g = dy * w:
  *   dx = rstd * (g - xhat * mean_C(g * xhat))
  *   dw = sum over rows of dy * xhat   (only when w is given; w's dtype)
  * Both new tensors. */
-ct_status ct_kernel_rmsnorm_backward(const ct_tensor *dy, const ct_tensor *x, const ct_tensor *w,
-                                     const ct_tensor *rstd, ct_tensor **dx, ct_tensor **dw);
+CT_API ct_status ct_kernel_rmsnorm_backward(const ct_tensor *dy, const ct_tensor *x, const ct_tensor *w,
+                                            const ct_tensor *rstd, ct_tensor **dx, ct_tensor **dw);
 
 #endif

@@ -4,10 +4,10 @@
 #include <stdio.h>
 
 #include "kernels/cpu/optim.h"
-#include "kernels/dispatch.h"
+#include "kernels/dispatch_internal.h"
 
-static const ct_adamw_fn adamw_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = ct_cpu_adamw};
-static const ct_sgd_fn sgd_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = ct_cpu_sgd};
+static const ct_adamw_fn adamw_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = cti_cpu_adamw};
+static const ct_sgd_fn sgd_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = cti_cpu_sgd};
 
 /* The state tensors ts[1..n) must match ts[0] (the parameter): shape, dtype f32/f64,
  * contiguity, device. names[i] labels ts[i] in the message. */
@@ -30,7 +30,7 @@ static ct_status optim_check_tensors(const char *op, int n, const ct_tensor *con
     for (int i = 0; i < n && !why; i++)
         if (!ct_tensor_is_contiguous(ts[i])) why = "every tensor must be contiguous";
     if (why) return ct_error_set(CT_ERR_INVALID, "%s: %s: %s", op, why, list);
-    return ct_kernel_same_device(op, ts, n);
+    return cti_kernel_same_device(op, ts, n);
 }
 
 static ct_status adamw_check(const char *op, const ct_tensor *param, const ct_tensor *grad, const ct_tensor *m,
@@ -61,7 +61,7 @@ ct_status ct_kernel_adamw(ct_tensor *param, const ct_tensor *grad, ct_tensor *m,
     ct_status st = adamw_check("adamw", param, grad, m, v, h);
     if (st) return st;
     ct_adamw_fn fn = adamw_impl[param->device.type];
-    if (!fn) return ct_kernel_unavailable("adamw", param->device);
+    if (!fn) return cti_kernel_unavailable("adamw", param->device);
     return fn(param, grad, m, v, h);
 }
 
@@ -76,7 +76,7 @@ ct_status ct_kernel_adamw_list(int n, ct_tensor *const *params, const ct_tensor 
         snprintf(op, sizeof op, "adamw_list[%d]", i);
         ct_status st = adamw_check(op, params[i], grads[i], m[i], v[i], h);
         if (st) return st;
-        if (!adamw_impl[params[i]->device.type]) return ct_kernel_unavailable(op, params[i]->device);
+        if (!adamw_impl[params[i]->device.type]) return cti_kernel_unavailable(op, params[i]->device);
     }
     for (int i = 0; i < n; i++) {
         ct_status st = adamw_impl[params[i]->device.type](params[i], grads[i], m[i], v[i], h);
@@ -106,6 +106,6 @@ ct_status ct_kernel_sgd(ct_tensor *param, const ct_tensor *grad, ct_tensor *mome
         return ct_error_set(CT_ERR_INVALID, "%s: nesterov needs momentum > 0 and dampening 0; got momentum %g dampening %g (param %s)",
                             op, h->momentum, h->dampening, d);
     ct_sgd_fn fn = sgd_impl[param->device.type];
-    if (!fn) return ct_kernel_unavailable(op, param->device);
+    if (!fn) return cti_kernel_unavailable(op, param->device);
     return fn(param, grad, use_buf ? momentum_buf : NULL, h);
 }

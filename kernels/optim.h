@@ -24,6 +24,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "core/api.h"
 #include "core/tensor.h"
 
 typedef struct ct_adamw_hparams {
@@ -49,15 +50,15 @@ typedef ct_status (*ct_sgd_fn)(ct_tensor *param, const ct_tensor *grad, ct_tenso
 /* One AdamW/Adam step on param, m, v in place. param, grad, m, v: contiguous f32 (or all
  * f64) tensors of one shape on one device; h->step >= 1, 0 <= betas < 1, lr, eps,
  * weight_decay >= 0. Non-zero status and a message naming the op and tensors otherwise. */
-ct_status ct_kernel_adamw(ct_tensor *param, const ct_tensor *grad, ct_tensor *m, ct_tensor *v,
-                          const ct_adamw_hparams *h);
+CT_API ct_status ct_kernel_adamw(ct_tensor *param, const ct_tensor *grad, ct_tensor *m, ct_tensor *v,
+                                 const ct_adamw_hparams *h);
 /* The same over n (param, grad, m, v) quadruples; checks all of them before touching any. */
-ct_status ct_kernel_adamw_list(int n, ct_tensor *const *params, const ct_tensor *const *grads,
-                               ct_tensor *const *m, ct_tensor *const *v, const ct_adamw_hparams *h);
+CT_API ct_status ct_kernel_adamw_list(int n, ct_tensor *const *params, const ct_tensor *const *grads,
+                                      ct_tensor *const *m, ct_tensor *const *v, const ct_adamw_hparams *h);
 /* One SGD step on param (and momentum_buf, required when h->momentum != 0, ignored
  * otherwise) in place. Same layout rules as ct_kernel_adamw; nesterov needs momentum > 0
  * and dampening == 0, as in PyTorch. */
-ct_status ct_kernel_sgd(ct_tensor *param, const ct_tensor *grad, ct_tensor *momentum_buf,
-                        const ct_sgd_hparams *h);
+CT_API ct_status ct_kernel_sgd(ct_tensor *param, const ct_tensor *grad, ct_tensor *momentum_buf,
+                               const ct_sgd_hparams *h);
 
 #endif

@@ -4,17 +4,17 @@
 
 #include <string.h>
 
-#include "core/threads.h"
+#include "core/threads_internal.h"
 #include "kernels/cpu/reduce.h"
-#include "kernels/dispatch.h"
+#include "kernels/dispatch_internal.h"
 
 typedef ct_status (*reduce_fn)(ct_reduce_op, ct_tensor *, const ct_tensor *, uint32_t);
 typedef ct_status (*var_fn)(ct_tensor *, const ct_tensor *, uint32_t, int64_t);
 typedef ct_status (*argmax_fn)(ct_tensor *, const ct_tensor *, int);
 
-static const reduce_fn reduce_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = ct_cpu_reduce};
-static const var_fn var_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = ct_cpu_var};
-static const argmax_fn argmax_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = ct_cpu_argmax};
+static const reduce_fn reduce_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = cti_cpu_reduce};
+static const var_fn var_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = cti_cpu_var};
+static const argmax_fn argmax_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = cti_cpu_argmax};
 
 static const char *const reduce_names[CT_REDUCE_OP_COUNT] = {"sum", "mean", "max", "min"};
 
@@ -82,20 +82,20 @@ static ct_status check_nonempty(const char *op, const ct_tensor *x, uint32_t mas
 
 static ct_status check_dtype(const char *op, const ct_tensor *x, bool ints_ok)
 {
-    if (ct_kernel_is_float(x->dtype) || (ints_ok && !ct_dtype_is_float(x->dtype))) return CT_OK;
-    return ct_kernel_unsupported_dtype(op, x);
+    if (cti_kernel_is_float(x->dtype) || (ints_ok && !ct_dtype_is_float(x->dtype))) return CT_OK;
+    return cti_kernel_unsupported_dtype(op, x);
 }
 
 static ct_tensor *reduce(ct_reduce_op op, const ct_tensor *x, const int *dims, int ndims, bool keepdim)
 {
     if (!x) return NULL;
-    ct_threads_sync();
+    cti_threads_sync();
     const char *name = reduce_names[op];
     uint32_t mask;
     if (ct_tensor_require_data(x, name) || check_dtype(name, x, op != CT_REDUCE_MEAN) || parse_dims(name, x, dims, ndims, &mask)) return NULL;
     if ((op == CT_REDUCE_MAX || op == CT_REDUCE_MIN) && check_nonempty(name, x, mask)) return NULL;
     if (!reduce_impl[x->device.type]) {
-        ct_kernel_unavailable(name, x->device);
+        cti_kernel_unavailable(name, x->device);
         return NULL;
     }
     int ndim;
@@ -130,11 +130,11 @@ ct_tensor *ct_kernel_min(const ct_tensor *x, const int *dims, int ndims, bool ke
 ct_tensor *ct_kernel_var(const ct_tensor *x, const int *dims, int ndims, int64_t correction, bool keepdim)
 {
     if (!x) return NULL;
-    ct_threads_sync();
+    cti_threads_sync();
     uint32_t mask;
     if (check_dtype("var", x, false) || parse_dims("var", x, dims, ndims, &mask)) return NULL;
     if (!var_impl[x->device.type]) {
-        ct_kernel_unavailable("var", x->device);
+        cti_kernel_unavailable("var", x->device);
         return NULL;
     }
     int ndim;
@@ -148,13 +148,13 @@ ct_tensor *ct_kernel_var(const ct_tensor *x, const int *dims, int ndims, int64_t
 ct_tensor *ct_kernel_argmax(const ct_tensor *x, int dim, bool keepdim)
 {
     if (!x) return NULL;
-    ct_threads_sync();
+    cti_threads_sync();
     uint32_t mask;
     if (ct_tensor_require_data(x, "argmax") || check_dtype("argmax", x, true) || parse_dims("argmax", x, &dim, 1, &mask) ||
         check_nonempty("argmax", x, mask))
         return NULL;
     if (!argmax_impl[x->device.type]) {
-        ct_kernel_unavailable("argmax", x->device);
+        cti_kernel_unavailable("argmax", x->device);
         return NULL;
     }
     int ndim;
@@ -172,7 +172,7 @@ ct_tensor *ct_kernel_argmax(const ct_tensor *x, int dim, bool keepdim)
 ct_tensor *ct_kernel_sum_to_shape(const ct_tensor *x, int ndim, const int64_t *shape)
 {
     if (!x) return NULL;
-    ct_threads_sync();
+    cti_threads_sync();
     char d[200], s[160];
     if (ndim < 0 || ndim > x->ndim || (ndim > 0 && !shape)) {
         ct_error_set(CT_ERR_INVALID, "sum_to_shape: cannot sum %s to a %d-d shape", ct_tensor_describe(x, d, sizeof d),
@@ -194,7 +194,7 @@ ct_tensor *ct_kernel_sum_to_shape(const ct_tensor *x, int ndim, const int64_t *s
     }
     if (ct_tensor_require_data(x, "sum_to_shape") || check_dtype("sum_to_shape", x, true)) return NULL;
     if (!reduce_impl[x->device.type]) {
-        ct_kernel_unavailable("sum_to_shape", x->device);
+        cti_kernel_unavailable("sum_to_shape", x->device);
         return NULL;
     }
     ct_tensor *out = ct_tensor_empty_on(x->device, ct_dtype_is_float(x->dtype) ? x->dtype : CT_DTYPE_I64, ndim, shape);

@@ -26,25 +26,31 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "core/api.h"
 #include "core/tensor.h"
 
 typedef enum ct_reduce_op { CT_REDUCE_SUM, CT_REDUCE_MEAN, CT_REDUCE_MAX, CT_REDUCE_MIN, CT_REDUCE_OP_COUNT } ct_reduce_op;
 
-ct_tensor *ct_kernel_sum(const ct_tensor *x, const int *dims, int ndims, bool keepdim);
-ct_tensor *ct_kernel_mean(const ct_tensor *x, const int *dims, int ndims, bool keepdim);
-ct_tensor *ct_kernel_max(const ct_tensor *x, const int *dims, int ndims, bool keepdim);
-ct_tensor *ct_kernel_min(const ct_tensor *x, const int *dims, int ndims, bool keepdim);
+/* Sum over dims[0..ndims) (ndims 0: every dim), keeping them as size 1 when keepdim (new
+ * reference, current frame). */
+CT_API ct_tensor *ct_kernel_sum(const ct_tensor *x, const int *dims, int ndims, bool keepdim);
+/* Mean over dims, as ct_kernel_sum (new reference, current frame). */
+CT_API ct_tensor *ct_kernel_mean(const ct_tensor *x, const int *dims, int ndims, bool keepdim);
+/* Maximum over dims, as ct_kernel_sum; NaN propagates (new reference, current frame). */
+CT_API ct_tensor *ct_kernel_max(const ct_tensor *x, const int *dims, int ndims, bool keepdim);
+/* Minimum over dims, as ct_kernel_sum; NaN propagates (new reference, current frame). */
+CT_API ct_tensor *ct_kernel_min(const ct_tensor *x, const int *dims, int ndims, bool keepdim);
 /* Index (I64) of the largest element along dim. */
-ct_tensor *ct_kernel_argmax(const ct_tensor *x, int dim, bool keepdim);
+CT_API ct_tensor *ct_kernel_argmax(const ct_tensor *x, int dim, bool keepdim);
 /* sum((x - mean)^2) / (N - correction): correction 1 = unbiased (PyTorch's
  * default), 0 = population. Float dtypes only. */
-ct_tensor *ct_kernel_var(const ct_tensor *x, const int *dims, int ndims, int64_t correction, bool keepdim);
+CT_API ct_tensor *ct_kernel_var(const ct_tensor *x, const int *dims, int ndims, int64_t correction, bool keepdim);
 
 /* Sums x down to shape (ndim dims), the inverse of broadcasting shape to x's
  * shape (autograd's gradient of a broadcasting op): leading dims of x are summed
  * away, and dims where shape has 1 and x does not are summed with keepdim.
  * shape must broadcast to x's shape. The result has exactly `shape` and the
  * dtype ct_kernel_sum gives; when shape equals x's shape it is a copy. */
-ct_tensor *ct_kernel_sum_to_shape(const ct_tensor *x, int ndim, const int64_t *shape);
+CT_API ct_tensor *ct_kernel_sum_to_shape(const ct_tensor *x, int ndim, const int64_t *shape);
 
 #endif

@@ -3,22 +3,22 @@
 #include "kernels/softmax.h"
 
 #include "core/frame.h"
-#include "core/threads.h"
+#include "core/threads_internal.h"
 #include "kernels/cpu/softmax.h"
-#include "kernels/dispatch.h"
+#include "kernels/dispatch_internal.h"
 
-static const ct_softmax_fn softmax_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = ct_cpu_softmax};
-static const ct_softmax_fn log_softmax_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = ct_cpu_log_softmax};
+static const ct_softmax_fn softmax_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = cti_cpu_softmax};
+static const ct_softmax_fn log_softmax_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = cti_cpu_log_softmax};
 static const ct_softmax_backward_fn softmax_backward_impl[CT_DEVICE_TYPE_COUNT] = {
-    [CT_DEVICE_CPU] = ct_cpu_softmax_backward};
+    [CT_DEVICE_CPU] = cti_cpu_softmax_backward};
 static const ct_softmax_backward_fn log_softmax_backward_impl[CT_DEVICE_TYPE_COUNT] = {
-    [CT_DEVICE_CPU] = ct_cpu_log_softmax_backward};
+    [CT_DEVICE_CPU] = cti_cpu_log_softmax_backward};
 
 /* Checks t's dtype and normalises dim (a 0-d tensor has one dim of size 1). */
 static bool check_input(const char *op, const char *name, const ct_tensor *t, int *dim)
 {
     char a[200];
-    if (ct_kernel_check_float(op, name, t)) return false;
+    if (cti_kernel_check_float(op, name, t)) return false;
     int n = t->ndim == 0 ? 1 : t->ndim;
     if (*dim < -n || *dim >= n) {
         ct_error_set(CT_ERR_INVALID, "%s: dim %d is out of range for %s %s (expected %d to %d)", op, *dim, name,
@@ -35,14 +35,14 @@ static ct_tensor *forward(const char *op, const ct_softmax_fn *impl, const ct_te
     if (!check_input(op, "x", x, &dim) || ct_tensor_require_data(x, op)) return NULL;
     ct_softmax_fn fn = impl[x->device.type];
     if (!fn) {
-        ct_kernel_unavailable(op, x->device);
+        cti_kernel_unavailable(op, x->device);
         return NULL;
     }
     ct_tensor *y = ct_tensor_empty_on(x->device, x->dtype, x->ndim, x->shape);
     if (!y) return NULL;
-    ct_threads_sync();
+    cti_threads_sync();
     ct_frame_push();
-    const ct_tensor *xc = ct_kernel_contiguous(x);
+    const ct_tensor *xc = cti_kernel_contiguous(x);
     ct_status st = xc ? fn(xc, y, dim) : ct_last_status();
     ct_frame_pop();
     return st == CT_OK ? y : NULL;
@@ -52,18 +52,18 @@ static ct_tensor *backward(const char *op, const ct_softmax_backward_fn *impl, c
                            const ct_tensor *y, int dim)
 {
     if (!dy || !y) return NULL;
-    if (ct_kernel_same_device(op, (const ct_tensor *[]){dy, y}, 2)) return NULL;
-    if (ct_kernel_check_same(op, "dy", dy, "y", y) || !check_input(op, "y", y, &dim)) return NULL;
+    if (cti_kernel_same_device(op, (const ct_tensor *[]){dy, y}, 2)) return NULL;
+    if (cti_kernel_check_same(op, "dy", dy, "y", y) || !check_input(op, "y", y, &dim)) return NULL;
     ct_softmax_backward_fn fn = impl[y->device.type];
     if (!fn) {
-        ct_kernel_unavailable(op, y->device);
+        cti_kernel_unavailable(op, y->device);
         return NULL;
     }
     ct_tensor *dx = ct_tensor_empty_on(y->device, y->dtype, y->ndim, y->shape);
     if (!dx) return NULL;
-    ct_threads_sync();
+    cti_threads_sync();
     ct_frame_push();
-    const ct_tensor *dyc = ct_kernel_contiguous(dy), *yc = ct_kernel_contiguous(y);
+    const ct_tensor *dyc = cti_kernel_contiguous(dy), *yc = cti_kernel_contiguous(y);
     ct_status st = dyc && yc ? fn(dyc, yc, dx, dim) : ct_last_status();
     ct_frame_pop();
     return st == CT_OK ? dx : NULL;

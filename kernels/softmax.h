@@ -17,6 +17,7 @@
 #ifndef CT_KERNELS_SOFTMAX_H
 #define CT_KERNELS_SOFTMAX_H
 
+#include "core/api.h"
 #include "core/tensor.h"
 
 /* Device functions (kernels/cpu/softmax.h). Inputs contiguous with the same shape
@@ -24,11 +25,13 @@
 typedef ct_status (*ct_softmax_fn)(const ct_tensor *x, ct_tensor *y, int dim);
 typedef ct_status (*ct_softmax_backward_fn)(const ct_tensor *dy, const ct_tensor *y, ct_tensor *dx, int dim);
 
-ct_tensor *ct_kernel_softmax(const ct_tensor *x, int dim);
-ct_tensor *ct_kernel_log_softmax(const ct_tensor *x, int dim);
+/* Softmax of x along dim, without autograd (new reference, current frame). */
+CT_API ct_tensor *ct_kernel_softmax(const ct_tensor *x, int dim);
+/* Log-softmax of x along dim, without autograd (new reference, current frame). */
+CT_API ct_tensor *ct_kernel_log_softmax(const ct_tensor *x, int dim);
 /* y is the forward output. dx = y * (dy - sum(dy * y)), the sum along dim. */
-ct_tensor *ct_kernel_softmax_backward(const ct_tensor *dy, const ct_tensor *y, int dim);
+CT_API ct_tensor *ct_kernel_softmax_backward(const ct_tensor *dy, const ct_tensor *y, int dim);
 /* y is the forward output (log-probabilities). dx = dy - exp(y) * sum(dy). */
-ct_tensor *ct_kernel_log_softmax_backward(const ct_tensor *dy, const ct_tensor *y, int dim);
+CT_API ct_tensor *ct_kernel_log_softmax_backward(const ct_tensor *dy, const ct_tensor *y, int dim);
 
 #endif

@@ -21,6 +21,7 @@
 #ifndef CT_NN_GPT_H
 #define CT_NN_GPT_H
 
+#include "core/api.h"
 #include "core/philox.h"
 #include "nn/layers.h"
 
@@ -67,26 +68,32 @@ typedef struct ct_gpt {
 
 /* A GPT with fresh GPT-2 initialisation from the process generator
  * (ct_set_seed first for reproducible weights). cfg NULL = GPT-2 124M. */
-ct_gpt *ct_gpt_new(const ct_gpt_config *cfg);
+CT_API ct_gpt *ct_gpt_new(const ct_gpt_config *cfg);
 /* idx (B, T) integer tokens, T <= block_size -> logits (B, T, V). */
-ct_tensor *ct_gpt_forward(ct_gpt *m, ct_tensor *idx);
+CT_API ct_tensor *ct_gpt_forward(ct_gpt *m, ct_tensor *idx);
 /* Mean cross-entropy of the logits against targets (B, T) (ignore_index -1). */
-ct_tensor *ct_gpt_loss(ct_gpt *m, ct_tensor *idx, ct_tensor *targets);
+CT_API ct_tensor *ct_gpt_loss(ct_gpt *m, ct_tensor *idx, ct_tensor *targets);
 
 /* Loads a GPT-2 checkpoint as HF writes it: GPT2Model's names as they are or under
  * GPT2LMHeadModel's "transformer." prefix; the causal-mask buffers h.{i}.attn.bias and
  * h.{i}.attn.masked_bias of older files are skipped (ctrain computes the mask); an
  * lm_head.weight must equal wte.weight (the head is tied), else nothing is loaded and
  * the error says so. strict and report as ct_module_load. */
-ct_status ct_gpt_load(ct_gpt *m, const char *path, bool strict, ct_load_report *report);
+CT_API ct_status ct_gpt_load(ct_gpt *m, const char *path, bool strict, ct_load_report *report);
 /* Writes dir/model.safetensors (metadata format = pt) and dir/config.json (GPT2Config:
  * gelu_new, tied embeddings, this model's sizes), so that
  * transformers.GPT2LMHeadModel.from_pretrained(dir) loads the model. dir must exist. */
-ct_status ct_gpt_save_hf(const ct_gpt *m, const char *dir);
+CT_API ct_status ct_gpt_save_hf(const ct_gpt *m, const char *dir);
 
-ct_tensor *ct_gpt_attention_forward(ct_gpt_attention *m, ct_tensor *x);
-ct_tensor *ct_gpt_mlp_forward(ct_gpt_mlp *m, ct_tensor *x);
-ct_tensor *ct_gpt_block_forward(ct_gpt_block *m, ct_tensor *x);
+/* Causal self-attention of one block: x (B, T, C) -> (B, T, C), differentiable (new reference,
+ * current frame). */
+CT_API ct_tensor *ct_gpt_attention_forward(ct_gpt_attention *m, ct_tensor *x);
+/* The block's MLP, c_proj(gelu(c_fc(x))): x (B, T, C) -> (B, T, C) (new reference, current
+ * frame). */
+CT_API ct_tensor *ct_gpt_mlp_forward(ct_gpt_mlp *m, ct_tensor *x);
+/* One pre-norm transformer block: x + attn(ln_1(x)), then + mlp(ln_2(.)) (new reference,
+ * current frame). */
+CT_API ct_tensor *ct_gpt_block_forward(ct_gpt_block *m, ct_tensor *x);
 
 typedef struct ct_generate_config {
     int64_t max_new_tokens;
@@ -97,7 +104,7 @@ typedef struct ct_generate_config {
 /* Appends max_new_tokens sampled tokens to prompt[0..n) (ids < vocab_size),
  * writing n + max_new_tokens ids into out. Runs in eval mode without grad;
  * the model's training flag is restored. rng NULL = the process generator. */
-ct_status ct_gpt_generate(ct_gpt *m, const int64_t *prompt, int64_t n, const ct_generate_config *cfg, ct_rng *rng,
-                          int64_t *out);
+CT_API ct_status ct_gpt_generate(ct_gpt *m, const int64_t *prompt, int64_t n, const ct_generate_config *cfg, ct_rng *rng,
+                                 int64_t *out);
 
 #endif

@@ -17,6 +17,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "core/api.h"
 #include "core/tensor.h"
 
 typedef struct ct_module ct_module;
@@ -56,22 +57,23 @@ struct ct_module {
 
 /* Allocates a module type of `size` bytes (zeroed) whose first member is a
  * ct_module, and initialises it. NULL + error when out of memory. */
-void *ct_module_alloc(size_t size, const char *type, ct_module_destroy_fn destroy);
+CT_API void *ct_module_alloc(size_t size, const char *type, ct_module_destroy_fn destroy);
 /* Initialises an embedded ct_module (zeroed memory): training mode on. */
-void ct_module_init(ct_module *m, const char *type, ct_module_destroy_fn destroy);
+CT_API void ct_module_init(ct_module *m, const char *type, ct_module_destroy_fn destroy);
 /* Releases parameters, buffers and children, calls destroy, frees m (which
  * must have been malloc'ed as the start of its type's struct). NULL is fine. */
-void ct_module_free(ct_module *m);
+CT_API void ct_module_free(ct_module *m);
 
 /* Registers t (one reference is taken) as parameter `name`; it is marked as
  * requiring grad. Names are unique within a module. */
-ct_status ct_module_add_param(ct_module *m, const char *name, ct_tensor *t);
-ct_status ct_module_add_buffer(ct_module *m, const char *name, ct_tensor *t);
+CT_API ct_status ct_module_add_param(ct_module *m, const char *name, ct_tensor *t);
+/* Registers t (one reference is taken) as buffer `name`: state saved with the module that is not trained. */
+CT_API ct_status ct_module_add_buffer(ct_module *m, const char *name, ct_tensor *t);
 /* Adds child under name; the parent owns it from now on (also on failure). */
-ct_status ct_module_add_child(ct_module *m, const char *name, ct_module *child);
+CT_API ct_status ct_module_add_child(ct_module *m, const char *name, ct_module *child);
 
 /* Installs h (copied) on m, or removes m's hooks with NULL. One set per module. */
-void ct_module_set_hooks(ct_module *m, const ct_module_hooks *h);
+CT_API void ct_module_set_hooks(ct_module *m, const ct_module_hooks *h);
 /* The brackets of every module type's forward, so that hooks run whoever calls it:
  *
  *     ct_tensor *my_forward(my_module *m, ct_tensor *x) {
@@ -81,11 +83,11 @@ void ct_module_set_hooks(ct_module *m, const ct_module_hooks *h);
  *     }
  *
  * Without hooks they cost a branch and return CT_OK and out. */
-ct_status ct_module_forward_begin(ct_module *m);
-ct_tensor *ct_module_forward_end(ct_module *m, ct_tensor *out);
+CT_API ct_status ct_module_forward_begin(ct_module *m);
+CT_API ct_tensor *ct_module_forward_end(ct_module *m, ct_tensor *out);
 
 /* Sets training (true) or evaluation (false) mode on the whole tree. */
-void ct_module_train(ct_module *m, bool training);
+CT_API void ct_module_train(ct_module *m, bool training);
 
 /* A flat, ordered list of a tree's tensors with their dotted names. */
 typedef struct ct_param_list {
@@ -96,21 +98,22 @@ typedef struct ct_param_list {
 
 /* Parameters (or, with buffers = true, parameters then buffers) in
  * registration order, depth first, each tensor once. Free with ct_param_list_free. */
-ct_status ct_module_named_tensors(const ct_module *m, bool buffers, ct_param_list *out);
-void ct_param_list_free(ct_param_list *l);
+CT_API ct_status ct_module_named_tensors(const ct_module *m, bool buffers, ct_param_list *out);
+/* Frees the list: its names and arrays (the tensors are borrowed); NULL is fine. */
+CT_API void ct_param_list_free(ct_param_list *l);
 /* Total number of parameter elements (each tensor once). */
-int64_t ct_module_num_params(const ct_module *m);
+CT_API int64_t ct_module_num_params(const ct_module *m);
 /* The parameter or buffer with this dotted name, or NULL. Borrowed. */
-ct_tensor *ct_module_find(const ct_module *m, const char *name);
+CT_API ct_tensor *ct_module_find(const ct_module *m, const char *name);
 /* Releases every parameter's .grad. */
-void ct_module_zero_grad(ct_module *m);
+CT_API void ct_module_zero_grad(ct_module *m);
 
 /* ---- state dicts as safetensors ------------------------------------------------ */
 
 /* Writes parameters and buffers under their dotted names (tied tensors once)
  * with optional metadata pairs, atomically (temporary file + rename). */
-ct_status ct_module_save(const ct_module *m, const char *path, int nmeta, const char *const *meta_keys,
-                         const char *const *meta_values);
+CT_API ct_status ct_module_save(const ct_module *m, const char *path, int nmeta, const char *const *meta_keys,
+                                const char *const *meta_values);
 
 /* What a load found. Lists are owned by the report; free with ct_load_report_free. */
 typedef struct ct_load_report {
@@ -125,8 +128,9 @@ typedef struct ct_load_report {
  * missing, unexpected or mismatched name is an error listing them, and nothing
  * is copied. Not strict: loads what matches and reports the rest (report may be
  * NULL). */
-ct_status ct_module_load(ct_module *m, const char *path, bool strict, ct_load_report *report);
-void ct_load_report_free(ct_load_report *r);
+CT_API ct_status ct_module_load(ct_module *m, const char *path, bool strict, ct_load_report *report);
+/* Frees a report that ct_module_load filled in; NULL is fine. */
+CT_API void ct_load_report_free(ct_load_report *r);
 
 /* Maps the name of a tensor in the file to the module's dotted name for it: returns
  * file_name itself, a name written into buf (buflen bytes), or NULL when the module
@@ -134,7 +138,7 @@ void ct_load_report_free(ct_load_report *r);
 typedef const char *(*ct_load_key_fn)(const char *file_name, char *buf, size_t buflen, void *ctx);
 /* ct_module_load through a name map (map NULL = names as they are); how a model reads
  * a checkpoint written under another prefix or with extra buffers (see ct_gpt_load). */
-ct_status ct_module_load_mapped(ct_module *m, const char *path, bool strict, ct_load_report *report,
-                                ct_load_key_fn map, void *ctx);
+CT_API ct_status ct_module_load_mapped(ct_module *m, const char *path, bool strict, ct_load_report *report,
+                                       ct_load_key_fn map, void *ctx);
 
 #endif

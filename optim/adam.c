@@ -17,8 +17,8 @@ static ct_optimizer *adam_new(const char *op, ct_optim_kind kind, double default
         .beta2 = c.beta2 != 0 ? c.beta2 : 0.999,
         .eps = c.eps != 0 ? c.eps : 1e-8,
     };
-    ct_optimizer *o = ct_optim_alloc(op, kind, c.lr != 0 ? c.lr : 1e-3, c.weight_decay != 0 ? c.weight_decay : default_wd, &h);
-    return ct_optim_finish_new(o, n, params);
+    ct_optimizer *o = cti_optim_alloc(op, kind, c.lr != 0 ? c.lr : 1e-3, c.weight_decay != 0 ? c.weight_decay : default_wd, &h);
+    return cti_optim_finish_new(o, n, params);
 }
 
 ct_optimizer *ct_adam_new(int n, ct_tensor *const *params, const ct_adam_config *cfg)
@@ -31,15 +31,15 @@ ct_optimizer *ct_adamw_new(int n, ct_tensor *const *params, const ct_adamw_confi
     return adam_new("adamw_new", CT_OPTIM_ADAMW, 0.01, n, params, cfg);
 }
 
-ct_status ct_optim_adam_init_state(ct_optimizer *o, int i)
+ct_status cti_optim_adam_init_state(ct_optimizer *o, int i)
 {
     ct_param_state *s = &o->state[i];
-    if (!s->exp_avg && !(s->exp_avg = ct_optim_zeros_like(o->params[i]))) return ct_last_status();
-    if (!s->exp_avg_sq && !(s->exp_avg_sq = ct_optim_zeros_like(o->params[i]))) return ct_last_status();
+    if (!s->exp_avg && !(s->exp_avg = cti_optim_zeros_like(o->params[i]))) return ct_last_status();
+    if (!s->exp_avg_sq && !(s->exp_avg_sq = cti_optim_zeros_like(o->params[i]))) return ct_last_status();
     return CT_OK;
 }
 
-ct_status ct_optim_adam_update(ct_optimizer *o, int i, const ct_param_group *g, const ct_tensor *grad)
+ct_status cti_optim_adam_update(ct_optimizer *o, int i, const ct_param_group *g, const ct_tensor *grad)
 {
     ct_param_state *s = &o->state[i];
     const ct_adamw_hparams h = {

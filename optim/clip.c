@@ -9,7 +9,7 @@
 #include <stdlib.h>
 
 #include "core/frame.h"
-#include "core/threads.h"
+#include "core/threads_internal.h"
 
 #define BLOCK 8192
 #define PAR_MIN_WORK 32768
@@ -117,7 +117,7 @@ static ct_status partial_impl(const char *op, int n, ct_tensor *const *params, d
     ct_status st = check_list(op, n, params);
     if (!st) st = check_norm_type(op, norm_type);
     if (st) return st;
-    ct_threads_sync();
+    cti_threads_sync();
     const norm_kind k = kind_of(norm_type);
     double acc = 0;
     ct_frame_push();
@@ -175,7 +175,7 @@ typedef void (*grad_fn)(void *x, int64_t n, bool f64, double a);
 
 static ct_status for_each_grad(const char *op, int n, ct_tensor *const *params, grad_fn f, double a)
 {
-    ct_threads_sync();
+    cti_threads_sync();
     ct_status st = CT_OK;
     ct_frame_push();
     for (int i = 0; i < n && !st; i++) {

@@ -15,6 +15,7 @@
 #ifndef CT_OPTIM_CLIP_H
 #define CT_OPTIM_CLIP_H
 
+#include "core/api.h"
 #include "core/error.h"
 #include "core/tensor.h"
 
@@ -26,25 +27,25 @@
  * NAN + error on bad input (n < 0, NULL list or parameter, a grad that is not f32 or
  * f64 on the CPU, max_norm < 0 or NaN, a bad norm_type); a NaN from NaN gradients sets
  * no error, so test the inputs' validity once, not every step's result. */
-double ct_clip_grad_norm(int n, ct_tensor *const *params, double max_norm, double norm_type);
+CT_API double ct_clip_grad_norm(int n, ct_tensor *const *params, double max_norm, double norm_type);
 
 /* The norm_type-norm of all the grads together, without clipping. NAN + error as above. */
-double ct_grad_norm(int n, ct_tensor *const *params, double norm_type);
+CT_API double ct_grad_norm(int n, ct_tensor *const *params, double norm_type);
 
 /* Clamps every grad element into [-clip_value, clip_value] (clip_value >= 0); NaNs stay. */
-ct_status ct_clip_grad_value(int n, ct_tensor *const *params, double clip_value);
+CT_API ct_status ct_clip_grad_value(int n, ct_tensor *const *params, double clip_value);
 
 /* Sum of g^2 over every grad: the 2-norm's partial for one shard. NAN + error. */
-double ct_grad_norm_sq(int n, ct_tensor *const *params);
+CT_API double ct_grad_norm_sq(int n, ct_tensor *const *params);
 /* The norm_type partial: sum |g|^p, or max |g| for INFINITY. Partials of disjoint lists
  * combine by + (max for INFINITY). NAN + error. */
-double ct_grad_norm_partial(int n, ct_tensor *const *params, double norm_type);
+CT_API double ct_grad_norm_partial(int n, ct_tensor *const *params, double norm_type);
 /* partial^(1/p) (the partial itself for INFINITY). */
-double ct_grad_norm_from_partial(double partial, double norm_type);
+CT_API double ct_grad_norm_from_partial(double partial, double norm_type);
 /* min(1, max_norm / (total_norm + 1e-6)); 1 when total_norm is not finite. */
-double ct_clip_coef(double total_norm, double max_norm);
+CT_API double ct_clip_coef(double total_norm, double max_norm);
 /* g *= coef for every grad (computed in the grad's dtype, as PyTorch's mul_). coef 1
  * leaves the bits alone. */
-ct_status ct_grad_scale(int n, ct_tensor *const *params, double coef);
+CT_API ct_status ct_grad_scale(int n, ct_tensor *const *params, double coef);
 
 #endif

@@ -13,7 +13,7 @@
 
 static const char *const kind_names[] = {[CT_OPTIM_SGD] = "sgd", [CT_OPTIM_ADAM] = "adam", [CT_OPTIM_ADAMW] = "adamw"};
 
-const char *ct_optim_param_label(const ct_tensor *p, int i, char *buf, int cap)
+const char *cti_optim_param_label(const ct_tensor *p, int i, char *buf, int cap)
 {
     char d[200];
     ct_tensor_describe(p, d, sizeof d);
@@ -22,16 +22,16 @@ const char *ct_optim_param_label(const ct_tensor *p, int i, char *buf, int cap)
     return buf;
 }
 
-ct_status ct_optim_check_nonneg(const char *op, const char *name, double v)
+ct_status cti_optim_check_nonneg(const char *op, const char *name, double v)
 {
     if (!(v >= 0) || isinf(v)) return ct_error_set(CT_ERR_INVALID, "%s: %s must be finite and >= 0, got %g", op, name, v);
     return CT_OK;
 }
 
-ct_status ct_optim_check_hyper(const char *op, ct_optim_kind kind, const ct_optim_hyper *h)
+ct_status cti_optim_check_hyper(const char *op, ct_optim_kind kind, const ct_optim_hyper *h)
 {
     if (kind == CT_OPTIM_SGD) {
-        if (ct_optim_check_nonneg(op, "momentum", h->momentum)) return CT_ERR_INVALID;
+        if (cti_optim_check_nonneg(op, "momentum", h->momentum)) return CT_ERR_INVALID;
         if (!isfinite(h->dampening))
             return ct_error_set(CT_ERR_INVALID, "%s: dampening must be finite, got %g", op, h->dampening);
         if (h->nesterov && (h->momentum <= 0 || h->dampening != 0))
@@ -41,14 +41,14 @@ ct_status ct_optim_check_hyper(const char *op, ct_optim_kind kind, const ct_opti
     }
     if (!(h->beta1 >= 0 && h->beta1 < 1) || !(h->beta2 >= 0 && h->beta2 < 1))
         return ct_error_set(CT_ERR_INVALID, "%s: betas must lie in [0, 1), got (%g, %g)", op, h->beta1, h->beta2);
-    return ct_optim_check_nonneg(op, "eps", h->eps);
+    return cti_optim_check_nonneg(op, "eps", h->eps);
 }
 
-ct_optimizer *ct_optim_alloc(const char *op, ct_optim_kind kind, double lr, double weight_decay,
-                             const ct_optim_hyper *hyper)
+ct_optimizer *cti_optim_alloc(const char *op, ct_optim_kind kind, double lr, double weight_decay,
+                              const ct_optim_hyper *hyper)
 {
-    if (ct_optim_check_nonneg(op, "lr", lr) || ct_optim_check_nonneg(op, "weight_decay", weight_decay) ||
-        ct_optim_check_hyper(op, kind, hyper))
+    if (cti_optim_check_nonneg(op, "lr", lr) || cti_optim_check_nonneg(op, "weight_decay", weight_decay) ||
+        cti_optim_check_hyper(op, kind, hyper))
         return NULL;
     ct_optimizer *o = calloc(1, sizeof *o);
     if (!o) {
@@ -63,7 +63,7 @@ ct_optimizer *ct_optim_alloc(const char *op, ct_optim_kind kind, double lr, doub
 }
 
 
-ct_tensor *ct_optim_zeros_like(const ct_tensor *p)
+ct_tensor *cti_optim_zeros_like(const ct_tensor *p)
 {
     ct_frame_push();
     ct_tensor *t = ct_tensor_zeros_like(p);
@@ -77,7 +77,7 @@ static ct_status check_param(const ct_optimizer *o, const ct_tensor *p, int i, c
 {
     char lab[320];
     if (!p) return ct_error_set(CT_ERR_INVALID, "parameter %d is NULL", i);
-    ct_optim_param_label(p, i, lab, sizeof lab);
+    cti_optim_param_label(p, i, lab, sizeof lab);
     if (p->dtype != CT_DTYPE_F32 && p->dtype != CT_DTYPE_F64)
         return ct_error_set(CT_ERR_INVALID, "%s: parameters must be f32 or f64", lab);
     if (p->device.type != CT_DEVICE_CPU) return ct_error_set(CT_ERR_UNSUPPORTED, "%s: parameters must be on the cpu", lab);
@@ -111,7 +111,7 @@ static ct_status add_group(const char *op, ct_optimizer *o, int n, ct_tensor *co
                             params ? "given" : "NULL");
     const ct_param_group_config dflt = {0};
     if (!g) g = &dflt;
-    if (ct_optim_check_nonneg(op, "lr_scale", g->lr_scale) || ct_optim_check_nonneg(op, "weight_decay", g->weight_decay))
+    if (cti_optim_check_nonneg(op, "lr_scale", g->lr_scale) || cti_optim_check_nonneg(op, "weight_decay", g->weight_decay))
         return CT_ERR_INVALID;
     if (g->no_weight_decay && g->weight_decay != 0)
         return ct_error_set(CT_ERR_INVALID, "%s: no_weight_decay with weight_decay %g: ask for one or the other", op,
@@ -146,7 +146,7 @@ ct_status ct_optimizer_add_group(ct_optimizer *o, int n, ct_tensor *const *param
     return add_group("optimizer_add_group", o, n, params, g);
 }
 
-ct_optimizer *ct_optim_finish_new(ct_optimizer *o, int n, ct_tensor *const *params)
+ct_optimizer *cti_optim_finish_new(ct_optimizer *o, int n, ct_tensor *const *params)
 {
     if (!o) return NULL;
     char op[32];
@@ -168,7 +168,7 @@ static ct_status check_grad(const ct_tensor *p, int i)
     else if (!ct_device_equal(g->device, p->device)) why = "its gradient is on another device";
     if (!why) return CT_OK;
     char lab[320], gd[200];
-    return ct_error_set(CT_ERR_INVALID, "optimizer_step: %s: %s: grad %s", ct_optim_param_label(p, i, lab, sizeof lab),
+    return ct_error_set(CT_ERR_INVALID, "optimizer_step: %s: %s: grad %s", cti_optim_param_label(p, i, lab, sizeof lab),
                         why, ct_tensor_describe(g, gd, sizeof gd));
 }
 
@@ -200,14 +200,14 @@ ct_status ct_optimizer_step(ct_optimizer *o)
     ct_frame_push();
     for (int i = 0; i < o->nparams && !st; i++) {
         if (!o->params[i]->grad) continue;
-        st = o->kind == CT_OPTIM_SGD ? ct_optim_sgd_init_state(o, i) : ct_optim_adam_init_state(o, i);
+        st = o->kind == CT_OPTIM_SGD ? cti_optim_sgd_init_state(o, i) : cti_optim_adam_init_state(o, i);
         if (!st && !(grads[i] = ct_tensor_contiguous(o->params[i]->grad))) st = ct_last_status();
     }
     for (int k = 0; k < o->ngroups && !st; k++) {
         const ct_param_group *g = &o->groups[k];
         for (int i = g->first; i < g->first + g->n && !st; i++) {
             if (!grads[i]) continue;
-            st = o->kind == CT_OPTIM_SGD ? ct_optim_sgd_update(o, i, g, grads[i]) : ct_optim_adam_update(o, i, g, grads[i]);
+            st = o->kind == CT_OPTIM_SGD ? cti_optim_sgd_update(o, i, g, grads[i]) : cti_optim_adam_update(o, i, g, grads[i]);
         }
     }
     ct_frame_pop();
@@ -261,7 +261,7 @@ void ct_optimizer_zero_grad(ct_optimizer *o)
 ct_status ct_optimizer_set_lr(ct_optimizer *o, double lr)
 {
     if (!o) return ct_error_set(CT_ERR_INVALID, "optimizer_set_lr: optimizer is NULL");
-    if (ct_optim_check_nonneg("optimizer_set_lr", "lr", lr)) return CT_ERR_INVALID;
+    if (cti_optim_check_nonneg("optimizer_set_lr", "lr", lr)) return CT_ERR_INVALID;
     o->lr = lr;
     return CT_OK;
 }

@@ -36,6 +36,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "core/api.h"
 #include "core/error.h"
 #include "core/tensor.h"
 
@@ -71,45 +72,47 @@ typedef struct ct_param_group_config {
 /* New optimizers over n parameters (group 0); cfg NULL = all defaults. n may be 0
  * (params may then be NULL) when every group is added later. The caller owns the
  * handle (ct_optimizer_free). NULL + error on a bad parameter or config. */
-ct_optimizer *ct_sgd_new(int n, ct_tensor *const *params, const ct_sgd_config *cfg);
-ct_optimizer *ct_adam_new(int n, ct_tensor *const *params, const ct_adam_config *cfg);
-ct_optimizer *ct_adamw_new(int n, ct_tensor *const *params, const ct_adamw_config *cfg);
+CT_API ct_optimizer *ct_sgd_new(int n, ct_tensor *const *params, const ct_sgd_config *cfg);
+CT_API ct_optimizer *ct_adam_new(int n, ct_tensor *const *params, const ct_adam_config *cfg);
+CT_API ct_optimizer *ct_adamw_new(int n, ct_tensor *const *params, const ct_adamw_config *cfg);
 
 /* Appends a group of n parameters; g NULL = lr_scale 1 and the optimizer's weight
  * decay. Nothing is added on error. */
-ct_status ct_optimizer_add_group(ct_optimizer *o, int n, ct_tensor *const *params,
-                                 const ct_param_group_config *g);
+CT_API ct_status ct_optimizer_add_group(ct_optimizer *o, int n, ct_tensor *const *params,
+                                        const ct_param_group_config *g);
 
 /* One update of every parameter whose grad is not NULL; the others are skipped, as
  * PyTorch does. Every gradient is checked (shape, dtype, device) before any
  * parameter is touched. Step count + 1 on success. */
-ct_status ct_optimizer_step(ct_optimizer *o);
+CT_API ct_status ct_optimizer_step(ct_optimizer *o);
 
 /* Releases every parameter's grad and sets it to NULL (PyTorch's set_to_none). */
-void ct_optimizer_zero_grad(ct_optimizer *o);
+CT_API void ct_optimizer_zero_grad(ct_optimizer *o);
 
 /* The base lr (finite, >= 0); each group runs at lr_scale * lr. */
-ct_status ct_optimizer_set_lr(ct_optimizer *o, double lr);
-double ct_optimizer_lr(const ct_optimizer *o);
+CT_API ct_status ct_optimizer_set_lr(ct_optimizer *o, double lr);
+CT_API double ct_optimizer_lr(const ct_optimizer *o);
 /* Successful ct_optimizer_step calls so far (restored by ct_optimizer_load). */
-int64_t ct_optimizer_step_count(const ct_optimizer *o);
+CT_API int64_t ct_optimizer_step_count(const ct_optimizer *o);
 /* "sgd", "adam" or "adamw". Static string. */
-const char *ct_optimizer_name(const ct_optimizer *o);
+CT_API const char *ct_optimizer_name(const ct_optimizer *o);
 
-int ct_optimizer_param_count(const ct_optimizer *o);
+/* Number of parameters o updates, over every group. */
+CT_API int ct_optimizer_param_count(const ct_optimizer *o);
 /* Parameter i (0-based across the groups). Borrowed; NULL + error when out of range. */
-ct_tensor *ct_optimizer_param(const ct_optimizer *o, int i);
-int ct_optimizer_group_count(const ct_optimizer *o);
+CT_API ct_tensor *ct_optimizer_param(const ct_optimizer *o, int i);
+/* Number of parameter groups (at least 1). */
+CT_API int ct_optimizer_group_count(const ct_optimizer *o);
 /* Group g's current lr (lr_scale * base lr) and weight decay; NAN + error when out of range. */
-double ct_optimizer_group_lr(const ct_optimizer *o, int g);
-double ct_optimizer_group_weight_decay(const ct_optimizer *o, int g);
+CT_API double ct_optimizer_group_lr(const ct_optimizer *o, int g);
+CT_API double ct_optimizer_group_weight_decay(const ct_optimizer *o, int g);
 /* Parameter i's state tensor "exp_avg", "exp_avg_sq" (Adam, AdamW) or
  * "momentum_buffer" (SGD with momentum). Borrowed: owned by the optimizer, valid until
  * the next load or free. NULL without an error while the parameter has not been
  * stepped yet; NULL + error for a bad index or a key this optimizer does not keep. */
-ct_tensor *ct_optimizer_state(const ct_optimizer *o, int i, const char *key);
+CT_API ct_tensor *ct_optimizer_state(const ct_optimizer *o, int i, const char *key);
 /* Updates parameter i has received (its bias-correction step); -1 + error when out of range. */
-int64_t ct_optimizer_param_step(const ct_optimizer *o, int i);
+CT_API int64_t ct_optimizer_param_step(const ct_optimizer *o, int i);
 
 /* Puts params[i] in place of parameter i, for every i (n must be the parameter
  * count; each keeps its group, lr scale and weight decay), before the first step
@@ -117,10 +120,10 @@ int64_t ct_optimizer_param_step(const ct_optimizer *o, int i);
  * parameters this rank owns, so its moments are sharded too. Each new parameter is
  * checked as ct_*_new checks them and retained, the old ones released. Nothing changes
  * on error. */
-ct_status ct_optimizer_replace_params(ct_optimizer *o, int n, ct_tensor *const *params);
+CT_API ct_status ct_optimizer_replace_params(ct_optimizer *o, int n, ct_tensor *const *params);
 
 /* Releases the parameters, the state and the handle. NULL is fine. */
-void ct_optimizer_free(ct_optimizer *o);
+CT_API void ct_optimizer_free(ct_optimizer *o);
 
 /* Hooks a wrapper installs around an optimizer so the user's plain loop (step,
  * zero_grad) stays unchanged: the Accelerator skips the step and zero_grad on
@@ -140,10 +143,10 @@ typedef struct ct_optimizer_hooks {
 } ct_optimizer_hooks;
 
 /* Installs h (copied) or, with NULL, removes the hooks. One set per optimizer. */
-void ct_optimizer_set_hooks(ct_optimizer *o, const ct_optimizer_hooks *h);
+CT_API void ct_optimizer_set_hooks(ct_optimizer *o, const ct_optimizer_hooks *h);
 /* True when the last ct_optimizer_step call was skipped by a hook (a scheduler does
  * not advance after such a call: optim/schedule.h). */
-bool ct_optimizer_step_was_skipped(const ct_optimizer *o);
+CT_API bool ct_optimizer_step_was_skipped(const ct_optimizer *o);
 
 /* Optimizer state as a safetensors file (core/safetensors.h), written atomically:
  *   tensors   "state.<i>.exp_avg", "state.<i>.exp_avg_sq"   (Adam, AdamW)
@@ -159,7 +162,7 @@ bool ct_optimizer_step_was_skipped(const ct_optimizer *o);
  * values. On success it restores the state, the step counts, the base lr, the groups'
  * lr scales and weight decays and the hyper-parameters, so the next step is the step
  * the saving optimizer would have taken (bitwise). */
-ct_status ct_optimizer_save(const ct_optimizer *o, const char *path);
-ct_status ct_optimizer_load(ct_optimizer *o, const char *path);
+CT_API ct_status ct_optimizer_save(const ct_optimizer *o, const char *path);
+CT_API ct_status ct_optimizer_load(ct_optimizer *o, const char *path);
 
 #endif

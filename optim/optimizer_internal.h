@@ -44,29 +44,29 @@ struct ct_optimizer {
 };
 
 /* A handle with no parameters and no groups; NULL + error (op named) on no memory. */
-ct_optimizer *ct_optim_alloc(const char *op, ct_optim_kind kind, double lr, double weight_decay,
-                             const ct_optim_hyper *hyper);
+ct_optimizer *cti_optim_alloc(const char *op, ct_optim_kind kind, double lr, double weight_decay,
+                              const ct_optim_hyper *hyper);
 /* Adds group 0 and frees o on failure; returns o or NULL. */
-ct_optimizer *ct_optim_finish_new(ct_optimizer *o, int n, ct_tensor *const *params);
+ct_optimizer *cti_optim_finish_new(ct_optimizer *o, int n, ct_tensor *const *params);
 
 /* Checks: finite and >= 0 (name labels the value in the message). */
-ct_status ct_optim_check_nonneg(const char *op, const char *name, double v);
+ct_status cti_optim_check_nonneg(const char *op, const char *name, double v);
 /* Hyper-parameters of the kind, after defaults are applied. */
-ct_status ct_optim_check_hyper(const char *op, ct_optim_kind kind, const ct_optim_hyper *h);
+ct_status cti_optim_check_hyper(const char *op, ct_optim_kind kind, const ct_optim_hyper *h);
 
 /* A zero tensor shaped as p, owned by the caller (not in any frame); NULL + error. */
-ct_tensor *ct_optim_zeros_like(const ct_tensor *p);
+ct_tensor *cti_optim_zeros_like(const ct_tensor *p);
 
 /* Allocates what parameter i needs before its first update (zeros); CT_OK when it
  * has it already. */
-ct_status ct_optim_sgd_init_state(ct_optimizer *o, int i);
-ct_status ct_optim_adam_init_state(ct_optimizer *o, int i);
+ct_status cti_optim_sgd_init_state(ct_optimizer *o, int i);
+ct_status cti_optim_adam_init_state(ct_optimizer *o, int i);
 /* One update of parameter i of group g with the contiguous gradient grad (checked).
  * Advances state[i].step. */
-ct_status ct_optim_sgd_update(ct_optimizer *o, int i, const ct_param_group *g, const ct_tensor *grad);
-ct_status ct_optim_adam_update(ct_optimizer *o, int i, const ct_param_group *g, const ct_tensor *grad);
+ct_status cti_optim_sgd_update(ct_optimizer *o, int i, const ct_param_group *g, const ct_tensor *grad);
+ct_status cti_optim_adam_update(ct_optimizer *o, int i, const ct_param_group *g, const ct_tensor *grad);
 
 /* "parameter 3 'h.0.attn.weight' (f32[2, 3] cpu)" into buf; returns buf. */
-const char *ct_optim_param_label(const ct_tensor *p, int i, char *buf, int cap);
+const char *cti_optim_param_label(const ct_tensor *p, int i, char *buf, int cap);
 
 #endif

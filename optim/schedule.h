@@ -20,6 +20,7 @@
 
 #include <stdint.h>
 
+#include "core/api.h"
 #include "core/error.h"
 #include "optim/optimizer.h"
 
@@ -39,28 +40,29 @@ typedef struct ct_lr_schedule {
 
 /* lr at step (>= 0). NAN + error for a bad schedule or step: lrs must be finite and
  * >= 0, step counts >= 0, decay a ct_lr_decay value. */
-double ct_lr_schedule_at(const ct_lr_schedule *s, int64_t step);
+CT_API double ct_lr_schedule_at(const ct_lr_schedule *s, int64_t step);
 /* CT_OK or an error naming the bad field. */
-ct_status ct_lr_schedule_check(const ct_lr_schedule *s);
+CT_API ct_status ct_lr_schedule_check(const ct_lr_schedule *s);
 
 typedef struct ct_scheduler ct_scheduler; /* handle */
 
 /* A scheduler driving o (borrowed: o must outlive it) with a copy of s; sets o's lr
  * to lr(0). The caller owns the handle (ct_scheduler_free). NULL + error. */
-ct_scheduler *ct_scheduler_new(ct_optimizer *o, const ct_lr_schedule *s);
+CT_API ct_scheduler *ct_scheduler_new(ct_optimizer *o, const ct_lr_schedule *s);
 /* Position + 1; sets the optimizer's lr to lr(position). Does nothing (CT_OK) when
  * the optimizer's last step was skipped by its hooks (ct_optimizer_step_was_skipped:
  * a gradient-accumulation micro-step or an fp16 overflow under the Accelerator), so a
  * schedule counts optimizer updates, never micro-steps. */
-ct_status ct_scheduler_step(ct_scheduler *sch);
+CT_API ct_status ct_scheduler_step(ct_scheduler *sch);
 /* The number of ct_scheduler_step calls so far (the step whose lr is set now). */
-int64_t ct_scheduler_position(const ct_scheduler *sch);
+CT_API int64_t ct_scheduler_position(const ct_scheduler *sch);
 /* Restores a saved position (>= 0) and sets the optimizer's lr to lr(position). */
-ct_status ct_scheduler_set_position(ct_scheduler *sch, int64_t position);
+CT_API ct_status ct_scheduler_set_position(ct_scheduler *sch, int64_t position);
 /* lr(position), the value the scheduler last set. */
-double ct_scheduler_lr(const ct_scheduler *sch);
+CT_API double ct_scheduler_lr(const ct_scheduler *sch);
 /* The schedule in use (max_lr filled in). Borrowed. */
-const ct_lr_schedule *ct_scheduler_schedule(const ct_scheduler *sch);
-void ct_scheduler_free(ct_scheduler *sch);
+CT_API const ct_lr_schedule *ct_scheduler_schedule(const ct_scheduler *sch);
+/* Frees sch (not the optimizer it drives); NULL is fine. */
+CT_API void ct_scheduler_free(ct_scheduler *sch);
 
 #endif

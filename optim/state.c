@@ -238,12 +238,12 @@ static ct_status read_meta(const ct_optimizer *o, const loader *L, loaded *d)
             return ct_error_set(CT_ERR_INVALID, "%s: group %d holds %" PRId64 " parameters in the file, %d in this optimizer", op,
                                 g, n, o->groups[g].n);
         snprintf(key, sizeof key, "group.%d.lr_scale", g);
-        if (!meta_f64(L, key, &d->lr_scale[g]) || ct_optim_check_nonneg(op, key, d->lr_scale[g])) return ct_last_status();
+        if (!meta_f64(L, key, &d->lr_scale[g]) || cti_optim_check_nonneg(op, key, d->lr_scale[g])) return ct_last_status();
         snprintf(key, sizeof key, "group.%d.weight_decay", g);
-        if (!meta_f64(L, key, &d->weight_decay[g]) || ct_optim_check_nonneg(op, key, d->weight_decay[g]))
+        if (!meta_f64(L, key, &d->weight_decay[g]) || cti_optim_check_nonneg(op, key, d->weight_decay[g]))
             return ct_last_status();
     }
-    if (!meta_i64(L, "step", 0, &d->step) || !meta_f64(L, "lr", &d->lr) || ct_optim_check_nonneg(op, "lr", d->lr))
+    if (!meta_i64(L, "step", 0, &d->step) || !meta_f64(L, "lr", &d->lr) || cti_optim_check_nonneg(op, "lr", d->lr))
         return ct_last_status();
     if (o->kind == CT_OPTIM_SGD) {
         const char *nes = meta_get(L, "nesterov");
@@ -256,7 +256,7 @@ static ct_status read_meta(const ct_optimizer *o, const loader *L, loaded *d)
                !meta_f64(L, "eps", &d->hyper.eps)) {
         return ct_last_status();
     }
-    if (ct_optim_check_hyper(op, o->kind, &d->hyper)) return CT_ERR_INVALID;
+    if (cti_optim_check_hyper(op, o->kind, &d->hyper)) return CT_ERR_INVALID;
     for (int i = 0; i < o->nparams; i++) {
         snprintf(key, sizeof key, "state.%d.step", i);
         if (ct_safetensors_metadata(L->f, key) && !meta_i64(L, key, 1, &d->state[i].step)) return ct_last_status();
@@ -316,7 +316,7 @@ static ct_status read_tensors(const ct_optimizer *o, const loader *L, loaded *d)
                 ct_shape_str(ndim, shape, sh, sizeof sh);
                 ct_shape_str(p->ndim, p->shape, want, sizeof want);
                 return ct_error_set(CT_ERR_INVALID, "optimizer_load: %s: '%s' is %s%s but %s needs %s%s", L->path, name,
-                                    ct_dtype_name(dt), sh, ct_optim_param_label(p, i, lab, sizeof lab),
+                                    ct_dtype_name(dt), sh, cti_optim_param_label(p, i, lab, sizeof lab),
                                     ct_dtype_name(p->dtype), want);
             }
         }

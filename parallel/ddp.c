@@ -164,7 +164,7 @@ static ct_status broadcast_all(ct_ddp *d, ct_module *model)
 {
     ct_param_list all = {0};
     ct_status st = ct_module_named_tensors(model, true, &all);
-    if (!st) st = ct_dist_broadcast_tensors(d->pg, &all, 0, "ddp");
+    if (!st) st = cti_dist_broadcast_tensors(d->pg, &all, 0, "ddp");
     ct_param_list_free(&all);
     return st;
 }

@@ -43,6 +43,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "core/api.h"
 #include "core/tensor.h"
 #include "dist/pg.h"
 #include "nn/module.h"
@@ -77,22 +78,24 @@ typedef struct ct_ddp_stats {
  * Every rank of pg must call it with the same model structure: a mismatch in the
  * parameter list is an error on every rank (the shapes are compared through the
  * group). New handle owned by the caller; NULL + error. */
-ct_ddp *ct_ddp_new(ct_pg *pg, ct_module *model, const ct_ddp_config *cfg);
+CT_API ct_ddp *ct_ddp_new(ct_pg *pg, ct_module *model, const ct_ddp_config *cfg);
 
 /* Turns gradient synchronisation on (default) or off (no_sync) for the backward
  * passes that follow. */
-void ct_ddp_set_sync(ct_ddp *d, bool sync);
-bool ct_ddp_sync(const ct_ddp *d);
+CT_API void ct_ddp_set_sync(ct_ddp *d, bool sync);
+/* Whether gradient synchronisation is on. */
+CT_API bool ct_ddp_sync(const ct_ddp *d);
 
 /* After a synchronised backward: submits the remaining buckets, waits for all of
  * them and writes each parameter's averaged gradient into its .grad. A no-op when
  * nothing was reduced since the last call. Errors (a dead or desynchronised peer, a
  * timeout) come from the comm engine and name the rank. */
-ct_status ct_ddp_finish(ct_ddp *d);
+CT_API ct_status ct_ddp_finish(ct_ddp *d);
 
-ct_ddp_stats ct_ddp_stats_get(const ct_ddp *d);
+/* A copy of d's counters: steps, buckets, bytes reduced, time in and exposed by communication. */
+CT_API ct_ddp_stats ct_ddp_stats_get(const ct_ddp *d);
 
 /* Waits for pending reductions, removes the hooks, frees the buckets. NULL is fine. */
-void ct_ddp_free(ct_ddp *d);
+CT_API void ct_ddp_free(ct_ddp *d);
 
 #endif

@@ -3,7 +3,7 @@
 
 #include "precision/autocast.h"
 
-ct_status ct_dist_broadcast_tensors(ct_pg *pg, const ct_param_list *l, int first, const char *who)
+ct_status cti_dist_broadcast_tensors(ct_pg *pg, const ct_param_list *l, int first, const char *who)
 {
     ct_status st = CT_OK;
     for (int i = first; i < l->n && !st; i++) {

@@ -9,6 +9,6 @@
 /* Broadcasts the tensors l->tensors[first .. l->n) from rank 0 of pg in place, one
  * at a time; a tensor that is not contiguous is an error naming it (who starts every
  * message). Then autocast's low-precision copies of the old values are dropped. */
-ct_status ct_dist_broadcast_tensors(ct_pg *pg, const ct_param_list *l, int first, const char *who);
+ct_status cti_dist_broadcast_tensors(ct_pg *pg, const ct_param_list *l, int first, const char *who);
 
 #endif

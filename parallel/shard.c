@@ -13,7 +13,7 @@
 #include "parallel/module_sync_internal.h"
 #include "parallel/shard_flat.h"
 
-double ct_shard_now(void) { return (double)uv_hrtime() * 1e-9; }
+double cti_shard_now(void) { return (double)uv_hrtime() * 1e-9; }
 
 const char *ct_shard_strategy_name(ct_shard_strategy st)
 {
@@ -21,24 +21,24 @@ const char *ct_shard_strategy_name(ct_shard_strategy st)
     return st >= CT_SHARD_NO_SHARD && st <= CT_SHARD_HYBRID ? names[st] : "invalid";
 }
 
-void ct_shard_count_sent(ct_shard *s, int64_t nbytes, int g, int factor)
+void cti_shard_count_sent(ct_shard *s, int64_t nbytes, int g, int factor)
 {
     if (g > 1) s->run_sent += factor * (nbytes / g) * (g - 1);
 }
 
-ct_status ct_shard_op_wait(ct_shard *s, shard_op *op)
+ct_status cti_shard_op_wait(ct_shard *s, shard_op *op)
 {
     if (!op->work) return CT_OK;
-    double t = ct_shard_now();
+    double t = cti_shard_now();
     ct_status st = ct_work_wait(op->work);
-    s->run_exposed += ct_shard_now() - t;
+    s->run_exposed += cti_shard_now() - t;
     double t1 = ct_work_end_time(op->work);
     if (s->niv == s->cap_iv) {
         int cap = s->cap_iv ? 2 * s->cap_iv : 64;
         shard_interval *iv = realloc(s->iv, (size_t)cap * sizeof *iv);
         if (iv) s->iv = iv, s->cap_iv = cap;
     }
-    if (s->niv < s->cap_iv) s->iv[s->niv++] = (shard_interval){op->t_submit, t1 > 0 ? t1 : ct_shard_now()};
+    if (s->niv < s->cap_iv) s->iv[s->niv++] = (shard_interval){op->t_submit, t1 > 0 ? t1 : cti_shard_now()};
     ct_work_free(op->work);
     ct_tensor_release(op->keep);
     *op = (shard_op){0};
@@ -46,13 +46,13 @@ ct_status ct_shard_op_wait(ct_shard *s, shard_op *op)
     return st;
 }
 
-ct_status ct_shard_drain(ct_shard *s)
+ct_status cti_shard_drain(ct_shard *s)
 {
     ct_status first = CT_OK;
     for (int i = 0; i < s->plan.nunits; i++) {
-        ct_status a = ct_shard_gather_land(s, &s->units[i]);
-        ct_status b = ct_shard_op_wait(s, &s->units[i].reduce);
-        ct_status c = ct_shard_op_wait(s, &s->units[i].replica);
+        ct_status a = cti_shard_gather_land(s, &s->units[i]);
+        ct_status b = cti_shard_op_wait(s, &s->units[i].reduce);
+        ct_status c = cti_shard_op_wait(s, &s->units[i].replica);
         if (!first) first = a ? a : b ? b : c;
     }
     return first;
@@ -64,7 +64,7 @@ static int cmp_interval(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-void ct_shard_step_done(ct_shard *s)
+void cti_shard_step_done(ct_shard *s)
 {
     /* comm time: the union of the collectives' [submitted, completed] intervals */
     qsort(s->iv, (size_t)s->niv, sizeof *s->iv, cmp_interval);
@@ -150,15 +150,15 @@ static ct_status broadcast_state(ct_shard *s)
     ct_status st = units.tensors && units.names ? CT_OK : ct_error_set(CT_ERR_NOMEM, "out of memory");
     for (int i = 0; i < s->plan.nunits && !st; i++) {
         units.tensors[i] = s->units[i].flat;
-        units.names[i] = (char *)ct_shard_unit_label(&s->units[i]);
+        units.names[i] = (char *)cti_shard_unit_label(&s->units[i]);
     }
-    if (!st) st = ct_dist_broadcast_tensors(s->pg, &units, 0, "shard");
+    if (!st) st = cti_dist_broadcast_tensors(s->pg, &units, 0, "shard");
     free(units.tensors), free(units.names);
     /* named tensors list the parameters (each in its unit, sent above) before the buffers */
     int64_t nparams = 0;
     for (int i = 0; i < s->plan.nunits; i++) nparams += s->plan.units[i].nparams;
     if (!st) st = ct_module_named_tensors(s->model, true, &all);
-    if (!st) st = ct_dist_broadcast_tensors(s->pg, &all, (int)nparams, "shard");
+    if (!st) st = cti_dist_broadcast_tensors(s->pg, &all, (int)nparams, "shard");
     ct_param_list_free(&all);
     return st;
 }
@@ -181,7 +181,7 @@ static ct_status setup_unit(ct_shard *s, int i)
     return st;
 }
 
-ct_dtype ct_shard_grad_dtype(const ct_shard *s, const shard_unit *u)
+ct_dtype cti_shard_grad_dtype(const ct_shard *s, const shard_unit *u)
 {
     if (!s->low) return u->flat->dtype;
     return s->cfg.reduce_dtype ? s->cfg.reduce_dtype : s->low;
@@ -196,7 +196,7 @@ static ct_status to_low(ct_shard *s, shard_unit *u)
     ct_tensor *m = mine ? ct_tensor_clone(mine) : NULL;
     ct_tensor *low = m ? ct_tensor_cast(u->flat, s->low) : NULL;
     if (!low) return ct_last_status();
-    ct_status st = ct_shard_unit_point(u, low);
+    ct_status st = cti_shard_unit_point(u, low);
     if (st) return st;
     s->gathered_bytes += (int64_t)ct_tensor_nbytes(low) - (int64_t)ct_tensor_nbytes(u->flat);
     ct_tensor_release(u->flat);
@@ -217,7 +217,7 @@ static ct_status setup_shards(ct_shard *s, int i)
         ct_tensor *shard = !mine ? NULL : s->free_params ? ct_tensor_clone(mine) : mine;
         /* offloaded, the reduced gradient moves to the master side each step */
         ct_tensor *g = ct_tensor_empty_on(u->flat->device, s->cfg.offload_optimizer ? CT_DTYPE_F32
-                                                                                    : ct_shard_grad_dtype(s, u),
+                                                                                    : cti_shard_grad_dtype(s, u),
                                           1, (const int64_t[]){n});
         if (st || !shard || !g || ct_tensor_fill_(g, 0)) st = st ? st : ct_last_status();
         else {
@@ -236,7 +236,7 @@ static ct_status setup_shards(ct_shard *s, int i)
             else u->flat_grad = ct_tensor_retain(fg);
         }
     }
-    if (!st && s->free_params) ct_shard_reshard(s, u);
+    if (!st && s->free_params) cti_shard_reshard(s, u);
     return st;
 }
 
@@ -308,8 +308,8 @@ ct_shard *ct_shard_new(ct_pg *pg, ct_module *model, const ct_shard_config *cfg)
         if (i != s->root) s->reduce_order[k++] = i;
     if (s->root >= 0) s->reduce_order[k++] = s->root;
     s->shard_ready = true;
-    if ((st = ct_shard_grad_hooks_install(s))) goto fail;
-    ct_shard_hooks_install(s);
+    if ((st = cti_shard_grad_hooks_install(s))) goto fail;
+    cti_shard_hooks_install(s);
     ct_shard_residency_install(s);
     s->stats.memory.gathered_peak = s->gathered_bytes;
     s->stats.strategy = c.strategy;
@@ -410,7 +410,7 @@ ct_shard_stats ct_shard_stats_get(const ct_shard *s)
     for (int i = 0; i < s->plan.nunits; i++) {
         const shard_unit *u = &s->units[i];
         /* full parameters kept (all but FULL/HYBRID's freed units), slices kept apart */
-        m->params += (ct_shard_keeps_full(s, u) ? nbytes_of(u->flat) : 0) + (s->free_params ? nbytes_of(u->shard) : 0);
+        m->params += (cti_shard_keeps_full(s, u) ? nbytes_of(u->flat) : 0) + (s->free_params ? nbytes_of(u->shard) : 0);
         m->grads += nbytes_of(u->grad_shard) + nbytes_of(u->flat_grad);
         m->master += nbytes_of(u->master) + nbytes_of(u->master_grad);
     }
@@ -432,18 +432,18 @@ void ct_shard_free(ct_shard *s)
 {
     if (!s) return;
     if (s->units) {
-        ct_status st = ct_shard_drain(s);
-        ct_shard_hooks_remove(s);
-        ct_shard_grad_hooks_remove(s);
+        ct_status st = cti_shard_drain(s);
+        cti_shard_hooks_remove(s);
+        cti_shard_grad_hooks_remove(s);
         ct_shard_residency_remove(s);
         /* the model keeps its values: gather every unit back (collective), f32 from
          * the masters under param_dtype */
         if (!st && !s->failed && !s->detached && s->gather_pg && s->shard_ready) {
             if (s->low) st = ct_shard_gather_full(s);
             else if (s->free_params)
-                for (int i = 0; i < s->plan.nunits && !st; i++) st = ct_shard_gather_wait(s, &s->units[i]);
+                for (int i = 0; i < s->plan.nunits && !st; i++) st = cti_shard_gather_wait(s, &s->units[i]);
         }
-        ct_shard_drain(s);
+        cti_shard_drain(s);
     }
     for (int i = 0; s->units && i < s->plan.nunits; i++) {
         shard_unit *u = &s->units[i];

@@ -125,6 +125,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "core/api.h"
 #include "dist/pg.h"
 #include "parallel/shard_plan.h"
 #include "nn/module.h"
@@ -220,55 +221,58 @@ typedef struct ct_shard_stats {
  * hooks, and under FULL/HYBRID frees every unit's full parameters. Collective over
  * pg (borrowed). New handle owned by the caller; NULL + error (a bad setting names
  * it; HYBRID with a shard group size that does not divide the world names both). */
-ct_shard *ct_shard_new(ct_pg *pg, ct_module *model, const ct_shard_config *cfg);
+CT_API ct_shard *ct_shard_new(ct_pg *pg, ct_module *model, const ct_shard_config *cfg);
 
 /* Replaces each of opt's parameters (each must be one of the model's) by its part in
  * this rank's slices; before the first step. */
-ct_status ct_shard_prepare_optimizer(ct_shard *s, ct_optimizer *opt);
+CT_API ct_status ct_shard_prepare_optimizer(ct_shard *s, ct_optimizer *opt);
 
 /* Gradient synchronisation on (default) or off (no_sync) for the backwards that follow. */
-void ct_shard_set_sync(ct_shard *s, bool sync);
+CT_API void ct_shard_set_sync(ct_shard *s, bool sync);
 
 /* After a synchronised backward: reduces what is left (units whose parameters took no
  * part in the forward count as zero gradients), waits, and points each optimizer
  * slice's .grad at its averaged gradient. A no-op when nothing was reduced since the
  * last call. Errors from the comm engine name the rank. */
-ct_status ct_shard_finish(ct_shard *s);
+CT_API ct_status ct_shard_finish(ct_shard *s);
 
 /* After the optimizer stepped the slices: all-gathers the updated parameters
  * (OPTIMIZER, GRAD_OP; FULL and HYBRID gather at the next forward). */
-ct_status ct_shard_after_step(ct_shard *s);
+CT_API ct_status ct_shard_after_step(ct_shard *s);
 
 /* The optimizer's slices (borrowed; n of them) after prepare_optimizer: their .grad
  * after ct_shard_finish are this rank's part of the averaged gradients. */
-ct_tensor *const *ct_shard_slices(const ct_shard *s, int *n);
+CT_API ct_tensor *const *ct_shard_slices(const ct_shard *s, int *n);
 
 /* The global norm_type-norm of the gradients over all slices (every rank of the
  * shard group takes part), and clips them to max_norm, as ct_clip_grad_norm does on
  * the whole model. After ct_shard_finish. NAN + error. */
-double ct_shard_clip_grad_norm(ct_shard *s, double max_norm, double norm_type);
+CT_API double ct_shard_clip_grad_norm(ct_shard *s, double max_norm, double norm_type);
 
 /* The full parameters, gathered: every rank calls it; each rank's model then holds
  * every parameter until ct_shard_release_full or the next forward (FULL/HYBRID, and
  * any strategy under param_dtype), or always (the others). Under param_dtype they are
  * the f32 masters, gathered into f32 parameters. */
-ct_status ct_shard_gather_full(ct_shard *s);
+CT_API ct_status ct_shard_gather_full(ct_shard *s);
 /* FULL/HYBRID: frees the gathered parameters again; under param_dtype the parameters
  * go back to their 16-bit copies (no-op otherwise). */
-void ct_shard_release_full(ct_shard *s);
+CT_API void ct_shard_release_full(ct_shard *s);
 /* Ends the engine's hold on the model: gathers every parameter back (collective),
  * removes the hooks; the model is a plain model again. Later finish / after_step
  * calls fail with an error saying so. */
-ct_status ct_shard_detach(ct_shard *s);
+CT_API ct_status ct_shard_detach(ct_shard *s);
 
-ct_shard_stats ct_shard_stats_get(const ct_shard *s);
-const ct_shard_plan *ct_shard_get_plan(const ct_shard *s);
+/* A copy of s's counters: units, padding, bytes sent, gathers, communication time, memory per
+ * rank. */
+CT_API ct_shard_stats ct_shard_stats_get(const ct_shard *s);
+/* The plan s was built with (units, flat sizes, padding); borrowed, valid until ct_shard_free. */
+CT_API const ct_shard_plan *ct_shard_get_plan(const ct_shard *s);
 /* "NO_SHARD", "OPTIMIZER", "GRAD_OP", "FULL", "HYBRID"; "invalid" otherwise. */
-const char *ct_shard_strategy_name(ct_shard_strategy st);
+CT_API const char *ct_shard_strategy_name(ct_shard_strategy st);
 
 /* Waits for pending collectives, removes the hooks, gathers the parameters back into
  * the model (FULL/HYBRID, so it keeps its values) unless a collective failed, frees
  * the buffers. NULL is fine. */
-void ct_shard_free(ct_shard *s);
+CT_API void ct_shard_free(ct_shard *s);
 
 #endif

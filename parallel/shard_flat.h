@@ -9,13 +9,14 @@
 #ifndef CT_PARALLEL_SHARD_FLAT_H
 #define CT_PARALLEL_SHARD_FLAT_H
 
+#include "core/api.h"
 #include "core/tensor.h"
 #include "parallel/shard_plan.h"
 
 /* The flat buffer, 1-d of u->padded elements, in the current frame (retain it to keep
  * it). Every parameter of the unit must have one floating dtype and one device: the
  * error names the first that differs, and no parameter has moved. */
-ct_tensor *ct_shard_unit_flatten(const ct_shard_unit *u);
+CT_API ct_tensor *ct_shard_unit_flatten(const ct_shard_unit *u);
 
 /* A flat gradient buffer for the unit, laid out as its parameters (1-d, u->padded
  * elements, padding zero, in the current frame): each parameter's .grad becomes its
@@ -24,6 +25,6 @@ ct_tensor *ct_shard_unit_flatten(const ct_shard_unit *u);
  * all-reduce. Filling the buffer with zeros clears them all; ct_tensor_zero_grad (an
  * optimizer's zero_grad) drops the views instead, and the next backward allocates
  * gradients of its own again. */
-ct_tensor *ct_shard_unit_flat_grads(const ct_shard_unit *u);
+CT_API ct_tensor *ct_shard_unit_flat_grads(const ct_shard_unit *u);
 
 #endif

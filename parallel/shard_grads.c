@@ -11,7 +11,7 @@
 /* The dtype gradients are reduced in. */
 static ct_dtype reduce_dtype(const ct_shard *s, const shard_unit *u)
 {
-    if (s->low) return ct_shard_grad_dtype(s, u);
+    if (s->low) return cti_shard_grad_dtype(s, u);
     return s->cfg.reduce_dtype ? s->cfg.reduce_dtype : u->flat->dtype;
 }
 
@@ -52,7 +52,7 @@ static ct_status submit_reduce(ct_shard *s, shard_unit *u)
     ct_frame_push();
     ct_tensor *in = pack(s, u);
     if (in && !u->grad_shard) { /* offloaded: the step's reduced slice, until finish moves it */
-        ct_tensor *g = ct_tensor_empty_on(in->device, ct_shard_grad_dtype(s, u), 1, (const int64_t[]){u->plan->shard});
+        ct_tensor *g = ct_tensor_empty_on(in->device, cti_shard_grad_dtype(s, u), 1, (const int64_t[]){u->plan->shard});
         if (g) u->grad_shard = ct_tensor_retain(g);
         else in = NULL;
     }
@@ -64,11 +64,11 @@ static ct_status submit_reduce(ct_shard *s, shard_unit *u)
     }
     /* the packed buffer is ours to give up (ZeRO-1's persistent one is zeroed after) */
     ct_work *w = in ? ct_pg_reduce_scatter_consume(s->reduce_pg, out, in, CT_REDUCE_MEAN) : NULL;
-    if (!w) st = ct_error_prefix("shard: reducing unit '%s' (rank %d): ", ct_shard_unit_label(u), s->rank);
+    if (!w) st = ct_error_prefix("shard: reducing unit '%s' (rank %d): ", cti_shard_unit_label(u), s->rank);
     else {
         u->reduce = (shard_op){.work = w, .keep = in == u->flat_grad ? NULL : ct_tensor_retain(in),
-                               .t_submit = ct_shard_now()};
-        ct_shard_count_sent(s, u->plan->padded * (int64_t)ct_dtype_size(in->dtype), s->sworld, 1);
+                               .t_submit = cti_shard_now()};
+        cti_shard_count_sent(s, u->plan->padded * (int64_t)ct_dtype_size(in->dtype), s->sworld, 1);
     }
     ct_frame_pop();
     return st;
@@ -97,14 +97,14 @@ static ct_status retire(ct_shard *s, int max)
             bool done = false;
             if (!ct_work_test(u->reduce.work, &done) && !done) break;
         }
-        ct_status st = ct_shard_op_wait(s, &u->reduce);
+        ct_status st = cti_shard_op_wait(s, &u->reduce);
         if (st) return st;
         if (s->replica_pg) {
             ct_tensor *g = u->reduced_low ? u->reduced_low : u->grad_shard;
             ct_work *w = ct_pg_allreduce(s->replica_pg, g, CT_REDUCE_MEAN);
             if (!w) return ct_last_status();
-            u->replica = (shard_op){.work = w, .t_submit = ct_shard_now()};
-            ct_shard_count_sent(s, ct_tensor_numel(g) * (int64_t)ct_dtype_size(g->dtype), s->replicas, 2);
+            u->replica = (shard_op){.work = w, .t_submit = cti_shard_now()};
+            cti_shard_count_sent(s, ct_tensor_numel(g) * (int64_t)ct_dtype_size(g->dtype), s->replicas, 2);
         }
     }
     return CT_OK;
@@ -134,7 +134,7 @@ static void unit_done(ct_shard *s, shard_unit *u)
 {
     u->grads_ready = true;
     /* every node that used the unit's parameters has run (their gradients are final) */
-    if (u->nreq == u->plan->nparams) ct_shard_reshard(s, u);
+    if (u->nreq == u->plan->nparams) cti_shard_reshard(s, u);
 }
 
 static ct_status grad_ready(ct_tensor *leaf, void *data)
@@ -157,11 +157,11 @@ static ct_status grad_ready(ct_tensor *leaf, void *data)
     s->pass_open = true;
     if (--u->pending > 0) return CT_OK;
     unit_done(s, u);
-    if (s->cfg.backward_prefetch == CT_PREFETCH_BACKWARD_POST) ct_shard_prefetch_previous(s, u);
+    if (s->cfg.backward_prefetch == CT_PREFETCH_BACKWARD_POST) cti_shard_prefetch_previous(s, u);
     return s->sync ? submit_ready(s) : CT_OK;
 }
 
-ct_status ct_shard_grad_hooks_install(ct_shard *s)
+ct_status cti_shard_grad_hooks_install(ct_shard *s)
 {
     for (int i = 0; i < s->plan.nunits; i++)
         for (int k = 0; k < s->plan.units[i].nparams; k++) {
@@ -173,7 +173,7 @@ ct_status ct_shard_grad_hooks_install(ct_shard *s)
     return CT_OK;
 }
 
-void ct_shard_grad_hooks_remove(ct_shard *s)
+void cti_shard_grad_hooks_remove(ct_shard *s)
 {
     for (int i = 0; s->units && i < s->plan.nunits; i++)
         for (int k = 0; k < s->plan.units[i].nparams; k++) ct_tensor_clear_grad_hooks(s->plan.units[i].params[k].param);
@@ -216,8 +216,8 @@ ct_status ct_shard_finish(ct_shard *s)
     if (!st) st = retire(s, 0);
     /* HYBRID: the same slice's mean over the shard groups */
     for (int i = 0; i < s->plan.nunits; i++) {
-        ct_status w = ct_shard_op_wait(s, &s->units[i].reduce);
-        ct_status r = ct_shard_op_wait(s, &s->units[i].replica);
+        ct_status w = cti_shard_op_wait(s, &s->units[i].reduce);
+        ct_status r = cti_shard_op_wait(s, &s->units[i].replica);
         if (!st) st = w ? w : r;
     }
     /* reduce_dtype: the 16-bit reduced slices widen into the f32 ones */
@@ -254,8 +254,8 @@ ct_status ct_shard_finish(ct_shard *s)
     if (!st) st = point_slices(s);
     /* prefetches nobody used, and units kept from their forward, are freed */
     for (int i = 0; i < s->plan.nunits; i++) {
-        ct_status w = ct_shard_gather_land(s, &s->units[i]);
-        ct_shard_reshard(s, &s->units[i]);
+        ct_status w = cti_shard_gather_land(s, &s->units[i]);
+        cti_shard_reshard(s, &s->units[i]);
         if (!st) st = w;
     }
     ct_frame_pop();
@@ -287,12 +287,12 @@ ct_status ct_shard_after_step(ct_shard *s)
     int oldest = 0;
     for (int i = 0; i < s->plan.nunits && !st; i++) {
         shard_unit *u = &s->units[i];
-        if (!ct_shard_keeps_full(s, u)) continue;
+        if (!cti_shard_keeps_full(s, u)) continue;
         for (; oldest < i && inflight && s->cfg.allgather_bucket && inflight + u->plan->padded > s->cfg.allgather_bucket;
              oldest++) {
             if (!s->units[oldest].gather.work) continue;
             inflight -= s->units[oldest].plan->padded;
-            st = ct_shard_gather_land(s, &s->units[oldest]);
+            st = cti_shard_gather_land(s, &s->units[oldest]);
             if (st) break;
         }
         if (st) break;
@@ -301,18 +301,18 @@ ct_status ct_shard_after_step(ct_shard *s)
                                                              : ct_tensor_cast(u->master, u->flat->dtype);
         ct_work *w = in ? ct_pg_allgather(s->gather_pg, u->flat, in) : NULL;
         if (!w) st = ct_last_status();
-        else u->gather = (shard_op){.work = w, .keep = ct_tensor_retain(in), .t_submit = ct_shard_now()};
+        else u->gather = (shard_op){.work = w, .keep = ct_tensor_retain(in), .t_submit = cti_shard_now()};
         inflight += u->plan->padded;
         s->run_gathers++;
-        ct_shard_count_sent(s, u->plan->padded * (int64_t)ct_dtype_size(u->flat->dtype), s->sworld, 1);
+        cti_shard_count_sent(s, u->plan->padded * (int64_t)ct_dtype_size(u->flat->dtype), s->sworld, 1);
         if (!st && s->cfg.no_overlap_comm) {
-            st = ct_shard_gather_land(s, u);
+            st = cti_shard_gather_land(s, u);
             inflight -= u->plan->padded;
         }
     }
     for (int i = 0; i < s->plan.nunits; i++) {
-        if (!ct_shard_keeps_full(s, &s->units[i])) continue;
-        ct_status w = ct_shard_gather_land(s, &s->units[i]);
+        if (!cti_shard_keeps_full(s, &s->units[i])) continue;
+        ct_status w = cti_shard_gather_land(s, &s->units[i]);
         if (!st) st = w;
     }
     ct_frame_pop();
@@ -324,7 +324,7 @@ ct_status ct_shard_after_step(ct_shard *s)
         }
         for (int i = 0; i < s->nslices; i++) ct_tensor_zero_grad(s->slices[i]);
     }
-    ct_shard_step_done(s);
+    cti_shard_step_done(s);
     return st ? ct_error_prefix("shard_after_step (rank %d): ", s->rank) : CT_OK;
 }
 

@@ -100,59 +100,59 @@ struct ct_shard {
 };
 
 /* u's full parameters are kept between steps (all-gathered after each step). */
-static inline bool ct_shard_keeps_full(const struct ct_shard *s, const shard_unit *u)
+static inline bool cti_shard_keeps_full(const struct ct_shard *s, const shard_unit *u)
 {
     return !s->free_params || u->persistent;
 }
 
 /* A unit's name for messages: the wrapped module's dotted name, "(root)" for the model. */
-static inline const char *ct_shard_unit_label(const shard_unit *u)
+static inline const char *cti_shard_unit_label(const shard_unit *u)
 {
     return u->plan->name[0] ? u->plan->name : "(root)";
 }
 
-double ct_shard_now(void);
+double cti_shard_now(void);
 /* Submits an all-gather of unit u into its flat buffer (giving the storage memory
  * first) unless it is gathered or one is in flight. */
-ct_status ct_shard_gather_start(ct_shard *s, shard_unit *u);
+ct_status cti_shard_gather_start(ct_shard *s, shard_unit *u);
 /* Waits for u's gather in flight, if any: once it has landed, u is gathered. */
-ct_status ct_shard_gather_land(ct_shard *s, shard_unit *u);
+ct_status cti_shard_gather_land(ct_shard *s, shard_unit *u);
 /* Waits for u's gather, starting it when needed. */
-ct_status ct_shard_gather_wait(ct_shard *s, shard_unit *u);
+ct_status cti_shard_gather_wait(ct_shard *s, shard_unit *u);
 /* Starts the gather of the unit that ran before u in the forward order (the next one
  * in backward), unless two are in flight already: a prefetch, its failure shows at
  * the wait. */
-void ct_shard_prefetch_previous(ct_shard *s, const shard_unit *u);
+void cti_shard_prefetch_previous(ct_shard *s, const shard_unit *u);
 /* The dtype of u's reduced gradient slice (grad_shard). */
-ct_dtype ct_shard_grad_dtype(const ct_shard *s, const shard_unit *u);
+ct_dtype cti_shard_grad_dtype(const ct_shard *s, const shard_unit *u);
 /* Points every parameter of u at its place in buf (u's flat layout, any dtype: the
  * parameters take buf's), dropping their gradients. */
-ct_status ct_shard_unit_point(shard_unit *u, ct_tensor *buf);
+ct_status cti_shard_unit_point(shard_unit *u, ct_tensor *buf);
 /* param_dtype: points every parameter back at its unit's 16-bit buffer and frees
  * the f32 ones ct_shard_gather_full made (no-op when it did not). */
-void ct_shard_leave_full_f32(ct_shard *s);
+void cti_shard_leave_full_f32(ct_shard *s);
 /* Frees u's full parameters (FULL/HYBRID). */
-void ct_shard_reshard(ct_shard *s, shard_unit *u);
+void cti_shard_reshard(ct_shard *s, shard_unit *u);
 /* Waits for op, notes its interval and the wait, frees it. */
-ct_status ct_shard_op_wait(ct_shard *s, shard_op *op);
+ct_status cti_shard_op_wait(ct_shard *s, shard_op *op);
 /* Adds the bytes a ring collective sends: factor 1 for reduce-scatter and
  * all-gather, 2 for all-reduce, of nbytes over g ranks. */
-void ct_shard_count_sent(ct_shard *s, int64_t nbytes, int g, int factor);
+void cti_shard_count_sent(ct_shard *s, int64_t nbytes, int g, int factor);
 /* Makes every freeable unit's storage gather itself when read (core/storage.h,
  * residency) / stops it. */
 void ct_shard_residency_install(ct_shard *s);
 void ct_shard_residency_remove(ct_shard *s);
 /* Installs the forward hooks on every unit's module / removes them. */
-void ct_shard_hooks_install(ct_shard *s);
-void ct_shard_hooks_remove(ct_shard *s);
+void cti_shard_hooks_install(ct_shard *s);
+void cti_shard_hooks_remove(ct_shard *s);
 /* Installs the grad-ready hooks on every parameter / removes them. */
-ct_status ct_shard_grad_hooks_install(ct_shard *s);
-void ct_shard_grad_hooks_remove(ct_shard *s);
+ct_status cti_shard_grad_hooks_install(ct_shard *s);
+void cti_shard_grad_hooks_remove(ct_shard *s);
 /* Resets the per-backward bookkeeping of unit u (at its forward). */
-void ct_shard_unit_begin_pass(ct_shard *s, shard_unit *u);
+void cti_shard_unit_begin_pass(ct_shard *s, shard_unit *u);
 /* Waits for every collective in flight (frees them); the first failure's status. */
-ct_status ct_shard_drain(ct_shard *s);
+ct_status cti_shard_drain(ct_shard *s);
 /* Ends the running step's accounting: moves the counters into stats. */
-void ct_shard_step_done(ct_shard *s);
+void cti_shard_step_done(ct_shard *s);
 
 #endif

@@ -16,46 +16,46 @@
 
 static int64_t flat_bytes(const shard_unit *u) { return u->plan->padded * (int64_t)ct_dtype_size(u->flat->dtype); }
 
-ct_status ct_shard_gather_start(ct_shard *s, shard_unit *u)
+ct_status cti_shard_gather_start(ct_shard *s, shard_unit *u)
 {
     if (u->gathered || u->gather.work) return CT_OK;
     if (s->failed) return ct_error_set(CT_ERR_PEER, "shard: an earlier collective failed; the group is broken");
     ct_status st = ct_storage_resize(u->flat->storage, (size_t)flat_bytes(u));
-    if (st) return ct_error_prefix("shard: gathering unit '%s': ", ct_shard_unit_label(u));
+    if (st) return ct_error_prefix("shard: gathering unit '%s': ", cti_shard_unit_label(u));
     ct_work *w = ct_pg_allgather(s->gather_pg, u->flat, u->shard);
     if (!w) {
         ct_storage_resize(u->flat->storage, 0);
-        return ct_error_prefix("shard: gathering unit '%s': ", ct_shard_unit_label(u));
+        return ct_error_prefix("shard: gathering unit '%s': ", cti_shard_unit_label(u));
     }
-    u->gather = (shard_op){.work = w, .t_submit = ct_shard_now()};
+    u->gather = (shard_op){.work = w, .t_submit = cti_shard_now()};
     s->run_gathers++;
-    ct_shard_count_sent(s, flat_bytes(u), s->sworld, 1);
+    cti_shard_count_sent(s, flat_bytes(u), s->sworld, 1);
     s->gathered_bytes += flat_bytes(u);
     if (s->gathered_bytes > s->stats.memory.gathered_peak) s->stats.memory.gathered_peak = s->gathered_bytes;
     return CT_OK;
 }
 
-ct_status ct_shard_gather_land(ct_shard *s, shard_unit *u)
+ct_status cti_shard_gather_land(ct_shard *s, shard_unit *u)
 {
     if (!u->gather.work) return CT_OK;
-    ct_status st = ct_shard_op_wait(s, &u->gather);
+    ct_status st = cti_shard_op_wait(s, &u->gather);
     if (!st) u->gathered = true;
     return st;
 }
 
-ct_status ct_shard_gather_wait(ct_shard *s, shard_unit *u)
+ct_status cti_shard_gather_wait(ct_shard *s, shard_unit *u)
 {
     if (u->gathered) return CT_OK;
-    ct_status st = ct_shard_gather_start(s, u);
-    if (!st) st = ct_shard_gather_land(s, u);
-    return st ? ct_error_prefix("shard: gathering unit '%s' (rank %d): ", ct_shard_unit_label(u), s->rank) : CT_OK;
+    ct_status st = cti_shard_gather_start(s, u);
+    if (!st) st = cti_shard_gather_land(s, u);
+    return st ? ct_error_prefix("shard: gathering unit '%s' (rank %d): ", cti_shard_unit_label(u), s->rank) : CT_OK;
 }
 
-void ct_shard_reshard(ct_shard *s, shard_unit *u)
+void cti_shard_reshard(ct_shard *s, shard_unit *u)
 {
-    if (ct_shard_keeps_full(s, u)) return;
+    if (cti_shard_keeps_full(s, u)) return;
     /* memory under a collective in flight stays until it lands */
-    if (ct_shard_gather_land(s, u)) return;
+    if (cti_shard_gather_land(s, u)) return;
     if (!u->flat->storage->data) return; /* (ct_tensor_data would gather it) */
     ct_storage_resize(u->flat->storage, 0);
     u->gathered = false;
@@ -92,13 +92,13 @@ static void prefetch(ct_shard *s, int k)
     if (n >= MAX_GATHERS_IN_FLIGHT || (n && s->cfg.prefetch_bucket && numel + u->plan->padded > s->cfg.prefetch_bucket))
         return;
     ct_frame_push();
-    ct_shard_gather_start(s, u);
+    cti_shard_gather_start(s, u);
     ct_frame_pop();
 }
 
-void ct_shard_prefetch_previous(ct_shard *s, const shard_unit *u) { prefetch(s, order_pos(s, u->index) - 1); }
+void cti_shard_prefetch_previous(ct_shard *s, const shard_unit *u) { prefetch(s, order_pos(s, u->index) - 1); }
 
-void ct_shard_unit_begin_pass(ct_shard *s, shard_unit *u)
+void cti_shard_unit_begin_pass(ct_shard *s, shard_unit *u)
 {
     u->pending = u->nreq;
     u->grads_ready = false;
@@ -120,10 +120,10 @@ static ct_status unit_materialize(void *ctx)
     ct_shard *s = u->engine;
     if (!pthread_equal(pthread_self(), s->thread))
         return ct_error_set(CT_ERR_INVALID, "unit '%s' is read from a thread other than the one that created the %s "
-                            "engine: only the training thread gathers parameters", ct_shard_unit_label(u),
+                            "engine: only the training thread gathers parameters", cti_shard_unit_label(u),
                             ct_shard_strategy_name(s->cfg.strategy));
     if (!s->order_known && order_pos(s, u->index) < 0) s->order[s->norder++] = u->index;
-    return ct_shard_gather_wait(s, u);
+    return cti_shard_gather_wait(s, u);
 }
 
 static void unit_describe(void *ctx, const void *tensor, char *buf, int cap)
@@ -137,7 +137,7 @@ static void unit_describe(void *ctx, const void *tensor, char *buf, int cap)
             name = u->plan->params[k].name;
     }
     snprintf(buf, (size_t)cap, "parameter '%s' of unit '%s' (%s sharding, rank %d of %d)", name ? name : "?",
-             ct_shard_unit_label(u), ct_shard_strategy_name(u->engine->cfg.strategy), u->engine->rank,
+             cti_shard_unit_label(u), ct_shard_strategy_name(u->engine->cfg.strategy), u->engine->rank,
              u->engine->world);
 }
 
@@ -145,7 +145,7 @@ void ct_shard_residency_install(ct_shard *s)
 {
     for (int i = 0; i < s->plan.nunits; i++) {
         shard_unit *u = &s->units[i];
-        if (ct_shard_keeps_full(s, u)) continue;
+        if (cti_shard_keeps_full(s, u)) continue;
         ct_storage_set_residency(u->flat->storage,
                                  &(ct_storage_residency){.materialize = unit_materialize, .describe = unit_describe,
                                                          .ctx = u});
@@ -169,9 +169,9 @@ static ct_status gate_backward(ct_node *n, ct_tensor *gy, ct_tensor **gx)
 {
     const gate_ctx *c = ct_node_ctx(n);
     ct_shard *s = c->s;
-    ct_status st = ct_shard_gather_wait(s, &s->units[c->unit]);
+    ct_status st = cti_shard_gather_wait(s, &s->units[c->unit]);
     if (st) return st;
-    if (s->cfg.backward_prefetch == CT_PREFETCH_BACKWARD_PRE) ct_shard_prefetch_previous(s, &s->units[c->unit]);
+    if (s->cfg.backward_prefetch == CT_PREFETCH_BACKWARD_PRE) cti_shard_prefetch_previous(s, &s->units[c->unit]);
     gx[0] = gy;
     return CT_OK;
 }
@@ -194,11 +194,11 @@ static ct_status pre_forward(ct_module *m, void *data)
     shard_unit *u = data;
     ct_shard *s = u->engine;
     /* after ct_shard_gather_full under param_dtype, computing goes back to 16 bits */
-    ct_shard_leave_full_f32(s);
+    cti_shard_leave_full_f32(s);
     if (!s->order_known && order_pos(s, u->index) < 0) s->order[s->norder++] = u->index;
-    ct_shard_unit_begin_pass(s, u);
+    cti_shard_unit_begin_pass(s, u);
     if (!s->free_params) return CT_OK;
-    ct_status st = ct_shard_gather_wait(s, u);
+    ct_status st = cti_shard_gather_wait(s, u);
     if (!st && s->cfg.forward_prefetch) prefetch(s, order_pos(s, u->index) + 1);
     return st;
 }
@@ -213,27 +213,27 @@ static ct_tensor *post_forward(ct_module *m, ct_tensor *out, void *data)
     if (u->index == s->root) {
         /* the root's parameters serve the whole forward and backward (its first and
          * last layers): freed when its gradients are final, or now without backward */
-        if (!backward_follows) ct_shard_reshard(s, u);
+        if (!backward_follows) cti_shard_reshard(s, u);
         return out;
     }
     ct_tensor *y = backward_follows ? gate(s, u, out) : out;
-    if (!backward_follows || !s->cfg.no_reshard_after_forward) ct_shard_reshard(s, u);
+    if (!backward_follows || !s->cfg.no_reshard_after_forward) cti_shard_reshard(s, u);
     return y;
 }
 
-void ct_shard_hooks_install(ct_shard *s)
+void cti_shard_hooks_install(ct_shard *s)
 {
     for (int i = 0; i < s->plan.nunits; i++)
         ct_module_set_hooks((ct_module *)s->plan.units[i].module,
                             &(ct_module_hooks){.pre = pre_forward, .post = post_forward, .data = &s->units[i]});
 }
 
-void ct_shard_hooks_remove(ct_shard *s)
+void cti_shard_hooks_remove(ct_shard *s)
 {
     for (int i = 0; s->units && i < s->plan.nunits; i++) ct_module_set_hooks((ct_module *)s->plan.units[i].module, NULL);
 }
 
-ct_status ct_shard_unit_point(shard_unit *u, ct_tensor *buf)
+ct_status cti_shard_unit_point(shard_unit *u, ct_tensor *buf)
 {
     for (int k = 0; k < u->plan->nparams; k++) {
         ct_tensor *p = u->plan->params[k].param;
@@ -257,31 +257,31 @@ static ct_status gather_full_f32(ct_shard *s)
         ct_tensor *full = ct_tensor_empty_on(u->master->device, CT_DTYPE_F32, 1, (const int64_t[]){u->plan->padded});
         ct_work *w = full ? ct_pg_allgather(s->gather_pg, full, u->master) : NULL;
         if (!w) {
-            st = ct_error_prefix("shard: gathering the f32 parameters of unit '%s': ", ct_shard_unit_label(u));
+            st = ct_error_prefix("shard: gathering the f32 parameters of unit '%s': ", cti_shard_unit_label(u));
             break;
         }
         u->full32 = ct_tensor_retain(full);
-        u->gather = (shard_op){.work = w, .t_submit = ct_shard_now()};
-        ct_shard_count_sent(s, ct_tensor_nbytes(full), s->sworld, 1);
+        u->gather = (shard_op){.work = w, .t_submit = cti_shard_now()};
+        cti_shard_count_sent(s, ct_tensor_nbytes(full), s->sworld, 1);
     }
     for (int i = 0; i < s->plan.nunits; i++) {
-        ct_status w = ct_shard_op_wait(s, &s->units[i].gather);
+        ct_status w = cti_shard_op_wait(s, &s->units[i].gather);
         if (!st) st = w;
     }
-    for (int i = 0; i < s->plan.nunits && !st; i++) st = ct_shard_unit_point(&s->units[i], s->units[i].full32);
+    for (int i = 0; i < s->plan.nunits && !st; i++) st = cti_shard_unit_point(&s->units[i], s->units[i].full32);
     s->full_f32 = true; /* also on failure: leave_full_f32 points back whatever moved */
     ct_frame_pop();
     ct_autocast_weights_changed();
     return st;
 }
 
-void ct_shard_leave_full_f32(ct_shard *s)
+void cti_shard_leave_full_f32(ct_shard *s)
 {
     if (!s->full_f32) return;
     for (int i = 0; i < s->plan.nunits; i++) {
         shard_unit *u = &s->units[i];
         /* same device, the buffer the parameters came from: nothing to refuse */
-        ct_shard_unit_point(u, u->flat);
+        cti_shard_unit_point(u, u->flat);
         ct_tensor_release(u->full32);
         u->full32 = NULL;
     }
@@ -294,31 +294,31 @@ ct_status ct_shard_gather_full(ct_shard *s)
     if (!s) return ct_error_set(CT_ERR_INVALID, "shard_gather_full: engine is NULL");
     if (s->detached) return CT_OK;
     if (s->low) {
-        ct_status st = ct_shard_drain(s);
+        ct_status st = cti_shard_drain(s);
         return st ? st : gather_full_f32(s);
     }
     ct_status st = CT_OK;
-    for (int i = 0; i < s->plan.nunits && !st; i++) st = ct_shard_gather_start(s, &s->units[i]);
-    for (int i = 0; i < s->plan.nunits && !st; i++) st = ct_shard_gather_wait(s, &s->units[i]);
+    for (int i = 0; i < s->plan.nunits && !st; i++) st = cti_shard_gather_start(s, &s->units[i]);
+    for (int i = 0; i < s->plan.nunits && !st; i++) st = cti_shard_gather_wait(s, &s->units[i]);
     return st;
 }
 
 void ct_shard_release_full(ct_shard *s)
 {
     if (!s || s->detached) return;
-    ct_shard_leave_full_f32(s);
-    for (int i = 0; i < s->plan.nunits; i++) ct_shard_reshard(s, &s->units[i]);
+    cti_shard_leave_full_f32(s);
+    for (int i = 0; i < s->plan.nunits; i++) cti_shard_reshard(s, &s->units[i]);
 }
 
 ct_status ct_shard_detach(ct_shard *s)
 {
     if (!s) return ct_error_set(CT_ERR_INVALID, "shard_detach: engine is NULL");
     if (s->detached) return CT_OK;
-    ct_status st = ct_shard_drain(s);
+    ct_status st = cti_shard_drain(s);
     if (!st) st = ct_shard_gather_full(s);
     if (st) return ct_error_prefix("shard_detach (rank %d): ", s->rank);
-    ct_shard_hooks_remove(s);
-    ct_shard_grad_hooks_remove(s);
+    cti_shard_hooks_remove(s);
+    cti_shard_grad_hooks_remove(s);
     ct_shard_residency_remove(s);
     s->detached = true;
     return CT_OK;

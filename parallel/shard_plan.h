@@ -24,6 +24,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "core/api.h"
 #include "core/error.h"
 #include "nn/module.h"
 
@@ -68,11 +69,12 @@ typedef struct ct_shard_plan {
  * policy, a transformer policy without classes or naming a type the model does not
  * have (a typo would otherwise make one unit silently), min_num_params < 1, a model
  * without parameters, a parameter that is not floating point. */
-ct_status ct_shard_plan_build(const ct_module *root, const ct_wrap_config *wrap, int world, ct_shard_plan *out);
-void ct_shard_plan_free(ct_shard_plan *p);
+CT_API ct_status ct_shard_plan_build(const ct_module *root, const ct_wrap_config *wrap, int world, ct_shard_plan *out);
+/* Frees a plan ct_shard_plan_build made; NULL is fine. */
+CT_API void ct_shard_plan_free(ct_shard_plan *p);
 
 /* The part of parameter p that rank r owns: elements [*begin, *end) of p (flat),
  * empty (*begin == *end) when r's slice does not reach it. */
-void ct_shard_param_slice(const ct_shard_unit *u, const ct_shard_param *p, int r, int64_t *begin, int64_t *end);
+CT_API void ct_shard_param_slice(const ct_shard_unit *u, const ct_shard_param *p, int r, int64_t *begin, int64_t *end);
 
 #endif

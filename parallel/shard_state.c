@@ -134,10 +134,10 @@ ct_status ct_shard_load_params(ct_shard *s, const ct_shard_source *src)
     ct_status st = check_source(s, src);
     if (!st && s->detached) st = load_plain(s, src);
     /* a gather landing later would overwrite the full buffer with the old slice */
-    if (!st) st = ct_shard_drain(s);
+    if (!st) st = cti_shard_drain(s);
     if (st || s->detached) return st ? ct_error_prefix("shard_load_params (rank %d): ", s->rank) : CT_OK;
     /* after ct_shard_gather_full under 16-bit parameters: back to the buffers written below */
-    ct_shard_leave_full_f32(s);
+    cti_shard_leave_full_f32(s);
     ct_tensor **got = calloc((size_t)s->plan.nunits, sizeof *got);
     if (!got) return ct_error_set(CT_ERR_NOMEM, "shard_load_params (rank %d): out of memory", s->rank);
     ct_frame_push();

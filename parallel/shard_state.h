@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "core/api.h"
 #include "parallel/shard.h"
 
 /* This rank's part of one parameter (SHARDED_STATE_DICT): elements [begin, end) of
@@ -26,7 +27,7 @@ typedef struct ct_shard_part {
  * the current frame). The shard group's ranks together hold every element once;
  * under HYBRID each group holds them all, and *writer is true only on the first
  * group's ranks, so that one copy is written. Local: no collective. */
-ct_status ct_shard_local_parts(const ct_shard *s, ct_shard_part **parts, int *n, bool *writer);
+CT_API ct_status ct_shard_local_parts(const ct_shard *s, ct_shard_part **parts, int *n, bool *writer);
 
 /* Where ct_shard_load_params reads parameters from: a checkpoint as its caller knows
  * it (one full file, or the parts of a sharded one written with any world size). */
@@ -53,6 +54,6 @@ typedef struct ct_shard_source {
  * optimizer's state is not touched. After ct_shard_gather_full under 16-bit
  * parameters, the model goes back to its 16-bit copies (written here); after
  * ct_shard_detach, the plain parameters are written whole. */
-ct_status ct_shard_load_params(ct_shard *s, const ct_shard_source *src);
+CT_API ct_status ct_shard_load_params(ct_shard *s, const ct_shard_source *src);
 
 #endif

@@ -3,7 +3,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 
-#include "precision/autocast.h"
+#include "precision/autocast_internal.h"
 
 #define MAX_DEPTH 16
 
@@ -160,4 +160,4 @@ ct_dtype ct_autocast_compute_dtype(ct_autocast_op op, ct_dtype in)
 
 void ct_autocast_weights_changed(void) { atomic_fetch_add(&generation, 1); }
 
-unsigned long ct_autocast_generation(void) { return atomic_load(&generation); }
+unsigned long cti_autocast_generation(void) { return atomic_load(&generation); }

@@ -36,6 +36,7 @@
 
 #include <stdbool.h>
 
+#include "core/api.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "precision/fp8_state.h"
@@ -65,29 +66,30 @@ typedef enum ct_autocast_rule {
 /* Enters a scope computing "low" ops in dt (bf16 or f16; f32: autocast off inside
  * the scope, as torch.autocast(enabled=False)); CT_ERR_INVALID for another dtype,
  * CT_ERR_UNSUPPORTED beyond 16 nested scopes. Every begin needs an end. */
-ct_status ct_autocast_begin(ct_dtype dt);
+CT_API ct_status ct_autocast_begin(ct_dtype dt);
 /* Enters an fp8 scope: "fp8" ops quantise through st's metas, every other "low"
  * op computes in bf16 (the embedding and the head therefore stay in bf16 unless
  * the model follows recipe.fp8_embedding_and_head). st must outlive the scope.
  * A plain scope nested inside turns fp8 off within it. */
-ct_status ct_autocast_begin_fp8(ct_fp8_state *st);
+CT_API ct_status ct_autocast_begin_fp8(ct_fp8_state *st);
 /* Leaves the innermost scope (a no-op outside any). */
-void ct_autocast_end(void);
+CT_API void ct_autocast_end(void);
 /* The process's level below every scope: bf16 or f16 makes every thread autocast
  * outside its own scopes; f32 (the start) turns that off. The Accelerator sets it
  * from mixed_precision, so that a training loop needs no scope of its own. */
-ct_status ct_autocast_set_default(ct_dtype dt);
+CT_API ct_status ct_autocast_set_default(ct_dtype dt);
 /* The process default as an fp8 scope over st (the default dtype becomes bf16);
  * NULL turns fp8 off, leaving the default dtype. ct_autocast_set_default(f32)
  * turns both off. */
-void ct_autocast_set_default_fp8(ct_fp8_state *st);
+CT_API void ct_autocast_set_default_fp8(ct_fp8_state *st);
 /* The fp8 state in force here (innermost scope, else the default), or NULL. */
-ct_fp8_state *ct_autocast_fp8_state(void);
+CT_API ct_fp8_state *ct_autocast_fp8_state(void);
 /* Whether autocast is on here (the innermost scope, else the default), and its
  * dtype (f32 when off); the scopes this thread has open. */
-bool ct_autocast_enabled(void);
-ct_dtype ct_autocast_dtype(void);
-int ct_autocast_depth(void);
+CT_API bool ct_autocast_enabled(void);
+CT_API ct_dtype ct_autocast_dtype(void);
+/* Number of autocast scopes open on this thread. */
+CT_API int ct_autocast_depth(void);
 
 /* The scope as a block: CT_AUTOCAST(CT_DTYPE_BF16) { ... } (do not leave it with
  * return or goto: the end would be skipped). A failed begin skips the block. */
@@ -99,26 +101,25 @@ int ct_autocast_depth(void);
          CT_AUTOCAST_CONCAT(ct_ac_once_, __LINE__) = 0, ct_autocast_end())
 
 /* The policy (process-wide; every thread sees a change at its next op). */
-ct_autocast_rule ct_autocast_rule_of(ct_autocast_op op);
+CT_API ct_autocast_rule ct_autocast_rule_of(ct_autocast_op op);
 /* CT_ERR_INVALID for an op or rule out of range. */
-ct_status ct_autocast_set_rule(ct_autocast_op op, ct_autocast_rule rule);
+CT_API ct_status ct_autocast_set_rule(ct_autocast_op op, ct_autocast_rule rule);
 /* Puts back every default rule. */
-void ct_autocast_reset_rules(void);
+CT_API void ct_autocast_reset_rules(void);
 /* "matmul", "linear", ...; "low", "f32", "widest", "as_is". Static strings. */
-const char *ct_autocast_op_name(ct_autocast_op op);
-const char *ct_autocast_rule_name(ct_autocast_rule rule);
+CT_API const char *ct_autocast_op_name(ct_autocast_op op);
+CT_API const char *ct_autocast_rule_name(ct_autocast_rule rule);
 /* The table, one "op: rule" line per op, into buf (cap bytes); returns buf. */
-const char *ct_autocast_policy_str(char *buf, int cap);
+CT_API const char *ct_autocast_policy_str(char *buf, int cap);
 
 /* The dtype op computes in for an input of dtype in, here and now: in itself
  * outside a scope or for a non-float in; else by the op's rule (WIDEST: in, the
  * caller compares the inputs). */
-ct_dtype ct_autocast_compute_dtype(ct_autocast_op op, ct_dtype in);
+CT_API ct_dtype ct_autocast_compute_dtype(ct_autocast_op op, ct_dtype in);
 
 /* The weight-cast generation: bumped when parameters change, so cached low-precision
  * copies of weights are made again. The optimizer step, loading a module's tensors and
  * DDP's broadcast call it; code that writes parameters in place otherwise must too. */
-void ct_autocast_weights_changed(void);
-unsigned long ct_autocast_generation(void);
+CT_API void ct_autocast_weights_changed(void);
 
 #endif

@@ -285,7 +285,7 @@ ct_tensor *ct_fp8_matmul(const ct_tensor *a, const ct_tensor *b, bool trans_a, b
     pthread_once(&lut_once, lut_init);
     /* exact widening, then a GEMM that sums the (exact) products in f32: bf16 where
      * the CPU multiplies bf16 natively, else f32. The scales come out as alpha. */
-    ct_dtype wide = ct_cpu_matmul_backend(CT_DTYPE_BF16) == CT_GEMM_ONEDNN ? CT_DTYPE_BF16 : CT_DTYPE_F32;
+    ct_dtype wide = cti_cpu_matmul_backend(CT_DTYPE_BF16) == CT_GEMM_ONEDNN ? CT_DTYPE_BF16 : CT_DTYPE_F32;
     ct_tensor *aw = widen(a, wide), *bw = aw ? widen(b, wide) : NULL;
     ct_tensor *out = bw ? ct_tensor_empty(CT_DTYPE_F32, CT_SHAPE(M, N)) : NULL;
     if (!out) return NULL;

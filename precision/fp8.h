@@ -28,6 +28,7 @@
 
 #include <stdbool.h>
 
+#include "core/api.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/tensor.h"
@@ -51,14 +52,14 @@ typedef struct ct_fp8_recipe {
 
 /* *out = in with defaults filled in (in NULL: all defaults). CT_ERR_INVALID naming
  * the field, its value and the allowed range for a bad one. */
-ct_status ct_fp8_recipe_resolve(const ct_fp8_recipe *in, ct_fp8_recipe *out);
+CT_API ct_status ct_fp8_recipe_resolve(const ct_fp8_recipe *in, ct_fp8_recipe *out);
 /* The fp8 dtype a role uses under the recipe (E4M3 or E5M2). */
-ct_dtype ct_fp8_dtype(const ct_fp8_recipe *r, ct_fp8_role role);
+CT_API ct_dtype ct_fp8_dtype(const ct_fp8_recipe *r, ct_fp8_role role);
 /* "hybrid"/"e4m3", "max"/"most_recent"; static strings. */
-const char *ct_fp8_format_name(ct_fp8_format f);
-const char *ct_fp8_amax_algo_name(ct_fp8_amax_algo a);
+CT_API const char *ct_fp8_format_name(ct_fp8_format f);
+CT_API const char *ct_fp8_amax_algo_name(ct_fp8_amax_algo a);
 /* The largest finite value of an fp8 dtype (448, 57344); 0 for another dtype. */
-double ct_fp8_max(ct_dtype dt);
+CT_API double ct_fp8_max(ct_dtype dt);
 
 /* One tensor's scaling state. Owned by its user; ct_fp8_meta_free releases it. */
 typedef struct ct_fp8_meta {
@@ -71,24 +72,27 @@ typedef struct ct_fp8_meta {
     ct_fp8_amax_algo algo;
 } ct_fp8_meta;
 
-ct_status ct_fp8_meta_init(ct_fp8_meta *m, const ct_fp8_recipe *r, ct_fp8_role role);
-void ct_fp8_meta_free(ct_fp8_meta *m);
+/* Sets up m for role with recipe r (format by ct_fp8_dtype), scale 1 and an empty amax history;
+ * free it with ct_fp8_meta_free. */
+CT_API ct_status ct_fp8_meta_init(ct_fp8_meta *m, const ct_fp8_recipe *r, ct_fp8_role role);
+/* Frees the amax history m owns (not m itself); m may then be initialised again. */
+CT_API void ct_fp8_meta_free(ct_fp8_meta *m);
 /* pending = max(pending, amax); a NaN amax is kept (it poisons the step, so the scale
  * stays where it was). */
-void ct_fp8_meta_observe(ct_fp8_meta *m, float amax);
+CT_API void ct_fp8_meta_observe(ct_fp8_meta *m, float amax);
 /* The amax the next scale comes from: max over the history or its newest entry; 0
  * before any step. */
-float ct_fp8_meta_amax(const ct_fp8_meta *m);
+CT_API float ct_fp8_meta_amax(const ct_fp8_meta *m);
 /* Pushes pending into the history, resets it to 0 and recomputes the scale. */
-void ct_fp8_meta_step(ct_fp8_meta *m);
+CT_API void ct_fp8_meta_step(ct_fp8_meta *m);
 
 /* out (fp8 dtype, x's shape, contiguous) = round(x * scale) saturated to the
  * format's finite range (f32, bf16 or f16 x, any strides; x * scale is the f32
  * product of x's exact f32 value); out->scale = scale and out->amax =
  * max |x| (NaN if x has one), which *amax receives too when not NULL. NULL with
  * the error set for a bad dtype or shape. The reference below is the plain loop. */
-ct_tensor *ct_fp8_quantize(const ct_tensor *x, ct_dtype dt, float scale, float *amax);
-ct_tensor *ct_fp8_quantize_ref(const ct_tensor *x, ct_dtype dt, float scale, float *amax);
+CT_API ct_tensor *ct_fp8_quantize(const ct_tensor *x, ct_dtype dt, float scale, float *amax);
+CT_API ct_tensor *ct_fp8_quantize_ref(const ct_tensor *x, ct_dtype dt, float scale, float *amax);
 
 /* out (M, N) f32 = op(a) @ op(b) / (a->scale * b->scale) for 2-D fp8 tensors, the
  * products summed in f32: the fp8 values widen exactly (to bf16 where the CPU
@@ -96,8 +100,8 @@ ct_tensor *ct_fp8_quantize_ref(const ct_tensor *x, ct_dtype dt, float scale, flo
  * in f32, so the result is what quantise -> f32 GEMM gives; the scales are the
  * GEMM's alpha.
  * NULL with the error set for bad dtypes or shapes. */
-ct_tensor *ct_fp8_matmul(const ct_tensor *a, const ct_tensor *b, bool trans_a, bool trans_b);
+CT_API ct_tensor *ct_fp8_matmul(const ct_tensor *a, const ct_tensor *b, bool trans_a, bool trans_b);
 /* Reference: the triple loop, summing in f32 in k order. */
-ct_tensor *ct_fp8_matmul_ref(const ct_tensor *a, const ct_tensor *b, bool trans_a, bool trans_b);
+CT_API ct_tensor *ct_fp8_matmul_ref(const ct_tensor *a, const ct_tensor *b, bool trans_a, bool trans_b);
 
 #endif

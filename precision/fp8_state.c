@@ -3,7 +3,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-#include "precision/autocast.h"
+#include "precision/autocast_internal.h"
 #include "precision/fp8_state.h"
 
 typedef struct slot {
@@ -100,7 +100,7 @@ ct_status ct_fp8_state_use(ct_fp8_state *s, ct_tensor *w, ct_fp8_use *u)
     while (i < s->n && s->slots[i].w != w) i++;
     ct_status st = i == s->n ? slot_add(s, w, &i) : CT_OK;
     slot *sl = st ? NULL : &s->slots[i];
-    unsigned long gen = ct_autocast_generation();
+    unsigned long gen = cti_autocast_generation();
     if (sl && (!sl->wq || sl->wq_gen != gen)) {
         float amax = 0.0f;
         ct_tensor *q = ct_fp8_quantize(w, sl->meta[1].dtype, sl->meta[1].scale, &amax);

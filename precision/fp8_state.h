@@ -24,17 +24,19 @@
 #ifndef CT_PRECISION_FP8_STATE_H
 #define CT_PRECISION_FP8_STATE_H
 
+#include "core/api.h"
 #include "precision/fp8.h"
 
 typedef struct ct_fp8_state ct_fp8_state;
 
 /* NULL with the error set for a bad recipe (ct_fp8_recipe_resolve) or no memory. */
-ct_fp8_state *ct_fp8_state_new(const ct_fp8_recipe *r);
-void ct_fp8_state_free(ct_fp8_state *s);
+CT_API ct_fp8_state *ct_fp8_state_new(const ct_fp8_recipe *r);
+/* Frees s and everything it owns; NULL is fine. */
+CT_API void ct_fp8_state_free(ct_fp8_state *s);
 /* The resolved recipe (defaults filled in). Borrowed. */
-const ct_fp8_recipe *ct_fp8_state_recipe(const ct_fp8_state *s);
+CT_API const ct_fp8_recipe *ct_fp8_state_recipe(const ct_fp8_state *s);
 /* How many weights have slots. */
-int ct_fp8_state_weights(const ct_fp8_state *s);
+CT_API int ct_fp8_state_weights(const ct_fp8_state *s);
 
 /* What one fp8 product with weight w needs now. */
 typedef struct ct_fp8_use {
@@ -51,24 +53,24 @@ typedef struct ct_fp8_use {
 
 /* The slot of w (2-D f32, bf16 or f16 CPU tensor; made at first use), its quantised copy made if
  * this weight generation has none yet. CT_ERR_INVALID for another w. */
-ct_status ct_fp8_state_use(ct_fp8_state *s, ct_tensor *w, ct_fp8_use *u);
+CT_API ct_status ct_fp8_state_use(ct_fp8_state *s, ct_tensor *w, ct_fp8_use *u);
 /* Raises the pending amax of slot's input meta. */
-void ct_fp8_state_observe_input(ct_fp8_state *s, int slot, float amax);
+CT_API void ct_fp8_state_observe_input(ct_fp8_state *s, int slot, float amax);
 /* Stores the largest of a and the value in an amax cell (f32 [1]); NaN sticks. */
-void ct_fp8_amax_cell_raise(ct_tensor *cell, float a);
+CT_API void ct_fp8_amax_cell_raise(ct_tensor *cell, float a);
 
 /* 3 * ct_fp8_state_weights(s). */
-int ct_fp8_state_amax_count(const ct_fp8_state *s);
+CT_API int ct_fp8_state_amax_count(const ct_fp8_state *s);
 /* buf[3 i + {0, 1, 2}] = slot i's pending amax of input, weight, gradient (the
  * gradient's: its meta's pending raised by its backward cell). Changes nothing. */
-void ct_fp8_state_amax_get(ct_fp8_state *s, float *buf);
+CT_API void ct_fp8_state_amax_get(ct_fp8_state *s, float *buf);
 /* Puts (all-reduced) pending amaxes back, the same layout; the cells restart at 0. */
-void ct_fp8_state_amax_set(ct_fp8_state *s, const float *buf);
+CT_API void ct_fp8_state_amax_set(ct_fp8_state *s, const float *buf);
 /* Every meta: pending (raised by the cells not yet taken in) -> history, new scale
  * (ct_fp8_meta_step); the quantised weights are made again at their next use. */
-void ct_fp8_state_step(ct_fp8_state *s);
+CT_API void ct_fp8_state_step(ct_fp8_state *s);
 /* A slot's metas (0 input, 1 weight, 2 gradient), for inspection; NULL out of range.
  * The gradient meta's pending takes in the backward cells at amax_set or step. */
-const ct_fp8_meta *ct_fp8_state_meta(const ct_fp8_state *s, int slot, int which);
+CT_API const ct_fp8_meta *ct_fp8_state_meta(const ct_fp8_state *s, int slot, int which);
 
 #endif

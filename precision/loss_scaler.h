@@ -24,6 +24,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "core/api.h"
 #include "core/error.h"
 #include "core/tensor.h"
 
@@ -49,16 +50,17 @@ typedef struct ct_loss_scaler {
 } ct_loss_scaler;
 
 /* CT_ERR_INVALID naming the field, its value and the allowed range. */
-ct_status ct_loss_scaler_init(ct_loss_scaler *s, const ct_loss_scaler_config *cfg);
-double ct_loss_scaler_scale(const ct_loss_scaler *s);
+CT_API ct_status ct_loss_scaler_init(ct_loss_scaler *s, const ct_loss_scaler_config *cfg);
+/* The current loss scale. */
+CT_API double ct_loss_scaler_scale(const ct_loss_scaler *s);
 /* grads[i] *= 1 / scale for the f32 contiguous CPU gradients (NULL entries skipped);
  * *found_inf: some value is inf or NaN (after unscaling). CT_ERR_INVALID for another
  * dtype or layout, or a second call in one step. */
-ct_status ct_loss_scaler_unscale(ct_loss_scaler *s, int n, ct_tensor *const *grads, bool *found_inf);
+CT_API ct_status ct_loss_scaler_unscale(ct_loss_scaler *s, int n, ct_tensor *const *grads, bool *found_inf);
 /* Ends the step: returns true when its optimizer step must be skipped (found_inf),
  * and updates the scale as above. */
-bool ct_loss_scaler_update(ct_loss_scaler *s, bool found_inf);
+CT_API bool ct_loss_scaler_update(ct_loss_scaler *s, bool found_inf);
 /* Whether the last update skipped its step. */
-bool ct_loss_scaler_step_was_skipped(const ct_loss_scaler *s);
+CT_API bool ct_loss_scaler_step_was_skipped(const ct_loss_scaler *s);
 
 #endif

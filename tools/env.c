@@ -85,7 +85,7 @@ static void system_section(void)
     if (uname(&u) == 0) row("os", "%s %s %s", u.sysname, u.release, u.machine);
     cpu_model(model, sizeof model);
     row("cpu", "%s, %ld online cores", model, sysconf(_SC_NPROCESSORS_ONLN));
-    row("cpu features", "%s", ct_cpu_features_str(flags, sizeof flags));
+    row("cpu features", "%s", cti_cpu_features_str(flags, sizeof flags));
     struct statvfs s;
     if (statvfs("/dev/shm", &s) == 0)
         row("/dev/shm", "%.1f GiB free of %.1f GiB (the shm transport's rings and slots)",
@@ -134,11 +134,11 @@ static const char *backend_text(ct_dtype dt, ct_gemm_backend be)
 static const char *why_default(ct_dtype dt)
 {
     if (dt == CT_DTYPE_BF16)
-        return ct_cpu_has_bf16_gemm() ? "the CPU has AVX512-BF16 or AMX-BF16" : "no AVX512-BF16 or AMX-BF16 here";
+        return cti_cpu_has_bf16_gemm() ? "the CPU has AVX512-BF16 or AMX-BF16" : "no AVX512-BF16 or AMX-BF16 here";
     if (dt == CT_DTYPE_F16)
-        return ct_cpu_has_f16_gemm() ? "the CPU has AVX512-FP16 or AMX-FP16" : "no AVX512-FP16 or AMX-FP16 here";
+        return cti_cpu_has_f16_gemm() ? "the CPU has AVX512-FP16 or AMX-FP16" : "no AVX512-FP16 or AMX-FP16 here";
     if (dt == CT_DTYPE_F32)
-        return ct_cpu_features_get()->avx512f ? "the CPU has AVX-512: oneDNN's sgemm is the faster there"
+        return cti_cpu_features_get()->avx512f ? "the CPU has AVX-512: oneDNN's sgemm is the faster there"
                                               : "no AVX-512 here: OpenBLAS's sgemm is the faster there";
     return "the default";
 }
@@ -152,7 +152,7 @@ static bool gemm_check(ct_dtype dt, char *out, size_t cap)
     ct_tensor *a = ct_tensor_rand(dt, CT_SHAPE(48, 56), -1, 1), *b = ct_tensor_rand(dt, CT_SHAPE(56, 40), -1, 1);
     ct_tensor *ref = ct_tensor_zeros(CT_DTYPE_F64, CT_SHAPE(48, 40));
     ct_tensor *got = a && b ? ct_kernel_matmul(a, b, false, false) : NULL;
-    if (!got || !ref || ct_cpu_matmul_ref(ref, a, b, false, false, 1.0, 0.0)) {
+    if (!got || !ref || cti_cpu_matmul_ref(ref, a, b, false, false, 1.0, 0.0)) {
         snprintf(out, cap, "FAILED: %s", ct_last_error());
     } else {
         double worst = 0;
@@ -179,7 +179,7 @@ static void matmul_section(problems *p)
         const gemm_dtype *g = &GEMM_DTYPES[i];
         const char *name = ct_dtype_name(g->dt);
         const char *set = g->var ? getenv(g->var) : NULL;
-        ct_gemm_backend be = ct_cpu_matmul_backend(g->dt);
+        ct_gemm_backend be = cti_cpu_matmul_backend(g->dt);
         char how[160], check[640];
         if (be == CT_GEMM_DEFAULT) {
             row(name, "%s='%s' is not a backend for %s", g->var, set ? set : "", name);
@@ -190,7 +190,7 @@ static void matmul_section(problems *p)
         if (set && *set) snprintf(how, sizeof how, "forced by %s=%s", g->var, set);
         else snprintf(how, sizeof how, "%s", why_default(g->dt));
         bool ok = gemm_check(g->dt, check, sizeof check);
-        row(name, "%s: %s [%s]; %s", ct_gemm_backend_name(be), backend_text(g->dt, be), how, check);
+        row(name, "%s: %s [%s]; %s", cti_gemm_backend_name(be), backend_text(g->dt, be), how, check);
         if (!ok) problem(p, "%s matmul: %s", name, check);
     }
     row("f8_e4m3, f8_e5m2", "storage only: no matmul takes them; convert to bf16 or f32 first");
@@ -200,18 +200,18 @@ static void matmul_section(problems *p)
 static void attention_section(problems *p)
 {
     puts("attention by dtype");
-    const char *bad = ct_cpu_attention_bf16_env_error();
+    const char *bad = cti_cpu_attention_bf16_env_error();
     const char *set = getenv("CTRAIN_BF16_ATTENTION");
     if (bad) {
         row("bf16", "%s: every bf16 attention fails (unset it, or see docs/launch.md)", bad);
         problem(p, "%s: every bf16 attention fails", bad, NULL);
-    } else if (ct_cpu_attention_bf16_dot()) {
+    } else if (cti_cpu_attention_bf16_dot()) {
         row("bf16", "dot: bf16 dot products (vdpbf16ps) on bf16 tiles, f32 softmax and sums [%s]",
             set && *set ? "forced by CTRAIN_BF16_ATTENTION=dot" : "the CPU has AVX512-BF16");
     } else {
         row("bf16", "widen: bf16 rows widened to f32 as packed, f32 tile products [%s]",
             set && *set ? "forced by CTRAIN_BF16_ATTENTION=widen"
-                        : ct_cpu_features_get()->avx512_bf16 ? "this build has no AVX512-BF16 (PORTABLE=1?)"
+                        : cti_cpu_features_get()->avx512_bf16 ? "this build has no AVX512-BF16 (PORTABLE=1?)"
                                                              : "no AVX512-BF16 here");
     }
     row("f32, f64, f16", "f32 (f64 in f64) tile products on rows packed (f16 widened) per tile");

@@ -105,7 +105,7 @@ static void run_convert_by_hand(bench_ctx *x)
     int n = (int)x->n;
     convert_omp(CT_DTYPE_F32, x->a32, CT_DTYPE_BF16, ct_tensor_data(x->ah), nn);
     convert_omp(CT_DTYPE_F32, x->b32, CT_DTYPE_BF16, ct_tensor_data(x->bh), nn);
-    if (ct_cpu_matmul_backend(CT_DTYPE_F32) == CT_GEMM_ONEDNN)
+    if (cti_cpu_matmul_backend(CT_DTYPE_F32) == CT_GEMM_ONEDNN)
         dnnl_sgemm('N', 'N', n, n, n, 1.0f, x->a32, n, x->b32, n, 0.0f, x->c32, n);
     else {
         openblas_set_num_threads(x->threads);
@@ -215,9 +215,9 @@ int main(int argc, char **argv)
     char flags[256];
     const dnnl_version_t *v = dnnl_version();
     printf("# matmul benchmark\n\nCPU flags: %s; %s; oneDNN %d.%d.%d. ctrain backends: f32 %s, bf16 %s.\n",
-           ct_cpu_features_str(flags, sizeof flags), openblas_get_config(), v->major, v->minor, v->patch,
-           ct_gemm_backend_name(ct_cpu_matmul_backend(CT_DTYPE_F32)),
-           ct_gemm_backend_name(ct_cpu_matmul_backend(CT_DTYPE_BF16)));
+           cti_cpu_features_str(flags, sizeof flags), openblas_get_config(), v->major, v->minor, v->patch,
+           cti_gemm_backend_name(cti_cpu_matmul_backend(CT_DTYPE_F32)),
+           cti_gemm_backend_name(cti_cpu_matmul_backend(CT_DTYPE_BF16)));
     printf("GFLOP/s = 2n^3 / median time of %d calls after a warm-up. overhead: f32 = ct_kernel_matmul (output "
            "allocated each call) vs the library's own call; bf16 = ct_kernel_matmul vs the same path written by hand.\n\n", REPS);
 
@@ -243,7 +243,7 @@ int main(int argc, char **argv)
                 method_fn fns[4] = {run_ct_matmul, run_ct_matmul_out, run_cblas, run_dnnl};
                 double med[4];
                 measure(&x, 4, fns, med);
-                ct_gemm_backend be = ct_cpu_matmul_backend(CT_DTYPE_F32);
+                ct_gemm_backend be = cti_cpu_matmul_backend(CT_DTYPE_F32);
                 double lib = be == CT_GEMM_ONEDNN ? med[3] : med[2];
                 printf("| f32 | %lld | %d | %.1f | %.1f | %.1f | %.1f | %s | %+.1f%% |\n", (long long)x.n, th,
                        gflops(x.n, med[0]), gflops(x.n, med[1]), gflops(x.n, med[2]), gflops(x.n, med[3]),
@@ -272,7 +272,7 @@ int main(int argc, char **argv)
                 method_fn fns[3] = {run_ct_bf16, x.bf16_prim ? run_onednn_bf16 : NULL, run_convert_by_hand};
                 double med[3];
                 measure(&x, 3, fns, med);
-                bool onednn = ct_cpu_matmul_backend(CT_DTYPE_BF16) == CT_GEMM_ONEDNN && x.bf16_prim;
+                bool onednn = cti_cpu_matmul_backend(CT_DTYPE_BF16) == CT_GEMM_ONEDNN && x.bf16_prim;
                 double lib = onednn ? med[1] : med[2];
                 char prim[32] = "n/a";
                 if (x.bf16_prim) snprintf(prim, sizeof prim, "%.1f", gflops(x.n, med[1]));

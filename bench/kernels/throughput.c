@@ -108,7 +108,7 @@ static void run_attn_fwd(bench_ctx *c, int causal)
 static void run_attn_fwd_ref(bench_ctx *c, int causal)
 {
     ct_tensor *out = ct_tensor_empty_like(c->out[causal]), *lse = ct_tensor_empty_like(c->lse[causal]);
-    check(c, ct_cpu_attention_ref(c->q, c->k, c->v, causal, 0, out, lse) == CT_OK, "attention_ref");
+    check(c, cti_cpu_attention_ref(c->q, c->k, c->v, causal, 0, out, lse) == CT_OK, "attention_ref");
 }
 
 static void run_attn_bwd(bench_ctx *c, int causal)
@@ -208,7 +208,7 @@ int main(void)
     }
     ct_set_num_threads(0);
     printf("\nattention workspace per thread (T=S=1024, D=64, f32): %zu bytes; a T x S f32 matrix: %d bytes\n",
-           ct_cpu_attention_workspace_bytes(1024, 1024, 64, 64, 4), 1024 * 1024 * 4);
+           cti_cpu_attention_workspace_bytes(1024, 1024, 64, 64, 4), 1024 * 1024 * 4);
     ct_frame_reset_root();
     free(c.ta), free(c.tb), free(c.tc);
     return 0;

@@ -20,7 +20,7 @@
 #include <string.h>
 
 #include "core/convert.h"
-#include "core/threads.h"
+#include "core/threads_internal.h"
 #include "kernels/cpu/attention_internal.h"
 #include "kernels/cpu/vmath.h"
 
@@ -93,12 +93,12 @@ static bool attn_bwd_by_heads(int64_t heads, int nt) { return nt <= 1 || heads %
 #undef CT_ATTN_VEXP
 #undef NR
 
-float ct_cpu_attn_fwd_row_f32(float *s, int64_t lim, int64_t n, float scale, float *m, double *l)
+float cti_cpu_attn_fwd_row_f32(float *s, int64_t lim, int64_t n, float scale, float *m, double *l)
 {
     return attn_fwd_row_f32(s, lim, n, scale, m, l);
 }
 
-void ct_cpu_attn_bwd_row_f32(float *p, float *ds, int64_t lim, int64_t n, float scale, float lse, float drow)
+void cti_cpu_attn_bwd_row_f32(float *p, float *ds, int64_t lim, int64_t n, float scale, float lse, float drow)
 {
     attn_bwd_row_f32(p, ds, lim, n, scale, lse, drow);
 }
@@ -115,12 +115,12 @@ void ct_cpu_attn_bwd_row_f32(float *p, float *ds, int64_t lim, int64_t n, float 
 
 /* ---- public entry points ---------------------------------------------------- */
 
-ct_status ct_cpu_attention(const ct_tensor *q, const ct_tensor *k, const ct_tensor *v, bool causal,
-                           double scale, ct_tensor *out, ct_tensor *lse)
+ct_status cti_cpu_attention(const ct_tensor *q, const ct_tensor *k, const ct_tensor *v, bool causal,
+                            double scale, ct_tensor *out, ct_tensor *lse)
 {
-    ct_threads_sync();
+    cti_threads_sync();
     ct_status st;
-    if (ct_cpu_attention_bf16_takes(q, k, v, NULL, NULL, &st)) return ct_cpu_attention_bf16(q, k, v, causal, scale, out, lse);
+    if (cti_cpu_attention_bf16_takes(q, k, v, NULL, NULL, &st)) return cti_cpu_attention_bf16(q, k, v, causal, scale, out, lse);
     if (st) return st;
     attn_dims dm = attn_dims_of(q, k, v, causal, scale);
     attn_op oq = attn_op_of(q), ok = attn_op_of(k), ov = attn_op_of(v), oo = attn_op_of(out);
@@ -129,14 +129,14 @@ ct_status ct_cpu_attention(const ct_tensor *q, const ct_tensor *k, const ct_tens
     return attn_forward_f32(&dm, &oq, &ok, &ov, &oo, lse ? &ol : NULL);
 }
 
-ct_status ct_cpu_attention_backward(const ct_tensor *dout, const ct_tensor *q, const ct_tensor *k,
-                                    const ct_tensor *v, const ct_tensor *out, const ct_tensor *lse,
-                                    bool causal, double scale, ct_tensor *dq, ct_tensor *dk, ct_tensor *dv)
+ct_status cti_cpu_attention_backward(const ct_tensor *dout, const ct_tensor *q, const ct_tensor *k,
+                                     const ct_tensor *v, const ct_tensor *out, const ct_tensor *lse,
+                                     bool causal, double scale, ct_tensor *dq, ct_tensor *dk, ct_tensor *dv)
 {
-    ct_threads_sync();
+    cti_threads_sync();
     ct_status st;
-    if (ct_cpu_attention_bf16_takes(q, k, v, dout, out, &st))
-        return ct_cpu_attention_backward_bf16(dout, q, k, v, out, lse, causal, scale, dq, dk, dv);
+    if (cti_cpu_attention_bf16_takes(q, k, v, dout, out, &st))
+        return cti_cpu_attention_backward_bf16(dout, q, k, v, out, lse, causal, scale, dq, dk, dv);
     if (st) return st;
     attn_dims dm = attn_dims_of(q, k, v, causal, scale);
     attn_op o[9] = {attn_op_of(dout), attn_op_of(q), attn_op_of(k), attn_op_of(v), attn_op_of(out),
@@ -145,7 +145,7 @@ ct_status ct_cpu_attention_backward(const ct_tensor *dout, const ct_tensor *q, c
     return attn_backward_f32(&dm, o);
 }
 
-size_t ct_cpu_attention_workspace_bytes(int64_t T, int64_t S, int64_t D, int64_t Dv, size_t elem_size)
+size_t cti_cpu_attention_workspace_bytes(int64_t T, int64_t S, int64_t D, int64_t Dv, size_t elem_size)
 {
     int64_t nr = 2 * CT_ATTN_VBYTES / (elem_size >= 8 ? 8 : 4);
     int64_t fwd = attn_fwd_ws_elems(S, D, Dv, nr), bwd = attn_bwd_ws_elems(T, D, Dv, nr);
@@ -179,8 +179,8 @@ static void attn_ref_probs(const attn_dims *dm, const attn_op *q, const attn_op 
     }
 }
 
-ct_status ct_cpu_attention_ref(const ct_tensor *q, const ct_tensor *k, const ct_tensor *v, bool causal,
-                               double scale, ct_tensor *out, ct_tensor *lse)
+ct_status cti_cpu_attention_ref(const ct_tensor *q, const ct_tensor *k, const ct_tensor *v, bool causal,
+                                double scale, ct_tensor *out, ct_tensor *lse)
 {
     attn_dims dm = attn_dims_of(q, k, v, causal, scale);
     attn_op oq = attn_op_of(q), ok = attn_op_of(k), ov = attn_op_of(v), oo = attn_op_of(out);
@@ -213,10 +213,10 @@ ct_status ct_cpu_attention_ref(const ct_tensor *q, const ct_tensor *k, const ct_
 /* Ignores out and lse: P is recomputed by attn_ref_probs and rowsum(dO * O) is taken
  * in its other form, sum_j P_ij dP_ij, so the reference checks the fast kernel's
  * use of the saved tensors instead of sharing it. */
-ct_status ct_cpu_attention_backward_ref(const ct_tensor *dout, const ct_tensor *q, const ct_tensor *k,
-                                        const ct_tensor *v, const ct_tensor *out, const ct_tensor *lse,
-                                        bool causal, double scale, ct_tensor *dq, ct_tensor *dk,
-                                        ct_tensor *dv)
+ct_status cti_cpu_attention_backward_ref(const ct_tensor *dout, const ct_tensor *q, const ct_tensor *k,
+                                         const ct_tensor *v, const ct_tensor *out, const ct_tensor *lse,
+                                         bool causal, double scale, ct_tensor *dq, ct_tensor *dk,
+                                         ct_tensor *dv)
 {
     (void)out, (void)lse;
     attn_dims dm = attn_dims_of(q, k, v, causal, scale);
@@ -328,7 +328,7 @@ static void FN(attn_exp_row)(real *x, int64_t n, real scale, real shift)
 #if CT_ATTN_VEXP
     /* kernels/cpu/vmath.h's exp: the loop vectorises, and its vector body and scalar
      * tail give the same bits, so a value never depends on its column */
-    for (int64_t c = 0; c < n; c++) x[c] = ct_cpu_expf(x[c] * scale - shift);
+    for (int64_t c = 0; c < n; c++) x[c] = cti_cpu_expf(x[c] * scale - shift);
 #else
     for (int64_t c = 0; c < n; c++) x[c] = EXP(x[c] * scale - shift);
 #endif
@@ -472,7 +472,7 @@ static void FN(attn_pack_cols)(const attn_op *o, int64_t b, int64_t h, int64_t t
         for (int64_t r = n; r < ld; r++) dst[c * ld + r] = 0;
 }
 
-/* One score row of a key block into the online softmax (see ct_cpu_attn_fwd_row_f32 in
+/* One score row of a key block into the online softmax (see cti_cpu_attn_fwd_row_f32 in
  * kernels/cpu/attention_internal.h): returns the factor for the row's output. A row
  * that sees none of the block (lim <= 0) gets P = 0 and factor 1. */
 static real FN(attn_fwd_row)(real *s, int64_t lim, int64_t n, real scale, real *m, double *l)

@@ -46,7 +46,7 @@ static int env_mode = BF16_AUTO;
 static char env_value[48];
 static atomic_int forced; /* 0: not forced, else BF16_DOT or BF16_WIDEN */
 
-static bool bf16_dot_available(void) { return CT_ATTN_HAVE_BF16 && ct_cpu_features_get()->avx512_bf16; }
+static bool bf16_dot_available(void) { return CT_ATTN_HAVE_BF16 && cti_cpu_features_get()->avx512_bf16; }
 
 static void env_parse(void)
 {
@@ -58,9 +58,9 @@ static void env_parse(void)
     else env_mode = BF16_BAD;
 }
 
-void ct_cpu_attention_set_bf16_dot(bool on) { atomic_store(&forced, on ? BF16_DOT : BF16_WIDEN); }
+void cti_cpu_attention_set_bf16_dot(bool on) { atomic_store(&forced, on ? BF16_DOT : BF16_WIDEN); }
 
-bool ct_cpu_attention_bf16_dot(void)
+bool cti_cpu_attention_bf16_dot(void)
 {
     const int f = atomic_load(&forced);
     if (f) return f == BF16_DOT && bf16_dot_available();
@@ -68,7 +68,7 @@ bool ct_cpu_attention_bf16_dot(void)
     return env_mode != BF16_WIDEN && env_mode != BF16_BAD && bf16_dot_available();
 }
 
-const char *ct_cpu_attention_bf16_env_error(void)
+const char *cti_cpu_attention_bf16_env_error(void)
 {
     pthread_once(&env_once, env_parse);
     if (env_mode != BF16_BAD || atomic_load(&forced)) return NULL;
@@ -81,17 +81,17 @@ const char *ct_cpu_attention_bf16_env_error(void)
     return msg;
 }
 
-bool ct_cpu_attention_bf16_takes(const ct_tensor *q, const ct_tensor *k, const ct_tensor *v,
-                                 const ct_tensor *dout, const ct_tensor *out, ct_status *err)
+bool cti_cpu_attention_bf16_takes(const ct_tensor *q, const ct_tensor *k, const ct_tensor *v,
+                                  const ct_tensor *dout, const ct_tensor *out, ct_status *err)
 {
     *err = CT_OK;
     if (q->dtype != CT_DTYPE_BF16) return false;
-    const char *bad = ct_cpu_attention_bf16_env_error();
+    const char *bad = cti_cpu_attention_bf16_env_error();
     if (bad) {
         *err = ct_error_set(CT_ERR_INVALID, "attention: %s", bad);
         return false;
     }
-    if (!ct_cpu_attention_bf16_dot()) return false;
+    if (!cti_cpu_attention_bf16_dot()) return false;
     if (q->shape[3] % 2 || v->shape[3] % 2 || q->shape[2] == 0 || k->shape[2] == 0) return false;
     const ct_tensor *ts[] = {q, k, v, dout, out};
     for (int i = 0; i < 5; i++)
@@ -325,7 +325,7 @@ static void bf_fwd_block(const attn_dims *dm, const attn_op *q, const attn_op *k
                 memset(s, 0, (size_t)nkp * sizeof(float));
             } else {
                 const float corr =
-                    ct_cpu_attn_fwd_row_f32(s, min64(nk, attn_kend(dm, i0 + r) - j0), nkp, scale, &m[r], &l[r]);
+                    cti_cpu_attn_fwd_row_f32(s, min64(nk, attn_kend(dm, i0 + r) - j0), nkp, scale, &m[r], &l[r]);
                 if (corr != 1)
                     for (int64_t c = 0; c < Dvp; c++) O[r * Dvp + c] *= corr;
             }
@@ -347,8 +347,8 @@ static void bf_fwd_block(const attn_dims *dm, const attn_op *q, const attn_op *k
     bf_store_rows(out, b, h, i0, nq, Dv, O, Dvp);
 }
 
-ct_status ct_cpu_attention_bf16(const ct_tensor *q, const ct_tensor *k, const ct_tensor *v, bool causal,
-                                double scale, ct_tensor *out, ct_tensor *lse)
+ct_status cti_cpu_attention_bf16(const ct_tensor *q, const ct_tensor *k, const ct_tensor *v, bool causal,
+                                 double scale, ct_tensor *out, ct_tensor *lse)
 {
     const attn_dims dm = attn_dims_of(q, k, v, causal, scale);
     const attn_op oq = attn_op_of(q), ok = attn_op_of(k), ov = attn_op_of(v), oo = attn_op_of(out);
@@ -429,8 +429,8 @@ static void bf_bwd_tile(const attn_dims *dm, int64_t i0, int64_t nq, int64_t j0,
     for (int64_t r = 0; r < nqp; r++) {
         const bool real_row = r < nq;
         const int64_t lim = real_row ? min64(nk, attn_kend(dm, i0 + r) - j0) : 0;
-        ct_cpu_attn_bwd_row_f32(w->Sc + r * nkp, w->dS + r * nkp, lim, nkp, (float)dm->scale, w->lse[i0 + r],
-                                real_row ? drow[i0 + r] : 0);
+        cti_cpu_attn_bwd_row_f32(w->Sc + r * nkp, w->dS + r * nkp, lim, nkp, (float)dm->scale, w->lse[i0 + r],
+                                 real_row ? drow[i0 + r] : 0);
         bf_round_row(w->dS + r * nkp, (uint16_t *)w->dSr + r * nkp, nkp);
     }
     for (int64_t p = 0; p < nqp / 2; p++) {
@@ -483,9 +483,9 @@ static void bf_bwd_head(const attn_dims *dm, const attn_op *o, const float *drow
     bf_store_rows(&o[6], b, h, 0, T, D, w->dQ, Dp);
 }
 
-ct_status ct_cpu_attention_backward_bf16(const ct_tensor *dout, const ct_tensor *q, const ct_tensor *k,
-                                         const ct_tensor *v, const ct_tensor *out, const ct_tensor *lse,
-                                         bool causal, double scale, ct_tensor *dq, ct_tensor *dk, ct_tensor *dv)
+ct_status cti_cpu_attention_backward_bf16(const ct_tensor *dout, const ct_tensor *q, const ct_tensor *k,
+                                          const ct_tensor *v, const ct_tensor *out, const ct_tensor *lse,
+                                          bool causal, double scale, ct_tensor *dq, ct_tensor *dk, ct_tensor *dv)
 {
     const attn_dims dm = attn_dims_of(q, k, v, causal, scale);
     const attn_op o[9] = {attn_op_of(dout), attn_op_of(q),  attn_op_of(k),  attn_op_of(v), attn_op_of(out),
@@ -529,18 +529,18 @@ ct_status ct_cpu_attention_backward_bf16(const ct_tensor *dout, const ct_tensor 
     return CT_OK;
 }
 
-#else /* no AVX512-BF16 in this build: ct_cpu_attention_bf16_takes says false */
+#else /* no AVX512-BF16 in this build: cti_cpu_attention_bf16_takes says false */
 
-ct_status ct_cpu_attention_bf16(const ct_tensor *q, const ct_tensor *k, const ct_tensor *v, bool causal,
-                                double scale, ct_tensor *out, ct_tensor *lse)
+ct_status cti_cpu_attention_bf16(const ct_tensor *q, const ct_tensor *k, const ct_tensor *v, bool causal,
+                                 double scale, ct_tensor *out, ct_tensor *lse)
 {
     (void)q, (void)k, (void)v, (void)causal, (void)scale, (void)out, (void)lse;
     return ct_error_set(CT_ERR_UNSUPPORTED, "attention (bf16): this build has no AVX512-BF16 kernels");
 }
 
-ct_status ct_cpu_attention_backward_bf16(const ct_tensor *dout, const ct_tensor *q, const ct_tensor *k,
-                                         const ct_tensor *v, const ct_tensor *out, const ct_tensor *lse,
-                                         bool causal, double scale, ct_tensor *dq, ct_tensor *dk, ct_tensor *dv)
+ct_status cti_cpu_attention_backward_bf16(const ct_tensor *dout, const ct_tensor *q, const ct_tensor *k,
+                                          const ct_tensor *v, const ct_tensor *out, const ct_tensor *lse,
+                                          bool causal, double scale, ct_tensor *dq, ct_tensor *dk, ct_tensor *dv)
 {
     (void)dout, (void)q, (void)k, (void)v, (void)out, (void)lse, (void)causal, (void)scale;
     (void)dq, (void)dk, (void)dv;

@@ -153,20 +153,20 @@ static inline void attn_transpose8x8(const float *const src[8], float *d, int64_
  * the block into the running max *m and sum *l (online softmax), leaves
  * s[c] = exp(s[c]*scale - m_new) for c < lim and 0 up to n; returns the factor
  * exp(m_old - m_new) the row's output accumulator must be multiplied by. */
-float ct_cpu_attn_fwd_row_f32(float *s, int64_t lim, int64_t n, float scale, float *m, double *l);
+float cti_cpu_attn_fwd_row_f32(float *s, int64_t lim, int64_t n, float scale, float *m, double *l);
 /* Backward, one row: p[c] = exp(p[c]*scale - lse), ds[c] = p[c] (ds[c] - drow) scale
  * for c < lim; both 0 up to n. */
-void ct_cpu_attn_bwd_row_f32(float *p, float *ds, int64_t lim, int64_t n, float scale, float lse, float drow);
+void cti_cpu_attn_bwd_row_f32(float *p, float *ds, int64_t lim, int64_t n, float scale, float lse, float drow);
 
 /* The bf16 dot-product kernels (kernels/cpu/attention_bf16.c). Whether they take a
- * problem: ct_cpu_attention_bf16_dot(), bf16 q, k, v (and dout, out) with unit inner
+ * problem: cti_cpu_attention_bf16_dot(), bf16 q, k, v (and dout, out) with unit inner
  * stride and even head dims. false with *err set when CTRAIN_BF16_ATTENTION is bad. */
-bool ct_cpu_attention_bf16_takes(const ct_tensor *q, const ct_tensor *k, const ct_tensor *v,
-                                 const ct_tensor *dout, const ct_tensor *out, ct_status *err);
-ct_status ct_cpu_attention_bf16(const ct_tensor *q, const ct_tensor *k, const ct_tensor *v, bool causal,
-                                double scale, ct_tensor *out, ct_tensor *lse);
-ct_status ct_cpu_attention_backward_bf16(const ct_tensor *dout, const ct_tensor *q, const ct_tensor *k,
-                                         const ct_tensor *v, const ct_tensor *out, const ct_tensor *lse,
-                                         bool causal, double scale, ct_tensor *dq, ct_tensor *dk, ct_tensor *dv);
+bool cti_cpu_attention_bf16_takes(const ct_tensor *q, const ct_tensor *k, const ct_tensor *v,
+                                  const ct_tensor *dout, const ct_tensor *out, ct_status *err);
+ct_status cti_cpu_attention_bf16(const ct_tensor *q, const ct_tensor *k, const ct_tensor *v, bool causal,
+                                 double scale, ct_tensor *out, ct_tensor *lse);
+ct_status cti_cpu_attention_backward_bf16(const ct_tensor *dout, const ct_tensor *q, const ct_tensor *k,
+                                          const ct_tensor *v, const ct_tensor *out, const ct_tensor *lse,
+                                          bool causal, double scale, ct_tensor *dq, ct_tensor *dk, ct_tensor *dv);
 
 #endif

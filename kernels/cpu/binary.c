@@ -2,7 +2,7 @@
  *
  *   a (...), b (...) -> out (broadcast shape); out[i] = a[i'] op b[i'']
  *
- * core/iter.h folds the broadcast shape into rows whose inner strides are 1
+ * core/iter_internal.h folds the broadcast shape into rows whose inner strides are 1
  * (contiguous), 0 (a broadcast operand) or anything else; the row kernels below
  * pick a loop for the stride pattern once per row and switch on the op outside
  * the element loop, so the contiguous same-shape case and "row + broadcast
@@ -155,14 +155,14 @@ static void bin_half(const bin_ctx *c, char *o, int64_t so, const char *a, int64
     for (int64_t off = 0; off < n; off += HALF_CHUNK) {
         const int64_t m = n - off < HALF_CHUNK ? n - off : HALF_CHUNK;
         const float *fa = a_is_s ? &c->s.f : xa, *fb = b_is_s ? &c->s.f : xb;
-        if (!a_is_s) ct_cpu_ew_load_f32(c->dt, a + off * sa * es, sa, sa == 0 ? 1 : m, xa);
-        if (!b_is_s) ct_cpu_ew_load_f32(c->dt, b + off * sb * es, sb, sb == 0 ? 1 : m, xb);
+        if (!a_is_s) cti_cpu_ew_load_f32(c->dt, a + off * sa * es, sa, sa == 0 ? 1 : m, xa);
+        if (!b_is_s) cti_cpu_ew_load_f32(c->dt, b + off * sb * es, sb, sb == 0 ? 1 : m, xb);
         const int64_t fsa = a_is_s || sa == 0 ? 0 : 1, fsb = b_is_s || sb == 0 ? 0 : 1;
         if (c->cmp) {
             cmp_f32(c->op, (uint8_t *)o + off * so, so, fa, fsa, fb, fsb, m);
         } else {
             bin_f32(c->op, xo, 1, fa, fsa, fb, fsb, m);
-            ct_cpu_ew_store_f32(c->dt, o + off * so * es, so, m, xo);
+            cti_cpu_ew_store_f32(c->dt, o + off * so * es, so, m, xo);
         }
     }
 }
@@ -184,21 +184,21 @@ static void bin_row(const void *vctx, char *const *p, const int64_t *s, int64_t 
 }
 
 // a (...), b (...) -> out (broadcast); out = a op b; out overwritten
-ct_status ct_cpu_binary(ct_binary_op op, ct_tensor *out, const ct_tensor *a, const ct_tensor *b)
+ct_status cti_cpu_binary(ct_binary_op op, ct_tensor *out, const ct_tensor *a, const ct_tensor *b)
 {
     bin_ctx c = {.op = op, .dt = a->dtype, .cmp = ct_binary_op_is_comparison(op)};
     int64_t sa[CT_MAX_DIMS], sb[CT_MAX_DIMS];
-    ct_cpu_ew_bcast_strides(a, out->ndim, out->shape, sa);
-    ct_cpu_ew_bcast_strides(b, out->ndim, out->shape, sb);
+    cti_cpu_ew_bcast_strides(a, out->ndim, out->shape, sa);
+    cti_cpu_ew_bcast_strides(b, out->ndim, out->shape, sb);
     char *base[3] = {ct_tensor_data(out), ct_tensor_data(a), ct_tensor_data(b)};
     const int64_t *strides[3] = {out->strides, sa, sb};
     size_t es[3] = {ct_dtype_size(out->dtype), ct_dtype_size(a->dtype), ct_dtype_size(b->dtype)};
-    ct_cpu_ew_run(out->ndim, out->shape, 3, base, strides, es, bin_row, &c);
+    cti_cpu_ew_run(out->ndim, out->shape, 3, base, strides, es, bin_row, &c);
     return CT_OK;
 }
 
 // a (...) -> out (same shape); out = a op s, or s op a when reversed; out overwritten
-ct_status ct_cpu_binary_scalar(ct_binary_op op, ct_tensor *out, const ct_tensor *a, double s, bool reversed)
+ct_status cti_cpu_binary_scalar(ct_binary_op op, ct_tensor *out, const ct_tensor *a, double s, bool reversed)
 {
     bin_ctx c = {.op = op, .dt = a->dtype, .cmp = ct_binary_op_is_comparison(op), .scalar = true,
                  .reversed = reversed};
@@ -211,11 +211,11 @@ ct_status ct_cpu_binary_scalar(ct_binary_op op, ct_tensor *out, const ct_tensor 
     default: c.s.f = (float)s; break; /* f32, f16, bf16 compute in f32 */
     }
     int64_t sa[CT_MAX_DIMS];
-    ct_cpu_ew_bcast_strides(a, out->ndim, out->shape, sa);
+    cti_cpu_ew_bcast_strides(a, out->ndim, out->shape, sa);
     char *base[2] = {ct_tensor_data(out), ct_tensor_data(a)};
     const int64_t *strides[2] = {out->strides, sa};
     size_t es[2] = {ct_dtype_size(out->dtype), ct_dtype_size(a->dtype)};
-    ct_cpu_ew_run(out->ndim, out->shape, 2, base, strides, es, bin_row, &c);
+    cti_cpu_ew_run(out->ndim, out->shape, 2, base, strides, es, bin_row, &c);
     return CT_OK;
 }
 
@@ -250,15 +250,15 @@ static void where_row(const void *vctx, char *const *p, const int64_t *s, int64_
 }
 
 // cond, a, b (broadcast) -> out; out = cond ? a : b; out overwritten
-ct_status ct_cpu_where(ct_tensor *out, const ct_tensor *cond, const ct_tensor *a, const ct_tensor *b)
+ct_status cti_cpu_where(ct_tensor *out, const ct_tensor *cond, const ct_tensor *a, const ct_tensor *b)
 {
     const ct_tensor *in[3] = {cond, a, b};
     int64_t st[3][CT_MAX_DIMS];
-    for (int k = 0; k < 3; k++) ct_cpu_ew_bcast_strides(in[k], out->ndim, out->shape, st[k]);
+    for (int k = 0; k < 3; k++) cti_cpu_ew_bcast_strides(in[k], out->ndim, out->shape, st[k]);
     char *base[4] = {ct_tensor_data(out), ct_tensor_data(cond), ct_tensor_data(a), ct_tensor_data(b)};
     const int64_t *strides[4] = {out->strides, st[0], st[1], st[2]};
     const size_t es = ct_dtype_size(out->dtype);
     size_t esz[4] = {es, 1, es, es};
-    ct_cpu_ew_run(out->ndim, out->shape, 4, base, strides, esz, where_row, &es);
+    cti_cpu_ew_run(out->ndim, out->shape, 4, base, strides, esz, where_row, &es);
     return CT_OK;
 }

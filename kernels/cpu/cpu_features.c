@@ -60,27 +60,27 @@ static pthread_once_t features_once = PTHREAD_ONCE_INIT;
 
 static void detect_once(void) { detect(&features); }
 
-const ct_cpu_features *ct_cpu_features_get(void)
+const ct_cpu_features *cti_cpu_features_get(void)
 {
     pthread_once(&features_once, detect_once);
     return &features;
 }
 
-bool ct_cpu_has_bf16_gemm(void)
+bool cti_cpu_has_bf16_gemm(void)
 {
-    const ct_cpu_features *f = ct_cpu_features_get();
+    const ct_cpu_features *f = cti_cpu_features_get();
     return f->avx512_bf16 || (f->amx_tile && f->amx_bf16);
 }
 
-bool ct_cpu_has_f16_gemm(void)
+bool cti_cpu_has_f16_gemm(void)
 {
-    const ct_cpu_features *f = ct_cpu_features_get();
+    const ct_cpu_features *f = cti_cpu_features_get();
     return f->avx512_fp16 || (f->amx_tile && f->amx_fp16);
 }
 
-const char *ct_cpu_features_str(char *buf, int cap)
+const char *cti_cpu_features_str(char *buf, int cap)
 {
-    const ct_cpu_features *f = ct_cpu_features_get();
+    const ct_cpu_features *f = cti_cpu_features_get();
     const struct { bool on; const char *name; } flags[] = {
         {f->avx, "avx"},           {f->avx2, "avx2"},         {f->fma, "fma"},
         {f->f16c, "f16c"},         {f->avx512f, "avx512f"},   {f->avx512bw, "avx512bw"},

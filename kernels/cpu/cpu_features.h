@@ -19,12 +19,12 @@ typedef struct ct_cpu_features {
 } ct_cpu_features;
 
 /* The flags of the machine we run on; detected on first call. Borrowed, never NULL. */
-const ct_cpu_features *ct_cpu_features_get(void);
+const ct_cpu_features *cti_cpu_features_get(void);
 /* A bf16 GEMM with f32 accumulation runs in hardware: AVX512-BF16 or AMX-BF16. */
-bool ct_cpu_has_bf16_gemm(void);
+bool cti_cpu_has_bf16_gemm(void);
 /* An f16 GEMM runs in hardware: AVX512-FP16 or AMX-FP16. */
-bool ct_cpu_has_f16_gemm(void);
+bool cti_cpu_has_f16_gemm(void);
 /* "avx avx2 fma f16c ..." (the flags that are set) into buf; returns buf. */
-const char *ct_cpu_features_str(char *buf, int cap);
+const char *cti_cpu_features_str(char *buf, int cap);
 
 #endif

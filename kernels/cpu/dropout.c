@@ -47,7 +47,7 @@ static void scale_masked(ct_dtype dt, const void *src, void *dst, const uint8_t 
 }
 
 // x (n) -> y (n), mask (n) u8; mask[i] = u32_i >= p * 2^32; y = mask ? x / (1 - p) : 0
-ct_status ct_cpu_dropout(const ct_tensor *x, double p, ct_rng *rng, ct_tensor *y, ct_tensor *mask)
+ct_status cti_cpu_dropout(const ct_tensor *x, double p, ct_rng *rng, ct_tensor *y, ct_tensor *mask)
 {
     int64_t n = ct_tensor_numel(x);
     uint8_t *m = ct_tensor_data(mask);
@@ -75,7 +75,7 @@ ct_status ct_cpu_dropout(const ct_tensor *x, double p, ct_rng *rng, ct_tensor *y
 }
 
 // dy (n), mask (n) -> dx (n) = mask ? dy / (1 - p) : 0; overwritten
-ct_status ct_cpu_dropout_backward(const ct_tensor *dy, const ct_tensor *mask, double p, ct_tensor *dx)
+ct_status cti_cpu_dropout_backward(const ct_tensor *dy, const ct_tensor *mask, double p, ct_tensor *dx)
 {
     int64_t n = ct_tensor_numel(dy);
     if (p == 1) {
@@ -89,7 +89,7 @@ ct_status ct_cpu_dropout_backward(const ct_tensor *dy, const ct_tensor *mask, do
 
 /* ---- reference: the rule applied literally, one element at a time in double -- */
 
-ct_status ct_cpu_dropout_ref(const ct_tensor *x, double p, ct_rng *rng, ct_tensor *y, ct_tensor *mask)
+ct_status cti_cpu_dropout_ref(const ct_tensor *x, double p, ct_rng *rng, ct_tensor *y, ct_tensor *mask)
 {
     int64_t n = ct_tensor_numel(x);
     size_t es = ct_dtype_size(x->dtype);
@@ -112,7 +112,7 @@ ct_status ct_cpu_dropout_ref(const ct_tensor *x, double p, ct_rng *rng, ct_tenso
     return CT_OK;
 }
 
-ct_status ct_cpu_dropout_backward_ref(const ct_tensor *dy, const ct_tensor *mask, double p, ct_tensor *dx)
+ct_status cti_cpu_dropout_backward_ref(const ct_tensor *dy, const ct_tensor *mask, double p, ct_tensor *dx)
 {
     int64_t n = ct_tensor_numel(dy);
     size_t es = ct_dtype_size(dy->dtype);

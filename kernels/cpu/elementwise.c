@@ -4,7 +4,7 @@
  *
  * The references take one element at a time: the output's flat index is
  * unravelled into a multi-index, each input's element is found from it with
- * numpy's broadcasting rule written out directly (core/iter.h is not used),
+ * numpy's broadcasting rule written out directly (core/iter_internal.h is not used),
  * loaded as a double by ct_scalar_load, computed in double (integer ops in
  * int64 with wrap-around) and stored once. */
 #include "kernels/cpu/elementwise.h"
@@ -14,12 +14,12 @@
 #include <string.h>
 
 #include "core/convert.h"
-#include "core/iter.h"
+#include "core/iter_internal.h"
 #include "core/threads.h"
 
 /* ---- shared helpers ---------------------------------------------------------- */
 
-void ct_cpu_ew_bcast_strides(const ct_tensor *t, int ndim, const int64_t *shape, int64_t *strides)
+void cti_cpu_ew_bcast_strides(const ct_tensor *t, int ndim, const int64_t *shape, int64_t *strides)
 {
     int lead = ndim - t->ndim;
     for (int d = 0; d < ndim; d++) {
@@ -29,7 +29,7 @@ void ct_cpu_ew_bcast_strides(const ct_tensor *t, int ndim, const int64_t *shape,
 }
 
 /* Advances a row multi-index (the iterator's outer dims) by one, keeping every
- * operand's element offset in step; cheaper than ct_iter_row's divisions when
+ * operand's element offset in step; cheaper than cti_iter_row's divisions when
  * rows are short. */
 static void row_next(const ct_iter *it, int64_t *idx, int64_t *offs)
 {
@@ -42,11 +42,11 @@ static void row_next(const ct_iter *it, int64_t *idx, int64_t *offs)
     }
 }
 
-void ct_cpu_ew_run(int ndim, const int64_t *shape, int nops, char *const *base, const int64_t *const *strides,
-                   const size_t *esize, ct_cpu_ew_row_fn fn, const void *ctx)
+void cti_cpu_ew_run(int ndim, const int64_t *shape, int nops, char *const *base, const int64_t *const *strides,
+                    const size_t *esize, ct_cpu_ew_row_fn fn, const void *ctx)
 {
     ct_iter it;
-    ct_iter_init(&it, ndim, shape, nops, strides);
+    cti_iter_init(&it, ndim, shape, nops, strides);
     if (it.nrows == 0 || it.inner == 0) return;
     /* Tasks are pieces of rows, so one long contiguous row still splits across
      * threads and a piece stays small enough for stack scratch buffers. */
@@ -62,7 +62,7 @@ void ct_cpu_ew_run(int ndim, const int64_t *shape, int nops, char *const *base, 
         if (t0 < t1) {
             int64_t row = t0 / npiece, piece = t0 - row * npiece;
             int64_t idx[CT_MAX_DIMS] = {0}, offs[CT_ITER_MAX_OPS];
-            ct_iter_row(&it, row, offs);
+            cti_iter_row(&it, row, offs);
             for (int64_t r = row, d = it.ndim - 1; d >= 0; d--) {
                 idx[d] = r % it.shape[d];
                 r /= it.shape[d];
@@ -83,7 +83,7 @@ void ct_cpu_ew_run(int ndim, const int64_t *shape, int nops, char *const *base, 
     }
 }
 
-void ct_cpu_ew_load_f32(ct_dtype dt, const char *p, int64_t s, int64_t n, float *dst)
+void cti_cpu_ew_load_f32(ct_dtype dt, const char *p, int64_t s, int64_t n, float *dst)
 {
     if (s == 1) {
         ct_convert_n(CT_DTYPE_F32, dst, dt, p, n, false);
@@ -111,7 +111,7 @@ void ct_cpu_ew_load_f32(ct_dtype dt, const char *p, int64_t s, int64_t n, float 
     }
 }
 
-void ct_cpu_ew_store_f32(ct_dtype dt, char *p, int64_t s, int64_t n, const float *src)
+void cti_cpu_ew_store_f32(ct_dtype dt, char *p, int64_t s, int64_t n, const float *src)
 {
     if (s == 1) {
         ct_convert_n(dt, p, CT_DTYPE_F32, src, n, false);
@@ -284,7 +284,7 @@ static double ref_derivative(ct_unary_op op, double x, double y, bool have_y)
 
 /* ---- references: kernels ----------------------------------------------------------- */
 
-ct_status ct_cpu_binary_ref(ct_binary_op op, ct_tensor *out, const ct_tensor *a, const ct_tensor *b)
+ct_status cti_cpu_binary_ref(ct_binary_op op, ct_tensor *out, const ct_tensor *a, const ct_tensor *b)
 {
     const int64_t n = ct_tensor_numel(out);
     int64_t idx[CT_MAX_DIMS];
@@ -301,7 +301,7 @@ ct_status ct_cpu_binary_ref(ct_binary_op op, ct_tensor *out, const ct_tensor *a,
     return CT_OK;
 }
 
-ct_status ct_cpu_binary_scalar_ref(ct_binary_op op, ct_tensor *out, const ct_tensor *a, double s, bool reversed)
+ct_status cti_cpu_binary_scalar_ref(ct_binary_op op, ct_tensor *out, const ct_tensor *a, double s, bool reversed)
 {
     const int64_t n = ct_tensor_numel(out);
     int64_t idx[CT_MAX_DIMS];
@@ -321,7 +321,7 @@ ct_status ct_cpu_binary_scalar_ref(ct_binary_op op, ct_tensor *out, const ct_ten
     return CT_OK;
 }
 
-ct_status ct_cpu_where_ref(ct_tensor *out, const ct_tensor *cond, const ct_tensor *a, const ct_tensor *b)
+ct_status cti_cpu_where_ref(ct_tensor *out, const ct_tensor *cond, const ct_tensor *a, const ct_tensor *b)
 {
     const int64_t n = ct_tensor_numel(out);
     const size_t es = ct_dtype_size(out->dtype);
@@ -334,7 +334,7 @@ ct_status ct_cpu_where_ref(ct_tensor *out, const ct_tensor *cond, const ct_tenso
     return CT_OK;
 }
 
-ct_status ct_cpu_unary_ref(ct_unary_op op, ct_tensor *out, const ct_tensor *x)
+ct_status cti_cpu_unary_ref(ct_unary_op op, ct_tensor *out, const ct_tensor *x)
 {
     const int64_t n = ct_tensor_numel(out);
     int64_t idx[CT_MAX_DIMS];
@@ -348,8 +348,8 @@ ct_status ct_cpu_unary_ref(ct_unary_op op, ct_tensor *out, const ct_tensor *x)
     return CT_OK;
 }
 
-ct_status ct_cpu_unary_backward_ref(ct_unary_op op, ct_tensor *gin, const ct_tensor *gout, const ct_tensor *x,
-                                    const ct_tensor *y)
+ct_status cti_cpu_unary_backward_ref(ct_unary_op op, ct_tensor *gin, const ct_tensor *gout, const ct_tensor *x,
+                                     const ct_tensor *y)
 {
     const int64_t n = ct_tensor_numel(gin);
     int64_t idx[CT_MAX_DIMS];

@@ -23,20 +23,20 @@
 /* Every id in [0, V). */
 static ct_status check_ids(const char *op, const ct_tensor *ids, const char *name, const ct_tensor *table)
 {
-    int64_t V = table->shape[0], i = ct_cpu_index_find_bad(ids, V, false, 0, NULL);
+    int64_t V = table->shape[0], i = cti_cpu_index_find_bad(ids, V, false, 0, NULL);
     if (i < 0) return CT_OK;
     char pos[160], a[200], b[200];
-    int64_t id = ct_cpu_index_at(ct_tensor_data(ids), ids->dtype == CT_DTYPE_I64, i);
+    int64_t id = cti_cpu_index_at(ct_tensor_data(ids), ids->dtype == CT_DTYPE_I64, i);
     return ct_error_set(CT_ERR_INVALID,
                         "%s: id %lld at position %s of ids %s is out of range for the V = %lld rows of %s %s "
                         "(expected 0 <= id < %lld)",
-                        op, (long long)id, ct_cpu_index_pos(ids, i, pos, sizeof pos),
+                        op, (long long)id, cti_cpu_index_pos(ids, i, pos, sizeof pos),
                         ct_tensor_describe(ids, a, sizeof a), (long long)V, name,
                         ct_tensor_describe(table, b, sizeof b), (long long)V);
 }
 
 // weight (V, C), ids (n) -> out (n, C); out[i] = weight[ids[i]], a row copy of any dtype
-ct_status ct_cpu_embedding(const ct_tensor *weight, const ct_tensor *ids, ct_tensor *out)
+ct_status cti_cpu_embedding(const ct_tensor *weight, const ct_tensor *ids, ct_tensor *out)
 {
     ct_status st = check_ids("embedding", ids, "weight", weight);
     if (st) return st;
@@ -48,7 +48,7 @@ ct_status ct_cpu_embedding(const ct_tensor *weight, const ct_tensor *ids, ct_ten
     bool i64 = ids->dtype == CT_DTYPE_I64;
     if (row == 0) return CT_OK;
     #pragma omp parallel for num_threads(ct_get_num_threads()) schedule(static) if (n * C > PAR_MIN)
-    for (int64_t i = 0; i < n; i++) memcpy(o + (size_t)i * row, w + (size_t)ct_cpu_index_at(p, i64, i) * row, row);
+    for (int64_t i = 0; i < n; i++) memcpy(o + (size_t)i * row, w + (size_t)cti_cpu_index_at(p, i64, i) * row, row);
     return CT_OK;
 }
 
@@ -85,7 +85,7 @@ ct_status ct_cpu_embedding(const ct_tensor *weight, const ct_tensor *ids, ct_ten
 DEFINE_EMBEDDING_BACKWARD(float, f32, CT_DTYPE_F32)
 DEFINE_EMBEDDING_BACKWARD(double, f64, CT_DTYPE_F64)
 
-ct_status ct_cpu_embedding_backward(ct_tensor *dweight, const ct_tensor *dout, const ct_tensor *ids)
+ct_status cti_cpu_embedding_backward(ct_tensor *dweight, const ct_tensor *dout, const ct_tensor *ids)
 {
     ct_status st = check_ids("embedding_backward", ids, "dweight", dweight);
     if (st) return st;
@@ -105,14 +105,14 @@ ct_status ct_cpu_embedding_backward(ct_tensor *dweight, const ct_tensor *dout, c
     int64_t *start = ct_tensor_data(idx), *pos = start + V + 1, *uniq = pos + n, K = 0;
     const void *p = ct_tensor_data(ids);
     bool i64 = ids->dtype == CT_DTYPE_I64;
-    for (int64_t i = 0; i < n; i++) start[ct_cpu_index_at(p, i64, i) + 1]++;
+    for (int64_t i = 0; i < n; i++) start[cti_cpu_index_at(p, i64, i) + 1]++;
     for (int64_t v = 0; v < V; v++) {
         if (start[v + 1]) uniq[K++] = v;
         start[v + 1] += start[v];
     }
     /* stable placement, using start[v] as id v's cursor; afterwards start[v] has moved to
      * start[v + 1], so shifting by one restores the bucket starts */
-    for (int64_t i = 0; i < n; i++) pos[start[ct_cpu_index_at(p, i64, i)]++] = i;
+    for (int64_t i = 0; i < n; i++) pos[start[cti_cpu_index_at(p, i64, i)]++] = i;
     for (int64_t v = V; v > 0; v--) start[v] = start[v - 1];
     start[0] = 0;
     void *sp = scr ? ct_tensor_data(scr) : NULL;
@@ -129,14 +129,14 @@ ct_status ct_cpu_embedding_backward(ct_tensor *dweight, const ct_tensor *dout, c
 
 /* ---- reference ---------------------------------------------------------------- */
 
-ct_status ct_cpu_embedding_ref(const ct_tensor *weight, const ct_tensor *ids, ct_tensor *out)
+ct_status cti_cpu_embedding_ref(const ct_tensor *weight, const ct_tensor *ids, ct_tensor *out)
 {
     ct_status st = check_ids("embedding", ids, "weight", weight);
     if (st) return st;
     int64_t n = ct_tensor_numel(ids), C = weight->shape[1];
     size_t es = ct_dtype_size(weight->dtype);
     for (int64_t i = 0; i < n; i++) {
-        int64_t id = ct_cpu_index_at(ct_tensor_data(ids), ids->dtype == CT_DTYPE_I64, i);
+        int64_t id = cti_cpu_index_at(ct_tensor_data(ids), ids->dtype == CT_DTYPE_I64, i);
         for (int64_t c = 0; c < C; c++)
             memcpy((char *)ct_tensor_data(out) + (size_t)(i * C + c) * es,
                    (const char *)ct_tensor_data(weight) + (size_t)(id * C + c) * es, es);
@@ -146,7 +146,7 @@ ct_status ct_cpu_embedding_ref(const ct_tensor *weight, const ct_tensor *ids, ct
 
 /* The naive loop in position order, summing in a double copy of dweight that is
  * rounded back once. */
-ct_status ct_cpu_embedding_backward_ref(ct_tensor *dweight, const ct_tensor *dout, const ct_tensor *ids)
+ct_status cti_cpu_embedding_backward_ref(ct_tensor *dweight, const ct_tensor *dout, const ct_tensor *ids)
 {
     ct_status st = check_ids("embedding_backward", ids, "dweight", dweight);
     if (st) return st;
@@ -161,7 +161,7 @@ ct_status ct_cpu_embedding_backward_ref(ct_tensor *dweight, const ct_tensor *dou
     size_t wes = ct_dtype_size(dweight->dtype), des = ct_dtype_size(dout->dtype);
     for (int64_t i = 0; i < V * C; i++) a[i] = ct_scalar_load(dweight->dtype, (char *)ct_tensor_data(dweight) + i * wes);
     for (int64_t i = 0; i < n; i++) {
-        int64_t id = ct_cpu_index_at(ct_tensor_data(ids), ids->dtype == CT_DTYPE_I64, i);
+        int64_t id = cti_cpu_index_at(ct_tensor_data(ids), ids->dtype == CT_DTYPE_I64, i);
         for (int64_t c = 0; c < C; c++)
             a[id * C + c] += ct_scalar_load(dout->dtype, (const char *)ct_tensor_data(dout) + (i * C + c) * des);
     }

@@ -13,9 +13,9 @@
 
 #include "core/tensor.h"
 
-ct_status ct_cpu_embedding(const ct_tensor *weight, const ct_tensor *ids, ct_tensor *out);
-ct_status ct_cpu_embedding_ref(const ct_tensor *weight, const ct_tensor *ids, ct_tensor *out);
-ct_status ct_cpu_embedding_backward(ct_tensor *dweight, const ct_tensor *dout, const ct_tensor *ids);
-ct_status ct_cpu_embedding_backward_ref(ct_tensor *dweight, const ct_tensor *dout, const ct_tensor *ids);
+ct_status cti_cpu_embedding(const ct_tensor *weight, const ct_tensor *ids, ct_tensor *out);
+ct_status cti_cpu_embedding_ref(const ct_tensor *weight, const ct_tensor *ids, ct_tensor *out);
+ct_status cti_cpu_embedding_backward(ct_tensor *dweight, const ct_tensor *dout, const ct_tensor *ids);
+ct_status cti_cpu_embedding_backward_ref(ct_tensor *dweight, const ct_tensor *dout, const ct_tensor *ids);
 
 #endif

@@ -30,14 +30,14 @@
 /* Every target is ignore_index or in [0, V); *count = the rows not ignored. */
 static ct_status check_targets(const char *op, const ct_tensor *targets, int64_t V, int64_t ignore, int64_t *count)
 {
-    int64_t i = ct_cpu_index_find_bad(targets, V, true, ignore, count);
+    int64_t i = cti_cpu_index_find_bad(targets, V, true, ignore, count);
     if (i < 0) return CT_OK;
     char pos[160], d[200];
-    int64_t t = ct_cpu_index_at(ct_tensor_data(targets), targets->dtype == CT_DTYPE_I64, i);
+    int64_t t = cti_cpu_index_at(ct_tensor_data(targets), targets->dtype == CT_DTYPE_I64, i);
     return ct_error_set(CT_ERR_INVALID,
                         "%s: target %lld at position %s of targets %s is out of range for V = %lld classes "
                         "(expected 0 <= target < %lld, or ignore_index %lld)",
-                        op, (long long)t, ct_cpu_index_pos(targets, i, pos, sizeof pos),
+                        op, (long long)t, cti_cpu_index_pos(targets, i, pos, sizeof pos),
                         ct_tensor_describe(targets, d, sizeof d), (long long)V, (long long)V, (long long)ignore);
 }
 
@@ -51,8 +51,8 @@ static ct_status check_targets(const char *op, const ct_tensor *targets, int64_t
 #define DEFINE_CE_KERNELS(T, SUF, CD)                                                                        \
     static inline double row_lse_##SUF(const T *restrict x, int64_t V)                                       \
     {                                                                                                        \
-        T m = ct_cpu_row_max_##SUF(x, V);                                                                    \
-        return (double)m + log(ct_cpu_expsum_##SUF(x, m, NULL, V));                                          \
+        T m = cti_cpu_row_max_##SUF(x, V);                                                                   \
+        return (double)m + log(cti_cpu_expsum_##SUF(x, m, NULL, V));                                         \
     }                                                                                                        \
                                                                                                              \
     static void fwd_##SUF(const void *x, ct_dtype xdt, const void *tg, bool i64, int64_t ignore,             \
@@ -72,7 +72,7 @@ static ct_status check_targets(const char *op, const ct_tensor *targets, int64_t
             }                                                                                                \
             double l = row_lse_##SUF(xr, V);                                                                 \
             if (lse) lse[r] = (T)l;                                                                          \
-            int64_t t = ct_cpu_index_at(tg, i64, r);                                                         \
+            int64_t t = cti_cpu_index_at(tg, i64, r);                                                         \
             term[r] = t == ignore ? 0 : l - (double)xr[t];                                                   \
         }                                                                                                    \
     }                                                                                                        \
@@ -85,7 +85,7 @@ static ct_status check_targets(const char *op, const ct_tensor *targets, int64_t
         _Pragma("omp parallel for num_threads(nt) schedule(static) if (rows * V > PAR_MIN)")                 \
         for (int64_t r = 0; r < rows; r++) {                                                                 \
             char *dxr = (char *)dx + r * V * es;                                                             \
-            int64_t t = ct_cpu_index_at(tg, i64, r);                                                         \
+            int64_t t = cti_cpu_index_at(tg, i64, r);                                                         \
             if (t == ignore) {                                                                               \
                 memset(dxr, 0, (size_t)(V * es)); /* all-zero bits are +0 in every float format */          \
                 continue;                                                                                    \
@@ -101,7 +101,7 @@ static ct_status check_targets(const char *op, const ct_tensor *targets, int64_t
                 xr = buf;                                                                                    \
                 out = buf + V;                                                                               \
             }                                                                                                \
-            T k = (T)(sc / ct_cpu_expsum_##SUF(xr, lse[r], out, V));                                         \
+            T k = (T)(sc / cti_cpu_expsum_##SUF(xr, lse[r], out, V));                                        \
             for (int64_t i = 0; i < V; i++) out[i] *= k;                                                     \
             out[t] -= (T)sc;                                                                                 \
             if (xdt != CD) ct_convert_n(xdt, dxr, CD, out, V, false);                                        \
@@ -121,10 +121,10 @@ static void *scratch_for(const ct_tensor *logits, ct_dtype cd, int nt, int64_t V
     return s ? ct_tensor_data(s) : NULL;
 }
 
-ct_status ct_cpu_cross_entropy(const ct_tensor *logits, const ct_tensor *targets, int64_t ignore_index,
-                               ct_tensor *loss, ct_tensor *lse)
+ct_status cti_cpu_cross_entropy(const ct_tensor *logits, const ct_tensor *targets, int64_t ignore_index,
+                                ct_tensor *loss, ct_tensor *lse)
 {
-    int64_t rows = ct_tensor_numel(targets), V = ct_cpu_row_len(logits), count;
+    int64_t rows = ct_tensor_numel(targets), V = cti_cpu_row_len(logits), count;
     ct_status st = check_targets("cross_entropy", targets, V, ignore_index, &count);
     if (st) return st;
     ct_dtype cd = logits->dtype == CT_DTYPE_F64 ? CT_DTYPE_F64 : CT_DTYPE_F32;
@@ -149,10 +149,10 @@ ct_status ct_cpu_cross_entropy(const ct_tensor *logits, const ct_tensor *targets
     return ok ? CT_OK : ct_last_status();
 }
 
-ct_status ct_cpu_cross_entropy_backward(const ct_tensor *dloss, const ct_tensor *logits, const ct_tensor *targets,
-                                        const ct_tensor *lse, int64_t ignore_index, ct_tensor *dlogits)
+ct_status cti_cpu_cross_entropy_backward(const ct_tensor *dloss, const ct_tensor *logits, const ct_tensor *targets,
+                                         const ct_tensor *lse, int64_t ignore_index, ct_tensor *dlogits)
 {
-    int64_t rows = ct_tensor_numel(targets), V = ct_cpu_row_len(logits), count;
+    int64_t rows = ct_tensor_numel(targets), V = cti_cpu_row_len(logits), count;
     ct_status st = check_targets("cross_entropy_backward", targets, V, ignore_index, &count);
     if (st) return st;
     ct_dtype cd = logits->dtype == CT_DTYPE_F64 ? CT_DTYPE_F64 : CT_DTYPE_F32;
@@ -184,44 +184,44 @@ static void row_stats(const ct_tensor *x, int64_t r, int64_t V, double *m, doubl
     *m = -INFINITY;
     *s = 0;
     for (int64_t v = 0; v < V; v++)
-        if (ct_cpu_load_at(x, r * V + v) > *m) *m = ct_cpu_load_at(x, r * V + v);
-    for (int64_t v = 0; v < V; v++) *s += exp(ct_cpu_load_at(x, r * V + v) - *m);
+        if (cti_cpu_load_at(x, r * V + v) > *m) *m = cti_cpu_load_at(x, r * V + v);
+    for (int64_t v = 0; v < V; v++) *s += exp(cti_cpu_load_at(x, r * V + v) - *m);
 }
 
-ct_status ct_cpu_cross_entropy_ref(const ct_tensor *logits, const ct_tensor *targets, int64_t ignore_index,
-                                   ct_tensor *loss, ct_tensor *lse)
+ct_status cti_cpu_cross_entropy_ref(const ct_tensor *logits, const ct_tensor *targets, int64_t ignore_index,
+                                    ct_tensor *loss, ct_tensor *lse)
 {
-    int64_t rows = ct_tensor_numel(targets), V = ct_cpu_row_len(logits), count;
+    int64_t rows = ct_tensor_numel(targets), V = cti_cpu_row_len(logits), count;
     ct_status st = check_targets("cross_entropy", targets, V, ignore_index, &count);
     if (st) return st;
     double sum = 0;
     for (int64_t r = 0; r < rows; r++) {
         double m, s;
         row_stats(logits, r, V, &m, &s);
-        if (lse) ct_cpu_store_at(lse, r, m + log(s));
-        int64_t t = (int64_t)ct_cpu_load_at(targets, r);
-        if (t != ignore_index) sum += m + log(s) - ct_cpu_load_at(logits, r * V + t);
+        if (lse) cti_cpu_store_at(lse, r, m + log(s));
+        int64_t t = (int64_t)cti_cpu_load_at(targets, r);
+        if (t != ignore_index) sum += m + log(s) - cti_cpu_load_at(logits, r * V + t);
     }
-    ct_cpu_store_at(loss, 0, count ? sum / (double)count : NAN);
+    cti_cpu_store_at(loss, 0, count ? sum / (double)count : NAN);
     return CT_OK;
 }
 
-ct_status ct_cpu_cross_entropy_backward_ref(const ct_tensor *dloss, const ct_tensor *logits,
-                                            const ct_tensor *targets, const ct_tensor *lse, int64_t ignore_index,
-                                            ct_tensor *dlogits)
+ct_status cti_cpu_cross_entropy_backward_ref(const ct_tensor *dloss, const ct_tensor *logits,
+                                             const ct_tensor *targets, const ct_tensor *lse, int64_t ignore_index,
+                                             ct_tensor *dlogits)
 {
     (void)lse;
-    int64_t rows = ct_tensor_numel(targets), V = ct_cpu_row_len(logits), count;
+    int64_t rows = ct_tensor_numel(targets), V = cti_cpu_row_len(logits), count;
     ct_status st = check_targets("cross_entropy_backward", targets, V, ignore_index, &count);
     if (st) return st;
-    double sc = count ? ct_cpu_load_at(dloss, 0) / (double)count : 0;
+    double sc = count ? cti_cpu_load_at(dloss, 0) / (double)count : 0;
     for (int64_t r = 0; r < rows; r++) {
-        int64_t t = (int64_t)ct_cpu_load_at(targets, r);
+        int64_t t = (int64_t)cti_cpu_load_at(targets, r);
         double m, s;
         row_stats(logits, r, V, &m, &s);
         for (int64_t v = 0; v < V; v++) {
-            double p = exp(ct_cpu_load_at(logits, r * V + v) - m) / s;
-            ct_cpu_store_at(dlogits, r * V + v, t == ignore_index ? 0 : (p - (v == t)) * sc);
+            double p = exp(cti_cpu_load_at(logits, r * V + v) - m) / s;
+            cti_cpu_store_at(dlogits, r * V + v, t == ignore_index ? 0 : (p - (v == t)) * sc);
         }
     }
     return CT_OK;

@@ -16,14 +16,14 @@
 
 #include "core/tensor.h"
 
-ct_status ct_cpu_cross_entropy(const ct_tensor *logits, const ct_tensor *targets, int64_t ignore_index,
-                               ct_tensor *loss, ct_tensor *lse);
-ct_status ct_cpu_cross_entropy_ref(const ct_tensor *logits, const ct_tensor *targets, int64_t ignore_index,
-                                   ct_tensor *loss, ct_tensor *lse);
-ct_status ct_cpu_cross_entropy_backward(const ct_tensor *dloss, const ct_tensor *logits, const ct_tensor *targets,
-                                        const ct_tensor *lse, int64_t ignore_index, ct_tensor *dlogits);
-ct_status ct_cpu_cross_entropy_backward_ref(const ct_tensor *dloss, const ct_tensor *logits,
-                                            const ct_tensor *targets, const ct_tensor *lse, int64_t ignore_index,
-                                            ct_tensor *dlogits);
+ct_status cti_cpu_cross_entropy(const ct_tensor *logits, const ct_tensor *targets, int64_t ignore_index,
+                                ct_tensor *loss, ct_tensor *lse);
+ct_status cti_cpu_cross_entropy_ref(const ct_tensor *logits, const ct_tensor *targets, int64_t ignore_index,
+                                    ct_tensor *loss, ct_tensor *lse);
+ct_status cti_cpu_cross_entropy_backward(const ct_tensor *dloss, const ct_tensor *logits, const ct_tensor *targets,
+                                         const ct_tensor *lse, int64_t ignore_index, ct_tensor *dlogits);
+ct_status cti_cpu_cross_entropy_backward_ref(const ct_tensor *dloss, const ct_tensor *logits,
+                                             const ct_tensor *targets, const ct_tensor *lse, int64_t ignore_index,
+                                             ct_tensor *dlogits);
 
 #endif

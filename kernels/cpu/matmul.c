@@ -41,7 +41,7 @@
 
 #include "core/convert.h"
 #include "core/frame.h"
-#include "core/threads.h"
+#include "core/threads_internal.h"
 #include "kernels/cpu/cpu_features.h"
 
 /* Declared by OpenBLAS's cblas.h; repeated so another cblas.h still compiles. */
@@ -184,7 +184,7 @@ static bool backend_valid(ct_dtype dt, ct_gemm_backend be)
     }
 }
 
-const char *ct_gemm_backend_name(ct_gemm_backend be)
+const char *cti_gemm_backend_name(ct_gemm_backend be)
 {
     switch (be) {
     case CT_GEMM_OPENBLAS: return "openblas";
@@ -201,7 +201,7 @@ static void env_parse(void)
         const char *v = name ? getenv(name) : NULL;
         if (!v || !*v) continue;
         for (int be = CT_GEMM_OPENBLAS; be <= CT_GEMM_CONVERT; be++)
-            if (!strcasecmp(v, ct_gemm_backend_name(be)) && backend_valid((ct_dtype)dt, be)) env_backend[dt] = be;
+            if (!strcasecmp(v, cti_gemm_backend_name(be)) && backend_valid((ct_dtype)dt, be)) env_backend[dt] = be;
         if (!env_backend[dt]) snprintf(env_bad[dt], sizeof env_bad[dt], "%s", v);
     }
 }
@@ -209,18 +209,18 @@ static void env_parse(void)
 static ct_gemm_backend default_backend(ct_dtype dt)
 {
     switch (dt) {
-    case CT_DTYPE_F32: return ct_cpu_features_get()->avx512f ? CT_GEMM_ONEDNN : CT_GEMM_OPENBLAS;
+    case CT_DTYPE_F32: return cti_cpu_features_get()->avx512f ? CT_GEMM_ONEDNN : CT_GEMM_OPENBLAS;
     case CT_DTYPE_F64: return CT_GEMM_OPENBLAS;
-    case CT_DTYPE_BF16: return ct_cpu_has_bf16_gemm() ? CT_GEMM_ONEDNN : CT_GEMM_CONVERT;
-    case CT_DTYPE_F16: return ct_cpu_has_f16_gemm() ? CT_GEMM_ONEDNN : CT_GEMM_CONVERT;
+    case CT_DTYPE_BF16: return cti_cpu_has_bf16_gemm() ? CT_GEMM_ONEDNN : CT_GEMM_CONVERT;
+    case CT_DTYPE_F16: return cti_cpu_has_f16_gemm() ? CT_GEMM_ONEDNN : CT_GEMM_CONVERT;
     default: return CT_GEMM_DEFAULT;
     }
 }
 
-ct_status ct_cpu_matmul_set_backend(ct_dtype dt, ct_gemm_backend be)
+ct_status cti_cpu_matmul_set_backend(ct_dtype dt, ct_gemm_backend be)
 {
     if (!ct_dtype_is_valid(dt) || (be != CT_GEMM_DEFAULT && !backend_valid(dt, be)))
-        return ct_error_set(CT_ERR_INVALID, "matmul_set_backend: no %s backend for %s matmul", ct_gemm_backend_name(be),
+        return ct_error_set(CT_ERR_INVALID, "matmul_set_backend: no %s backend for %s matmul", cti_gemm_backend_name(be),
                             ct_dtype_name(dt));
     atomic_store(&backend_override[dt], (int)be);
     return CT_OK;
@@ -243,7 +243,7 @@ static ct_status backend_resolve(ct_dtype dt, ct_gemm_backend *be, bool *forced)
     return CT_OK;
 }
 
-ct_gemm_backend ct_cpu_matmul_backend(ct_dtype dt)
+ct_gemm_backend cti_cpu_matmul_backend(ct_dtype dt)
 {
     if (!ct_dtype_is_valid(dt) || !default_backend(dt)) return CT_GEMM_DEFAULT;
     pthread_once(&env_once, env_parse);
@@ -331,7 +331,7 @@ static ct_status gemm_batched(ct_tensor *out, const ct_tensor *a, const ct_tenso
     const char *ap = ct_tensor_data(a), *bp = ct_tensor_data(b);
     char *cp = ct_tensor_data(out);
     if (be == CT_GEMM_OPENBLAS || dt == CT_DTYPE_F64) openblas_single_thread();
-    ct_threads_sync(); /* dnnl_sgemm and our batch and panel loops use OpenMP */
+    cti_threads_sync(); /* dnnl_sgemm and our batch and panel loops use OpenMP */
     int failed = 0;
     if (nbatch > 1 && mnk <= SMALL_GEMM_MNK) {
         #pragma omp parallel for num_threads(ct_get_num_threads()) schedule(static) if (nbatch * mnk > 32768)
@@ -688,7 +688,7 @@ static ct_status onednn_run(ct_tensor *out, const ct_tensor *a, const ct_tensor 
             return ct_error_set(CT_ERR_UNSUPPORTED,
                                 "matmul: oneDNN %d.%d has no %s matmul for this CPU (its max ISA: %s; CPU: %s); "
                                 "unset %s or set it to convert", v->major, v->minor, ct_dtype_name(a->dtype),
-                                onednn_isa_name(dnnl_get_effective_cpu_isa()), ct_cpu_features_str(flags, sizeof flags),
+                                onednn_isa_name(dnnl_get_effective_cpu_isa()), cti_cpu_features_str(flags, sizeof flags),
                                 env ? env : "the backend override");
         }
         return ct_error_set(CT_ERR_INTERNAL, "matmul: oneDNN matmul primitive creation failed (status %d)", (int)s);
@@ -704,7 +704,7 @@ static ct_status onednn_run(ct_tensor *out, const ct_tensor *a, const ct_tensor 
     if (!s) {
         dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, mem[0]}, {DNNL_ARG_WEIGHTS, mem[1]}, {DNNL_ARG_DST, mem[2]},
                                    {DNNL_ARG_SCRATCHPAD, mem[3]}};
-        ct_threads_sync();
+        cti_threads_sync();
         s = dnnl_primitive_execute(e->prim, stream, mem[3] ? 4 : 3, args);
         if (!s) s = dnnl_stream_wait(stream);
     }
@@ -717,8 +717,8 @@ static ct_status onednn_run(ct_tensor *out, const ct_tensor *a, const ct_tensor 
     return CT_OK;
 }
 
-ct_status ct_cpu_matmul_onednn(ct_tensor *out, const ct_tensor *a, const ct_tensor *b, bool trans_a, bool trans_b,
-                               double alpha, double beta)
+ct_status cti_cpu_matmul_onednn(ct_tensor *out, const ct_tensor *a, const ct_tensor *b, bool trans_a, bool trans_b,
+                                double alpha, double beta)
 {
     mm_geom g;
     geom_init(&g, out, a, b, trans_a, trans_b);
@@ -731,8 +731,8 @@ ct_status ct_cpu_matmul_onednn(ct_tensor *out, const ct_tensor *a, const ct_tens
 
 /* ---- entry points -------------------------------------------------------------- */
 
-ct_status ct_cpu_matmul(ct_tensor *out, const ct_tensor *a, const ct_tensor *b, bool trans_a, bool trans_b,
-                        double alpha, double beta)
+ct_status cti_cpu_matmul(ct_tensor *out, const ct_tensor *a, const ct_tensor *b, bool trans_a, bool trans_b,
+                         double alpha, double beta)
 {
     mm_geom g;
     geom_init(&g, out, a, b, trans_a, trans_b);
@@ -758,8 +758,8 @@ ct_status ct_cpu_matmul(ct_tensor *out, const ct_tensor *a, const ct_tensor *b, 
 
 // out (B..., M, N) = alpha * sum_k op(a)[.., m, k] op(b)[.., k, n] + beta * out, in double, any dtype, any strides.
 // Written without the fast path's helpers (its own index arithmetic), so tests compare two independent codes.
-ct_status ct_cpu_matmul_ref(ct_tensor *out, const ct_tensor *a, const ct_tensor *b, bool trans_a, bool trans_b,
-                            double alpha, double beta)
+ct_status cti_cpu_matmul_ref(ct_tensor *out, const ct_tensor *a, const ct_tensor *b, bool trans_a, bool trans_b,
+                             double alpha, double beta)
 {
     int nb = out->ndim - 2, na = a->ndim - 2, nbb = b->ndim - 2;
     int64_t M = out->shape[nb], N = out->shape[nb + 1], K = a->shape[na + (trans_a ? 0 : 1)];

@@ -31,17 +31,17 @@ typedef ct_status (*ct_matmul_fn)(ct_tensor *out, const ct_tensor *a, const ct_t
                                   bool trans_b, double alpha, double beta);
 
 /* Fast path: the backend selected for out's dtype. */
-ct_status ct_cpu_matmul(ct_tensor *out, const ct_tensor *a, const ct_tensor *b, bool trans_a, bool trans_b,
-                        double alpha, double beta);
+ct_status cti_cpu_matmul(ct_tensor *out, const ct_tensor *a, const ct_tensor *b, bool trans_a, bool trans_b,
+                         double alpha, double beta);
 /* Reference: triple loop over the strided inputs, any dtype read with
  * ct_scalar_load, sums in double, stored once with ct_scalar_store. out may be strided. */
-ct_status ct_cpu_matmul_ref(ct_tensor *out, const ct_tensor *a, const ct_tensor *b, bool trans_a,
-                            bool trans_b, double alpha, double beta);
+ct_status cti_cpu_matmul_ref(ct_tensor *out, const ct_tensor *a, const ct_tensor *b, bool trans_a,
+                             bool trans_b, double alpha, double beta);
 /* The oneDNN matmul primitive path on its own (f32, bf16, f16), whatever the
  * backend setting: tests run it in f32 on any CPU to check its layouts, strides and
  * broadcasting. CT_ERR_UNSUPPORTED when oneDNN has no kernel for the dtype here. */
-ct_status ct_cpu_matmul_onednn(ct_tensor *out, const ct_tensor *a, const ct_tensor *b, bool trans_a,
-                               bool trans_b, double alpha, double beta);
+ct_status cti_cpu_matmul_onednn(ct_tensor *out, const ct_tensor *a, const ct_tensor *b, bool trans_a,
+                                bool trans_b, double alpha, double beta);
 
 typedef enum ct_gemm_backend {
     CT_GEMM_DEFAULT = 0, /* env variable if set, else the measured/CPU-based default */
@@ -52,11 +52,11 @@ typedef enum ct_gemm_backend {
 
 /* Overrides the backend for one dtype in this process (CT_GEMM_DEFAULT restores the
  * env/default choice). CT_ERR_INVALID for a combination that does not exist. */
-ct_status ct_cpu_matmul_set_backend(ct_dtype dt, ct_gemm_backend be);
+ct_status cti_cpu_matmul_set_backend(ct_dtype dt, ct_gemm_backend be);
 /* The backend a matmul of dtype dt uses now (never CT_GEMM_DEFAULT; CT_GEMM_DEFAULT
  * for a dtype matmul does not take, or when the env variable holds a bad value). */
-ct_gemm_backend ct_cpu_matmul_backend(ct_dtype dt);
+ct_gemm_backend cti_cpu_matmul_backend(ct_dtype dt);
 /* "openblas", "onednn", "convert", "default". */
-const char *ct_gemm_backend_name(ct_gemm_backend be);
+const char *cti_gemm_backend_name(ct_gemm_backend be);
 
 #endif

@@ -50,7 +50,7 @@ static void *in_buf(const ct_tensor *t, ct_dtype cd, bool *ok)
         *ok = false;
         return NULL;
     }
-    ct_cpu_convert_par(cd, ct_tensor_data(b), t->dtype, ct_tensor_data(t), ct_tensor_numel(t));
+    cti_cpu_convert_par(cd, ct_tensor_data(b), t->dtype, ct_tensor_data(t), ct_tensor_numel(t));
     return ct_tensor_data(b);
 }
 
@@ -70,7 +70,7 @@ static void *out_buf(const ct_tensor *t, ct_dtype cd, bool *ok)
 
 static void out_finish(ct_tensor *t, const void *p, ct_dtype cd)
 {
-    if (t && t->dtype != cd) ct_cpu_convert_par(t->dtype, ct_tensor_data(t), cd, p, ct_tensor_numel(t));
+    if (t && t->dtype != cd) cti_cpu_convert_par(t->dtype, ct_tensor_data(t), cd, p, ct_tensor_numel(t));
 }
 
 /* C copies of v in dtype cd (stand-in for an absent w or b). */
@@ -194,7 +194,7 @@ static ct_dtype compute_dtype(const ct_tensor *x) { return x->dtype == CT_DTYPE_
 static ct_status norm_fast(const ct_tensor *x, const ct_tensor *w, const ct_tensor *b, double eps, ct_tensor *y,
                            ct_tensor *mean, ct_tensor *rstd, bool center)
 {
-    int64_t rows = ct_cpu_row_count(x), C = ct_cpu_row_len(x);
+    int64_t rows = cti_cpu_row_count(x), C = cti_cpu_row_len(x);
     ct_dtype cd = compute_dtype(x);
     bool ok = true;
     ct_frame_push();
@@ -215,7 +215,7 @@ static ct_status norm_backward_fast(const ct_tensor *dy, const ct_tensor *x, con
                                     const ct_tensor *mean, const ct_tensor *rstd, ct_tensor *dx, ct_tensor *dw,
                                     ct_tensor *db, bool center)
 {
-    int64_t rows = ct_cpu_row_count(x), C = ct_cpu_row_len(x);
+    int64_t rows = cti_cpu_row_count(x), C = cti_cpu_row_len(x);
     ct_dtype cd = compute_dtype(x);
     bool ok = true;
     ct_frame_push();
@@ -240,26 +240,26 @@ static ct_status norm_backward_fast(const ct_tensor *dy, const ct_tensor *x, con
     return ok ? CT_OK : ct_last_status();
 }
 
-ct_status ct_cpu_layernorm(const ct_tensor *x, const ct_tensor *w, const ct_tensor *b, double eps, ct_tensor *y,
-                           ct_tensor *mean, ct_tensor *rstd)
+ct_status cti_cpu_layernorm(const ct_tensor *x, const ct_tensor *w, const ct_tensor *b, double eps, ct_tensor *y,
+                            ct_tensor *mean, ct_tensor *rstd)
 {
     return norm_fast(x, w, b, eps, y, mean, rstd, true);
 }
 
-ct_status ct_cpu_layernorm_backward(const ct_tensor *dy, const ct_tensor *x, const ct_tensor *w,
-                                    const ct_tensor *mean, const ct_tensor *rstd, ct_tensor *dx, ct_tensor *dw,
-                                    ct_tensor *db)
+ct_status cti_cpu_layernorm_backward(const ct_tensor *dy, const ct_tensor *x, const ct_tensor *w,
+                                     const ct_tensor *mean, const ct_tensor *rstd, ct_tensor *dx, ct_tensor *dw,
+                                     ct_tensor *db)
 {
     return norm_backward_fast(dy, x, w, mean, rstd, dx, dw, db, true);
 }
 
-ct_status ct_cpu_rmsnorm(const ct_tensor *x, const ct_tensor *w, double eps, ct_tensor *y, ct_tensor *rstd)
+ct_status cti_cpu_rmsnorm(const ct_tensor *x, const ct_tensor *w, double eps, ct_tensor *y, ct_tensor *rstd)
 {
     return norm_fast(x, w, NULL, eps, y, NULL, rstd, false);
 }
 
-ct_status ct_cpu_rmsnorm_backward(const ct_tensor *dy, const ct_tensor *x, const ct_tensor *w,
-                                  const ct_tensor *rstd, ct_tensor *dx, ct_tensor *dw)
+ct_status cti_cpu_rmsnorm_backward(const ct_tensor *dy, const ct_tensor *x, const ct_tensor *w,
+                                   const ct_tensor *rstd, ct_tensor *dx, ct_tensor *dw)
 {
     return norm_backward_fast(dy, x, w, NULL, rstd, dx, dw, NULL, false);
 }
@@ -269,23 +269,23 @@ ct_status ct_cpu_rmsnorm_backward(const ct_tensor *dy, const ct_tensor *x, const
 static ct_status norm_ref(const ct_tensor *x, const ct_tensor *w, const ct_tensor *b, double eps, ct_tensor *y,
                           ct_tensor *mean, ct_tensor *rstd, bool center)
 {
-    int64_t rows = ct_cpu_row_count(x), C = ct_cpu_row_len(x);
+    int64_t rows = cti_cpu_row_count(x), C = cti_cpu_row_len(x);
     for (int64_t r = 0; r < rows; r++) {
         double mu = 0, var = 0;
         if (center) {
-            for (int64_t i = 0; i < C; i++) mu += ct_cpu_load_at(x, r * C + i);
+            for (int64_t i = 0; i < C; i++) mu += cti_cpu_load_at(x, r * C + i);
             mu /= (double)C;
         }
         for (int64_t i = 0; i < C; i++) {
-            double d = ct_cpu_load_at(x, r * C + i) - mu;
+            double d = cti_cpu_load_at(x, r * C + i) - mu;
             var += d * d;
         }
         double rs = 1 / sqrt(var / (double)C + eps);
-        if (mean) ct_cpu_store_at(mean, r, mu);
-        if (rstd) ct_cpu_store_at(rstd, r, rs);
+        if (mean) cti_cpu_store_at(mean, r, mu);
+        if (rstd) cti_cpu_store_at(rstd, r, rs);
         for (int64_t i = 0; i < C; i++) {
-            double wi = w ? ct_cpu_load_at(w, i) : 1, bi = b ? ct_cpu_load_at(b, i) : 0;
-            ct_cpu_store_at(y, r * C + i, (ct_cpu_load_at(x, r * C + i) - mu) * rs * wi + bi);
+            double wi = w ? cti_cpu_load_at(w, i) : 1, bi = b ? cti_cpu_load_at(b, i) : 0;
+            cti_cpu_store_at(y, r * C + i, (cti_cpu_load_at(x, r * C + i) - mu) * rs * wi + bi);
         }
     }
     return CT_OK;
@@ -295,53 +295,53 @@ static ct_status norm_backward_ref(const ct_tensor *dy, const ct_tensor *x, cons
                                    const ct_tensor *mean, const ct_tensor *rstd, ct_tensor *dx, ct_tensor *dw,
                                    ct_tensor *db, bool center)
 {
-    int64_t rows = ct_cpu_row_count(x), C = ct_cpu_row_len(x);
+    int64_t rows = cti_cpu_row_count(x), C = cti_cpu_row_len(x);
     for (int64_t r = 0; r < rows && dx; r++) {
-        double mu = center ? ct_cpu_load_at(mean, r) : 0, rs = ct_cpu_load_at(rstd, r), sg = 0, sgx = 0;
+        double mu = center ? cti_cpu_load_at(mean, r) : 0, rs = cti_cpu_load_at(rstd, r), sg = 0, sgx = 0;
         for (int64_t i = 0; i < C; i++) {
-            double g = ct_cpu_load_at(dy, r * C + i) * (w ? ct_cpu_load_at(w, i) : 1);
+            double g = cti_cpu_load_at(dy, r * C + i) * (w ? cti_cpu_load_at(w, i) : 1);
             sg += g;
-            sgx += g * (ct_cpu_load_at(x, r * C + i) - mu) * rs;
+            sgx += g * (cti_cpu_load_at(x, r * C + i) - mu) * rs;
         }
         for (int64_t i = 0; i < C; i++) {
-            double g = ct_cpu_load_at(dy, r * C + i) * (w ? ct_cpu_load_at(w, i) : 1);
-            double xhat = (ct_cpu_load_at(x, r * C + i) - mu) * rs;
-            ct_cpu_store_at(dx, r * C + i, rs * (g - (center ? sg / (double)C : 0) - xhat * sgx / (double)C));
+            double g = cti_cpu_load_at(dy, r * C + i) * (w ? cti_cpu_load_at(w, i) : 1);
+            double xhat = (cti_cpu_load_at(x, r * C + i) - mu) * rs;
+            cti_cpu_store_at(dx, r * C + i, rs * (g - (center ? sg / (double)C : 0) - xhat * sgx / (double)C));
         }
     }
     for (int64_t i = 0; i < C; i++) {
         double sw = 0, sb = 0;
         for (int64_t r = 0; r < rows; r++) {
-            double mu = center ? ct_cpu_load_at(mean, r) : 0;
-            sw += ct_cpu_load_at(dy, r * C + i) * (ct_cpu_load_at(x, r * C + i) - mu) * ct_cpu_load_at(rstd, r);
-            sb += ct_cpu_load_at(dy, r * C + i);
+            double mu = center ? cti_cpu_load_at(mean, r) : 0;
+            sw += cti_cpu_load_at(dy, r * C + i) * (cti_cpu_load_at(x, r * C + i) - mu) * cti_cpu_load_at(rstd, r);
+            sb += cti_cpu_load_at(dy, r * C + i);
         }
-        if (dw) ct_cpu_store_at(dw, i, sw);
-        if (db) ct_cpu_store_at(db, i, sb);
+        if (dw) cti_cpu_store_at(dw, i, sw);
+        if (db) cti_cpu_store_at(db, i, sb);
     }
     return CT_OK;
 }
 
-ct_status ct_cpu_layernorm_ref(const ct_tensor *x, const ct_tensor *w, const ct_tensor *b, double eps, ct_tensor *y,
-                               ct_tensor *mean, ct_tensor *rstd)
+ct_status cti_cpu_layernorm_ref(const ct_tensor *x, const ct_tensor *w, const ct_tensor *b, double eps, ct_tensor *y,
+                                ct_tensor *mean, ct_tensor *rstd)
 {
     return norm_ref(x, w, b, eps, y, mean, rstd, true);
 }
 
-ct_status ct_cpu_layernorm_backward_ref(const ct_tensor *dy, const ct_tensor *x, const ct_tensor *w,
-                                        const ct_tensor *mean, const ct_tensor *rstd, ct_tensor *dx, ct_tensor *dw,
-                                        ct_tensor *db)
+ct_status cti_cpu_layernorm_backward_ref(const ct_tensor *dy, const ct_tensor *x, const ct_tensor *w,
+                                         const ct_tensor *mean, const ct_tensor *rstd, ct_tensor *dx, ct_tensor *dw,
+                                         ct_tensor *db)
 {
     return norm_backward_ref(dy, x, w, mean, rstd, dx, dw, db, true);
 }
 
-ct_status ct_cpu_rmsnorm_ref(const ct_tensor *x, const ct_tensor *w, double eps, ct_tensor *y, ct_tensor *rstd)
+ct_status cti_cpu_rmsnorm_ref(const ct_tensor *x, const ct_tensor *w, double eps, ct_tensor *y, ct_tensor *rstd)
 {
     return norm_ref(x, w, NULL, eps, y, NULL, rstd, false);
 }
 
-ct_status ct_cpu_rmsnorm_backward_ref(const ct_tensor *dy, const ct_tensor *x, const ct_tensor *w,
-                                      const ct_tensor *rstd, ct_tensor *dx, ct_tensor *dw)
+ct_status cti_cpu_rmsnorm_backward_ref(const ct_tensor *dy, const ct_tensor *x, const ct_tensor *w,
+                                       const ct_tensor *rstd, ct_tensor *dx, ct_tensor *dw)
 {
     return norm_backward_ref(dy, x, w, NULL, rstd, dx, dw, NULL, false);
 }

@@ -11,22 +11,22 @@
 
 #include "core/tensor.h"
 
-ct_status ct_cpu_layernorm(const ct_tensor *x, const ct_tensor *w, const ct_tensor *b, double eps, ct_tensor *y,
-                           ct_tensor *mean, ct_tensor *rstd);
-ct_status ct_cpu_layernorm_ref(const ct_tensor *x, const ct_tensor *w, const ct_tensor *b, double eps, ct_tensor *y,
-                               ct_tensor *mean, ct_tensor *rstd);
-ct_status ct_cpu_layernorm_backward(const ct_tensor *dy, const ct_tensor *x, const ct_tensor *w,
-                                    const ct_tensor *mean, const ct_tensor *rstd, ct_tensor *dx, ct_tensor *dw,
-                                    ct_tensor *db);
-ct_status ct_cpu_layernorm_backward_ref(const ct_tensor *dy, const ct_tensor *x, const ct_tensor *w,
-                                        const ct_tensor *mean, const ct_tensor *rstd, ct_tensor *dx, ct_tensor *dw,
-                                        ct_tensor *db);
+ct_status cti_cpu_layernorm(const ct_tensor *x, const ct_tensor *w, const ct_tensor *b, double eps, ct_tensor *y,
+                            ct_tensor *mean, ct_tensor *rstd);
+ct_status cti_cpu_layernorm_ref(const ct_tensor *x, const ct_tensor *w, const ct_tensor *b, double eps, ct_tensor *y,
+                                ct_tensor *mean, ct_tensor *rstd);
+ct_status cti_cpu_layernorm_backward(const ct_tensor *dy, const ct_tensor *x, const ct_tensor *w,
+                                     const ct_tensor *mean, const ct_tensor *rstd, ct_tensor *dx, ct_tensor *dw,
+                                     ct_tensor *db);
+ct_status cti_cpu_layernorm_backward_ref(const ct_tensor *dy, const ct_tensor *x, const ct_tensor *w,
+                                         const ct_tensor *mean, const ct_tensor *rstd, ct_tensor *dx, ct_tensor *dw,
+                                         ct_tensor *db);
 
-ct_status ct_cpu_rmsnorm(const ct_tensor *x, const ct_tensor *w, double eps, ct_tensor *y, ct_tensor *rstd);
-ct_status ct_cpu_rmsnorm_ref(const ct_tensor *x, const ct_tensor *w, double eps, ct_tensor *y, ct_tensor *rstd);
-ct_status ct_cpu_rmsnorm_backward(const ct_tensor *dy, const ct_tensor *x, const ct_tensor *w,
-                                  const ct_tensor *rstd, ct_tensor *dx, ct_tensor *dw);
-ct_status ct_cpu_rmsnorm_backward_ref(const ct_tensor *dy, const ct_tensor *x, const ct_tensor *w,
-                                      const ct_tensor *rstd, ct_tensor *dx, ct_tensor *dw);
+ct_status cti_cpu_rmsnorm(const ct_tensor *x, const ct_tensor *w, double eps, ct_tensor *y, ct_tensor *rstd);
+ct_status cti_cpu_rmsnorm_ref(const ct_tensor *x, const ct_tensor *w, double eps, ct_tensor *y, ct_tensor *rstd);
+ct_status cti_cpu_rmsnorm_backward(const ct_tensor *dy, const ct_tensor *x, const ct_tensor *w,
+                                   const ct_tensor *rstd, ct_tensor *dx, ct_tensor *dw);
+ct_status cti_cpu_rmsnorm_backward_ref(const ct_tensor *dy, const ct_tensor *x, const ct_tensor *w,
+                                       const ct_tensor *rstd, ct_tensor *dx, ct_tensor *dw);
 
 #endif

@@ -8,7 +8,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "core/threads.h"
+#include "core/threads_internal.h"
 
 #if defined(__SSE2__)
 #include <immintrin.h>
@@ -111,18 +111,18 @@ static inline vf64 vsqrt_f64(vf64 x)
         }                                                                                       \
     } while (0)
 
-void ct_cpu_adamw_f32(float *p, const float *g, float *m, float *v, int64_t n, const ct_adamw_hparams *h)
+void cti_cpu_adamw_f32(float *p, const float *g, float *m, float *v, int64_t n, const ct_adamw_hparams *h)
 {
     ADAMW_LOOP(float, vf32, sqrtf, vsqrt_f32);
 }
 
-void ct_cpu_adamw_f64(double *p, const double *g, double *m, double *v, int64_t n, const ct_adamw_hparams *h)
+void cti_cpu_adamw_f64(double *p, const double *g, double *m, double *v, int64_t n, const ct_adamw_hparams *h)
 {
     ADAMW_LOOP(double, vf64, sqrt, vsqrt_f64);
 }
 
 /* The documented formulas literally, in double. */
-void ct_cpu_adamw_f32_ref(float *p, const float *g, float *m, float *v, int64_t n, const ct_adamw_hparams *h)
+void cti_cpu_adamw_f32_ref(float *p, const float *g, float *m, float *v, int64_t n, const ct_adamw_hparams *h)
 {
     const double t = (double)h->step;
     for (int64_t i = 0; i < n; i++) {
@@ -165,11 +165,11 @@ void ct_cpu_adamw_f32_ref(float *p, const float *g, float *m, float *v, int64_t 
         }                                                                                          \
     } while (0)
 
-void ct_cpu_sgd_f32(float *p, const float *g, float *buf, int64_t n, const ct_sgd_hparams *h) { SGD_LOOP(float); }
+void cti_cpu_sgd_f32(float *p, const float *g, float *buf, int64_t n, const ct_sgd_hparams *h) { SGD_LOOP(float); }
 
-void ct_cpu_sgd_f64(double *p, const double *g, double *buf, int64_t n, const ct_sgd_hparams *h) { SGD_LOOP(double); }
+void cti_cpu_sgd_f64(double *p, const double *g, double *buf, int64_t n, const ct_sgd_hparams *h) { SGD_LOOP(double); }
 
-void ct_cpu_sgd_f32_ref(float *p, const float *g, float *buf, int64_t n, const ct_sgd_hparams *h)
+void cti_cpu_sgd_f32_ref(float *p, const float *g, float *buf, int64_t n, const ct_sgd_hparams *h)
 {
     for (int64_t i = 0; i < n; i++) {
         double gi = g[i];
@@ -183,25 +183,25 @@ void ct_cpu_sgd_f32_ref(float *p, const float *g, float *buf, int64_t n, const c
     }
 }
 
-ct_status ct_cpu_adamw(ct_tensor *param, const ct_tensor *grad, ct_tensor *m, ct_tensor *v, const ct_adamw_hparams *h)
+ct_status cti_cpu_adamw(ct_tensor *param, const ct_tensor *grad, ct_tensor *m, ct_tensor *v, const ct_adamw_hparams *h)
 {
-    ct_threads_sync();
+    cti_threads_sync();
     const int64_t n = ct_tensor_numel(param);
     if (param->dtype == CT_DTYPE_F64)
-        ct_cpu_adamw_f64(ct_tensor_data(param), ct_tensor_data(grad), ct_tensor_data(m), ct_tensor_data(v), n, h);
+        cti_cpu_adamw_f64(ct_tensor_data(param), ct_tensor_data(grad), ct_tensor_data(m), ct_tensor_data(v), n, h);
     else
-        ct_cpu_adamw_f32(ct_tensor_data(param), ct_tensor_data(grad), ct_tensor_data(m), ct_tensor_data(v), n, h);
+        cti_cpu_adamw_f32(ct_tensor_data(param), ct_tensor_data(grad), ct_tensor_data(m), ct_tensor_data(v), n, h);
     return CT_OK;
 }
 
-ct_status ct_cpu_sgd(ct_tensor *param, const ct_tensor *grad, ct_tensor *momentum_buf, const ct_sgd_hparams *h)
+ct_status cti_cpu_sgd(ct_tensor *param, const ct_tensor *grad, ct_tensor *momentum_buf, const ct_sgd_hparams *h)
 {
-    ct_threads_sync();
+    cti_threads_sync();
     const int64_t n = ct_tensor_numel(param);
     void *buf = momentum_buf && h->momentum != 0 ? ct_tensor_data(momentum_buf) : NULL;
     if (param->dtype == CT_DTYPE_F64)
-        ct_cpu_sgd_f64(ct_tensor_data(param), ct_tensor_data(grad), buf, n, h);
+        cti_cpu_sgd_f64(ct_tensor_data(param), ct_tensor_data(grad), buf, n, h);
     else
-        ct_cpu_sgd_f32(ct_tensor_data(param), ct_tensor_data(grad), buf, n, h);
+        cti_cpu_sgd_f32(ct_tensor_data(param), ct_tensor_data(grad), buf, n, h);
     return CT_OK;
 }

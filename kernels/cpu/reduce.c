@@ -168,7 +168,7 @@ static double seg_sum_half(ct_dtype dt, const half *p, int64_t s, int64_t n, dou
     double acc = 0;
     for (int64_t off = 0; off < n; off += HALF_CHUNK) {
         const int64_t k = n - off < HALF_CHUNK ? n - off : HALF_CHUNK;
-        ct_cpu_ew_load_f32(dt, (const char *)(p + off * s), s, k, buf);
+        cti_cpu_ew_load_f32(dt, (const char *)(p + off * s), s, k, buf);
         acc += seg_sum_float(dt, buf, 1, k, mean, sqdev);
     }
     return acc;
@@ -180,7 +180,7 @@ static double seg_ext_half(ct_dtype dt, const half *p, int64_t s, int64_t n, boo
     double acc = 0;
     for (int64_t off = 0; off < n; off += HALF_CHUNK) {
         const int64_t k = n - off < HALF_CHUNK ? n - off : HALF_CHUNK;
-        ct_cpu_ew_load_f32(dt, (const char *)(p + off * s), s, k, buf);
+        cti_cpu_ew_load_f32(dt, (const char *)(p + off * s), s, k, buf);
         double v = seg_ext_float(dt, buf, 1, k, is_max);
         acc = off == 0 ? v : combine(is_max ? M_MAX : M_MIN, acc, v);
     }
@@ -191,7 +191,7 @@ static double seg_ext_half(ct_dtype dt, const half *p, int64_t s, int64_t n, boo
 #define ROW_NATIVE(T) const T *p = base + roff;
 #define ROW_HALF(T)                                                                                \
     float hrow[OUTER_COLS];                                                                        \
-    ct_cpu_ew_load_f32(dt, (const char *)(base + roff), 1, nc, hrow);                              \
+    cti_cpu_ew_load_f32(dt, (const char *)(base + roff), 1, nc, hrow);                              \
     const float *p = hrow;
 
 #define DEF_TASKS(T, ROW)                                                                          \
@@ -393,7 +393,7 @@ static ct_status store_result(ct_tensor *out, const double *res, const int64_t *
 }
 
 // x (...) -> out (kept dims); out = sum | mean | max | min over the dims in mask; out overwritten
-ct_status ct_cpu_reduce(ct_reduce_op op, ct_tensor *out, const ct_tensor *x, uint32_t mask)
+ct_status cti_cpu_reduce(ct_reduce_op op, ct_tensor *out, const ct_tensor *x, uint32_t mask)
 {
     const int64_t nout = ct_tensor_numel(out);
     if (nout == 0) return CT_OK;
@@ -417,7 +417,7 @@ ct_status ct_cpu_reduce(ct_reduce_op op, ct_tensor *out, const ct_tensor *x, uin
 }
 
 // x (...) -> out (kept dims); out = sum((x - mean)^2) / (N - correction), two passes in double
-ct_status ct_cpu_var(ct_tensor *out, const ct_tensor *x, uint32_t mask, int64_t correction)
+ct_status cti_cpu_var(ct_tensor *out, const ct_tensor *x, uint32_t mask, int64_t correction)
 {
     const int64_t nout = ct_tensor_numel(out);
     if (nout == 0) return CT_OK;
@@ -465,7 +465,7 @@ DEF_ARGMAX(argmax_i64, int64_t, IS_NAN_I)
 DEF_ARGMAX(argmax_u8, uint8_t, IS_NAN_I)
 
 // x (...) -> out (I64, x's dims without dim); out = first index of the max (or of a NaN) along dim
-ct_status ct_cpu_argmax(ct_tensor *out, const ct_tensor *x, int dim)
+ct_status cti_cpu_argmax(ct_tensor *out, const ct_tensor *x, int dim)
 {
     ct_status st = CT_OK;
     ct_frame_push();
@@ -533,7 +533,7 @@ static void ref_store(ct_tensor *out, int64_t o, double v)
     ct_scalar_store(out->dtype, (char *)ct_tensor_data(out) + o * (int64_t)ct_dtype_size(out->dtype), v);
 }
 
-ct_status ct_cpu_reduce_ref(ct_reduce_op op, ct_tensor *out, const ct_tensor *x, uint32_t mask)
+ct_status cti_cpu_reduce_ref(ct_reduce_op op, ct_tensor *out, const ct_tensor *x, uint32_t mask)
 {
     ref_dims r;
     ref_dims_init(&r, x, mask);
@@ -560,7 +560,7 @@ ct_status ct_cpu_reduce_ref(ct_reduce_op op, ct_tensor *out, const ct_tensor *x,
     return CT_OK;
 }
 
-ct_status ct_cpu_var_ref(ct_tensor *out, const ct_tensor *x, uint32_t mask, int64_t correction)
+ct_status cti_cpu_var_ref(ct_tensor *out, const ct_tensor *x, uint32_t mask, int64_t correction)
 {
     ref_dims r;
     ref_dims_init(&r, x, mask);
@@ -583,7 +583,7 @@ ct_status ct_cpu_var_ref(ct_tensor *out, const ct_tensor *x, uint32_t mask, int6
     return CT_OK;
 }
 
-ct_status ct_cpu_argmax_ref(ct_tensor *out, const ct_tensor *x, int dim)
+ct_status cti_cpu_argmax_ref(ct_tensor *out, const ct_tensor *x, int dim)
 {
     ref_dims r;
     ref_dims_init(&r, x, x->ndim ? 1u << dim : 0u);

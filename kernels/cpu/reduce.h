@@ -18,14 +18,14 @@
 
 #include "kernels/reduce.h"
 
-ct_status ct_cpu_reduce(ct_reduce_op op, ct_tensor *out, const ct_tensor *x, uint32_t mask);
-ct_status ct_cpu_reduce_ref(ct_reduce_op op, ct_tensor *out, const ct_tensor *x, uint32_t mask);
+ct_status cti_cpu_reduce(ct_reduce_op op, ct_tensor *out, const ct_tensor *x, uint32_t mask);
+ct_status cti_cpu_reduce_ref(ct_reduce_op op, ct_tensor *out, const ct_tensor *x, uint32_t mask);
 /* out = sum((x - mean)^2) / (N - correction); NaN when N <= correction. */
-ct_status ct_cpu_var(ct_tensor *out, const ct_tensor *x, uint32_t mask, int64_t correction);
-ct_status ct_cpu_var_ref(ct_tensor *out, const ct_tensor *x, uint32_t mask, int64_t correction);
+ct_status cti_cpu_var(ct_tensor *out, const ct_tensor *x, uint32_t mask, int64_t correction);
+ct_status cti_cpu_var_ref(ct_tensor *out, const ct_tensor *x, uint32_t mask, int64_t correction);
 /* out (I64) = index along dim (0 <= dim < x->ndim, or 0 for a 0-d x) of the first
  * maximum, or of the first NaN. */
-ct_status ct_cpu_argmax(ct_tensor *out, const ct_tensor *x, int dim);
-ct_status ct_cpu_argmax_ref(ct_tensor *out, const ct_tensor *x, int dim);
+ct_status cti_cpu_argmax(ct_tensor *out, const ct_tensor *x, int dim);
+ct_status cti_cpu_argmax_ref(ct_tensor *out, const ct_tensor *x, int dim);
 
 #endif

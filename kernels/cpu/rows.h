@@ -11,10 +11,10 @@
 #include "core/threads.h"
 
 /* Length of t's rows: its last dim (1 for a 0-d tensor). */
-static inline int64_t ct_cpu_row_len(const ct_tensor *t) { return t->ndim ? t->shape[t->ndim - 1] : 1; }
+static inline int64_t cti_cpu_row_len(const ct_tensor *t) { return t->ndim ? t->shape[t->ndim - 1] : 1; }
 
 /* Number of rows: the product of every dim but the last. */
-static inline int64_t ct_cpu_row_count(const ct_tensor *t)
+static inline int64_t cti_cpu_row_count(const ct_tensor *t)
 {
     int64_t n = 1;
     for (int d = 0; d < t->ndim - 1; d++) n *= t->shape[d];
@@ -23,7 +23,7 @@ static inline int64_t ct_cpu_row_count(const ct_tensor *t)
 
 /* ct_convert_n over n contiguous elements, in chunks across threads (it is
  * single-threaded on its own); below 32768 elements on one thread. */
-static inline void ct_cpu_convert_par(ct_dtype dd, void *dst, ct_dtype sd, const void *src, int64_t n)
+static inline void cti_cpu_convert_par(ct_dtype dd, void *dst, ct_dtype sd, const void *src, int64_t n)
 {
     const int64_t chunk = 1 << 14;
     int64_t nchunks = (n + chunk - 1) / chunk;
@@ -36,13 +36,13 @@ static inline void ct_cpu_convert_par(ct_dtype dd, void *dst, ct_dtype sd, const
 }
 
 /* Element i of a contiguous tensor of any dtype, as a double (the references' loads). */
-static inline double ct_cpu_load_at(const ct_tensor *t, int64_t i)
+static inline double cti_cpu_load_at(const ct_tensor *t, int64_t i)
 {
     return ct_scalar_load(t->dtype, (const char *)ct_tensor_data(t) + i * (int64_t)ct_dtype_size(t->dtype));
 }
 
 /* Element i of a contiguous tensor set to v, rounded to its dtype. */
-static inline void ct_cpu_store_at(ct_tensor *t, int64_t i, double v)
+static inline void cti_cpu_store_at(ct_tensor *t, int64_t i, double v)
 {
     ct_scalar_store(t->dtype, (char *)ct_tensor_data(t) + i * (int64_t)ct_dtype_size(t->dtype), v);
 }

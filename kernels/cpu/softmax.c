@@ -8,7 +8,7 @@
  *
  * Reductions run over fixed lanes, never in scheduling order. f32 keeps elements
  * in f32, sums in double and takes its exponentials from the vectorisable
- * ct_cpu_expf (kernels/cpu/vmath.h); f64 computes in double with libm; bf16
+ * cti_cpu_expf (kernels/cpu/vmath.h); f64 computes in double with libm; bf16
  * and f16 are widened to f32 buffers, run through the f32 kernel and rounded
  * once.
  */
@@ -46,7 +46,7 @@ static float *f32_buffer(const ct_tensor *t, bool fill)
 {
     ct_tensor *b = ct_tensor_empty_on(t->device, CT_DTYPE_F32, t->ndim, t->shape);
     if (!b) return NULL;
-    if (fill) ct_cpu_convert_par(CT_DTYPE_F32, ct_tensor_data(b), t->dtype, ct_tensor_data(t), ct_tensor_numel(t));
+    if (fill) cti_cpu_convert_par(CT_DTYPE_F32, ct_tensor_data(b), t->dtype, ct_tensor_data(t), ct_tensor_numel(t));
     return ct_tensor_data(b);
 }
 
@@ -85,12 +85,12 @@ static float *f32_buffer(const ct_tensor *t, bool fill)
         for (int64_t r = 0; r < rows; r++) {                                                                 \
             const T *restrict xr = x + r * C;                                                                \
             T *restrict yr = y + r * C;                                                                      \
-            T m = ct_cpu_row_max_##SUF(xr, C);                                                               \
+            T m = cti_cpu_row_max_##SUF(xr, C);                                                              \
             if (lg) {                                                                                        \
-                T ls = (T)log(ct_cpu_expsum_##SUF(xr, m, NULL, C));                                          \
+                T ls = (T)log(cti_cpu_expsum_##SUF(xr, m, NULL, C));                                         \
                 for (int64_t i = 0; i < C; i++) yr[i] = (xr[i] - m) - ls;                                    \
             } else {                                                                                         \
-                T inv = (T)(1.0 / ct_cpu_expsum_##SUF(xr, m, yr, C));                                        \
+                T inv = (T)(1.0 / cti_cpu_expsum_##SUF(xr, m, yr, C));                                       \
                 for (int64_t i = 0; i < C; i++) yr[i] *= inv;                                                \
             }                                                                                                \
         }                                                                                                    \
@@ -113,7 +113,7 @@ static float *f32_buffer(const ct_tensor *t, bool fill)
             for (int64_t c = 0; c < g.C; c++) {                                                              \
                 /* log_softmax only needs the sums: the exponentials go to f, reused as scratch */           \
                 T *restrict e = lg ? f : y + base + c * g.inner;                                             \
-                ct_cpu_exp_sub_##SUF(x + base + c * g.inner, m, e, w);                                       \
+                cti_cpu_exp_sub_##SUF(x + base + c * g.inner, m, e, w);                                      \
                 for (int64_t j = 0; j < w; j++) s[j] += e[j];                                                \
             }                                                                                                \
             for (int64_t j = 0; j < w; j++) f[j] = lg ? (T)log(s[j]) : (T)(1.0 / s[j]);                      \
@@ -137,7 +137,7 @@ static float *f32_buffer(const ct_tensor *t, bool fill)
             T *restrict dxr = dx + r * C;                                                                    \
             T st = (T)row_dot_##SUF(dyr, lg ? NULL : yr, C);                                                 \
             if (lg) {                                                                                        \
-                ct_cpu_expsum_##SUF(yr, 0, dxr, C); /* dx = exp(y) first */                                  \
+                cti_cpu_expsum_##SUF(yr, 0, dxr, C); /* dx = exp(y) first */                                 \
                 for (int64_t i = 0; i < C; i++) dxr[i] = dyr[i] - dxr[i] * st;                               \
             } else {                                                                                         \
                 for (int64_t i = 0; i < C; i++) dxr[i] = yr[i] * (dyr[i] - st);                              \
@@ -167,7 +167,7 @@ static float *f32_buffer(const ct_tensor *t, bool fill)
                 const T *restrict dyc = dy + base + c * g.inner, *restrict yc = y + base + c * g.inner;      \
                 T *restrict dxc = dx + base + c * g.inner;                                                   \
                 if (lg) {                                                                                    \
-                    ct_cpu_expsum_##SUF(yc, 0, dxc, w);                                                      \
+                    cti_cpu_expsum_##SUF(yc, 0, dxc, w);                                                     \
                     for (int64_t j = 0; j < w; j++) dxc[j] = dyc[j] - dxc[j] * st[j];                        \
                 } else {                                                                                     \
                     for (int64_t j = 0; j < w; j++) dxc[j] = yc[j] * (dyc[j] - st[j]);                       \
@@ -209,7 +209,7 @@ static ct_status softmax_fast(const ct_tensor *x, ct_tensor *y, int dim, bool lg
         float *xf = f32_buffer(x, true), *yf = f32_buffer(x, false);
         if (xf && yf) {
             fwd_f32(xf, yf, g, lg);
-            ct_cpu_convert_par(y->dtype, ct_tensor_data(y), CT_DTYPE_F32, yf, ct_tensor_numel(y));
+            cti_cpu_convert_par(y->dtype, ct_tensor_data(y), CT_DTYPE_F32, yf, ct_tensor_numel(y));
         } else {
             st = ct_last_status();
         }
@@ -237,7 +237,7 @@ static ct_status softmax_backward_fast(const ct_tensor *dy, const ct_tensor *y, 
         float *dyf = f32_buffer(dy, true), *yf = f32_buffer(y, true), *dxf = f32_buffer(y, false);
         if (dyf && yf && dxf) {
             bwd_f32(dyf, yf, dxf, g, lg);
-            ct_cpu_convert_par(dx->dtype, ct_tensor_data(dx), CT_DTYPE_F32, dxf, ct_tensor_numel(dx));
+            cti_cpu_convert_par(dx->dtype, ct_tensor_data(dx), CT_DTYPE_F32, dxf, ct_tensor_numel(dx));
         } else {
             st = ct_last_status();
         }
@@ -247,15 +247,15 @@ static ct_status softmax_backward_fast(const ct_tensor *dy, const ct_tensor *y, 
     }
 }
 
-ct_status ct_cpu_softmax(const ct_tensor *x, ct_tensor *y, int dim) { return softmax_fast(x, y, dim, false); }
-ct_status ct_cpu_log_softmax(const ct_tensor *x, ct_tensor *y, int dim) { return softmax_fast(x, y, dim, true); }
+ct_status cti_cpu_softmax(const ct_tensor *x, ct_tensor *y, int dim) { return softmax_fast(x, y, dim, false); }
+ct_status cti_cpu_log_softmax(const ct_tensor *x, ct_tensor *y, int dim) { return softmax_fast(x, y, dim, true); }
 
-ct_status ct_cpu_softmax_backward(const ct_tensor *dy, const ct_tensor *y, ct_tensor *dx, int dim)
+ct_status cti_cpu_softmax_backward(const ct_tensor *dy, const ct_tensor *y, ct_tensor *dx, int dim)
 {
     return softmax_backward_fast(dy, y, dx, dim, false);
 }
 
-ct_status ct_cpu_log_softmax_backward(const ct_tensor *dy, const ct_tensor *y, ct_tensor *dx, int dim)
+ct_status cti_cpu_log_softmax_backward(const ct_tensor *dy, const ct_tensor *y, ct_tensor *dx, int dim)
 {
     return softmax_backward_fast(dy, y, dx, dim, true);
 }
@@ -270,11 +270,11 @@ static ct_status softmax_ref(const ct_tensor *x, ct_tensor *y, int dim, bool lg)
             int64_t base = o * g.C * g.inner + j;
             double m = -INFINITY, s = 0;
             for (int64_t c = 0; c < g.C; c++)
-                if (ct_cpu_load_at(x, base + c * g.inner) > m) m = ct_cpu_load_at(x, base + c * g.inner);
-            for (int64_t c = 0; c < g.C; c++) s += exp(ct_cpu_load_at(x, base + c * g.inner) - m);
+                if (cti_cpu_load_at(x, base + c * g.inner) > m) m = cti_cpu_load_at(x, base + c * g.inner);
+            for (int64_t c = 0; c < g.C; c++) s += exp(cti_cpu_load_at(x, base + c * g.inner) - m);
             for (int64_t c = 0; c < g.C; c++) {
-                double v = ct_cpu_load_at(x, base + c * g.inner) - m;
-                ct_cpu_store_at(y, base + c * g.inner, lg ? v - log(s) : exp(v) / s);
+                double v = cti_cpu_load_at(x, base + c * g.inner) - m;
+                cti_cpu_store_at(y, base + c * g.inner, lg ? v - log(s) : exp(v) / s);
             }
         }
     }
@@ -290,27 +290,27 @@ static ct_status softmax_backward_ref(const ct_tensor *dy, const ct_tensor *y, c
             double s = 0;
             for (int64_t c = 0; c < g.C; c++) {
                 int64_t i = base + c * g.inner;
-                s += lg ? ct_cpu_load_at(dy, i) : ct_cpu_load_at(dy, i) * ct_cpu_load_at(y, i);
+                s += lg ? cti_cpu_load_at(dy, i) : cti_cpu_load_at(dy, i) * cti_cpu_load_at(y, i);
             }
             for (int64_t c = 0; c < g.C; c++) {
                 int64_t i = base + c * g.inner;
-                double dyi = ct_cpu_load_at(dy, i), yi = ct_cpu_load_at(y, i);
-                ct_cpu_store_at(dx, i, lg ? dyi - exp(yi) * s : yi * (dyi - s));
+                double dyi = cti_cpu_load_at(dy, i), yi = cti_cpu_load_at(y, i);
+                cti_cpu_store_at(dx, i, lg ? dyi - exp(yi) * s : yi * (dyi - s));
             }
         }
     }
     return CT_OK;
 }
 
-ct_status ct_cpu_softmax_ref(const ct_tensor *x, ct_tensor *y, int dim) { return softmax_ref(x, y, dim, false); }
-ct_status ct_cpu_log_softmax_ref(const ct_tensor *x, ct_tensor *y, int dim) { return softmax_ref(x, y, dim, true); }
+ct_status cti_cpu_softmax_ref(const ct_tensor *x, ct_tensor *y, int dim) { return softmax_ref(x, y, dim, false); }
+ct_status cti_cpu_log_softmax_ref(const ct_tensor *x, ct_tensor *y, int dim) { return softmax_ref(x, y, dim, true); }
 
-ct_status ct_cpu_softmax_backward_ref(const ct_tensor *dy, const ct_tensor *y, ct_tensor *dx, int dim)
+ct_status cti_cpu_softmax_backward_ref(const ct_tensor *dy, const ct_tensor *y, ct_tensor *dx, int dim)
 {
     return softmax_backward_ref(dy, y, dx, dim, false);
 }
 
-ct_status ct_cpu_log_softmax_backward_ref(const ct_tensor *dy, const ct_tensor *y, ct_tensor *dx, int dim)
+ct_status cti_cpu_log_softmax_backward_ref(const ct_tensor *dy, const ct_tensor *y, ct_tensor *dx, int dim)
 {
     return softmax_backward_ref(dy, y, dx, dim, true);
 }

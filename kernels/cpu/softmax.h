@@ -15,19 +15,19 @@
 #include "core/tensor.h"
 #include "kernels/cpu/vmath.h"
 
-ct_status ct_cpu_softmax(const ct_tensor *x, ct_tensor *y, int dim);
-ct_status ct_cpu_softmax_ref(const ct_tensor *x, ct_tensor *y, int dim);
-ct_status ct_cpu_log_softmax(const ct_tensor *x, ct_tensor *y, int dim);
-ct_status ct_cpu_log_softmax_ref(const ct_tensor *x, ct_tensor *y, int dim);
+ct_status cti_cpu_softmax(const ct_tensor *x, ct_tensor *y, int dim);
+ct_status cti_cpu_softmax_ref(const ct_tensor *x, ct_tensor *y, int dim);
+ct_status cti_cpu_log_softmax(const ct_tensor *x, ct_tensor *y, int dim);
+ct_status cti_cpu_log_softmax_ref(const ct_tensor *x, ct_tensor *y, int dim);
 
-ct_status ct_cpu_softmax_backward(const ct_tensor *dy, const ct_tensor *y, ct_tensor *dx, int dim);
-ct_status ct_cpu_softmax_backward_ref(const ct_tensor *dy, const ct_tensor *y, ct_tensor *dx, int dim);
-ct_status ct_cpu_log_softmax_backward(const ct_tensor *dy, const ct_tensor *y, ct_tensor *dx, int dim);
-ct_status ct_cpu_log_softmax_backward_ref(const ct_tensor *dy, const ct_tensor *y, ct_tensor *dx, int dim);
+ct_status cti_cpu_softmax_backward(const ct_tensor *dy, const ct_tensor *y, ct_tensor *dx, int dim);
+ct_status cti_cpu_softmax_backward_ref(const ct_tensor *dy, const ct_tensor *y, ct_tensor *dx, int dim);
+ct_status cti_cpu_log_softmax_backward(const ct_tensor *dy, const ct_tensor *y, ct_tensor *dx, int dim);
+ct_status cti_cpu_log_softmax_backward_ref(const ct_tensor *dy, const ct_tensor *y, ct_tensor *dx, int dim);
 
 /* ---- row helpers shared with the cross-entropy kernels (kernels/cpu/loss.c) ----
  *
- * The f32 exponentials come from ct_cpu_expf (kernels/cpu/vmath.h), whose loops
+ * The f32 exponentials come from cti_cpu_expf (kernels/cpu/vmath.h), whose loops
  * vectorise; the row maximum is written with GCC/Clang generic vectors (8 lanes;
  * AVX2 when built with -march=native, two SSE halves otherwise).
  */
@@ -48,7 +48,7 @@ typedef double ct_cpu_f64x4 __attribute__((vector_size(32)));
  *                            exp(NaN - m) makes the sum NaN anyway)
  *   expsum(x, m, out, n)     sum exp(x[i] - m), also stored in out[i] unless out is NULL
  *   exp_sub(x, m, out, n)    out[i] = exp(x[i] - m[i])                              */
-static inline float ct_cpu_row_max_f32(const float *restrict x, int64_t n)
+static inline float cti_cpu_row_max_f32(const float *restrict x, int64_t n)
 {
     ct_cpu_f32x8 acc = CT_CPU_SPLAT8(-INFINITY);
     int64_t i = 0;
@@ -63,7 +63,7 @@ static inline float ct_cpu_row_max_f32(const float *restrict x, int64_t n)
     return m;
 }
 
-static inline double ct_cpu_expsum_f32(const float *restrict x, float m, float *restrict out, int64_t n)
+static inline double cti_cpu_expsum_f32(const float *restrict x, float m, float *restrict out, int64_t n)
 {
     /* lanes 0-3 and 4-7 of the partial sums, in two double vectors: written as a
      * loop over 8 doubles, gcc sometimes leaves the widening adds scalar */
@@ -71,7 +71,7 @@ static inline double ct_cpu_expsum_f32(const float *restrict x, float m, float *
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         float e[8];
-        for (int k = 0; k < 8; k++) e[k] = ct_cpu_expf(x[i + k] - m);
+        for (int k = 0; k < 8; k++) e[k] = cti_cpu_expf(x[i + k] - m);
         if (out) memcpy(out + i, e, sizeof e);
         ct_cpu_f32x4 lo, hi;
         memcpy(&lo, e, sizeof lo);
@@ -81,7 +81,7 @@ static inline double ct_cpu_expsum_f32(const float *restrict x, float m, float *
     }
     double s = 0;
     for (; i < n; i++) {
-        float e = ct_cpu_expf(x[i] - m);
+        float e = cti_cpu_expf(x[i] - m);
         if (out) out[i] = e;
         s += e;
     }
@@ -90,20 +90,20 @@ static inline double ct_cpu_expsum_f32(const float *restrict x, float m, float *
     return s;
 }
 
-static inline void ct_cpu_exp_sub_f32(const float *restrict x, const float *restrict m, float *restrict out, int64_t n)
+static inline void cti_cpu_exp_sub_f32(const float *restrict x, const float *restrict m, float *restrict out, int64_t n)
 {
-    for (int64_t i = 0; i < n; i++) out[i] = ct_cpu_expf(x[i] - m[i]);
+    for (int64_t i = 0; i < n; i++) out[i] = cti_cpu_expf(x[i] - m[i]);
 }
 
 /* f64 twins with libm's exp (f64 serves gradient checks, not speed). */
-static inline double ct_cpu_row_max_f64(const double *restrict x, int64_t n)
+static inline double cti_cpu_row_max_f64(const double *restrict x, int64_t n)
 {
     double m = -INFINITY;
     for (int64_t i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
     return m;
 }
 
-static inline double ct_cpu_expsum_f64(const double *restrict x, double m, double *restrict out, int64_t n)
+static inline double cti_cpu_expsum_f64(const double *restrict x, double m, double *restrict out, int64_t n)
 {
     double s = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -114,8 +114,8 @@ static inline double ct_cpu_expsum_f64(const double *restrict x, double m, doubl
     return s;
 }
 
-static inline void ct_cpu_exp_sub_f64(const double *restrict x, const double *restrict m, double *restrict out,
-                                      int64_t n)
+static inline void cti_cpu_exp_sub_f64(const double *restrict x, const double *restrict m, double *restrict out,
+                                       int64_t n)
 {
     for (int64_t i = 0; i < n; i++) out[i] = exp(x[i] - m[i]);
 }

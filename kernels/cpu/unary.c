@@ -4,7 +4,7 @@
  *   gout, x, y (...) -> gin (same shape); gin = gout * f'(x), overwritten
  *
  * exp, tanh and sigmoid in f32 are branch-free Cephes polynomials (exp is
- * ct_cpu_expf of kernels/cpu/vmath.h, tanh and sigmoid are built on it below)
+ * cti_cpu_expf of kernels/cpu/vmath.h, tanh and sigmoid are built on it below)
  * instead of libm calls, because a libm call per element keeps gcc from
  * vectorising the loop and GELU/SiLU sit in every transformer MLP. They are
  * within a few ulp of the correctly rounded result. log, sqrt, pow and erf
@@ -37,13 +37,13 @@ static inline float ew_tanhf(float x)
     p = p * z - 3.33332819422E-1f;
     float small = p * z * x + x;
     float ax = fabsf(x);
-    float big = copysignf(1.0f - 2.0f / (ct_cpu_expf(2.0f * ax) + 1.0f), x);
+    float big = copysignf(1.0f - 2.0f / (cti_cpu_expf(2.0f * ax) + 1.0f), x);
     return ct_cpu_sel_f32(ax < 0.625f, small, big);
 }
 
 static inline float ew_sigmoidf(float x)
 {
-    float e = ct_cpu_expf(-fabsf(x));
+    float e = cti_cpu_expf(-fabsf(x));
     float s = 1.0f / (1.0f + e);
     return ct_cpu_sel_f32(x >= 0.0f, s, e * s);
 }
@@ -61,7 +61,7 @@ static inline double ew_sigmoid(double x)
 /* exp(-2u) for GELU-tanh's u = k (x + c x^3) */
 static inline float ew_gelu_expf(float x)
 {
-    return ct_cpu_expf((float)(-2.0 * GELU_K) * CT_CPU_FMAF((float)GELU_C * x * x, x, x));
+    return cti_cpu_expf((float)(-2.0 * GELU_K) * CT_CPU_FMAF((float)GELU_C * x * x, x, x));
 }
 
 /* sigmoid(2u), one-sided (see the top comment) */
@@ -100,7 +100,7 @@ static void un_f32(ct_unary_op op, float *o, int64_t so, const float *xp, int64_
     switch (op) {
     case CT_UNARY_NEG: EW_LOOP1(float, -x); break;
     case CT_UNARY_ABS: EW_LOOP1(float, fabsf(x)); break;
-    case CT_UNARY_EXP: EW_LOOP1(float, ct_cpu_expf(x)); break;
+    case CT_UNARY_EXP: EW_LOOP1(float, cti_cpu_expf(x)); break;
     case CT_UNARY_LOG: EW_LOOP1(float, logf(x)); break;
     case CT_UNARY_SQRT: EW_LOOP1(float, sqrtf(x)); break;
     case CT_UNARY_RSQRT: EW_LOOP1(float, 1.0f / sqrtf(x)); break;
@@ -171,22 +171,22 @@ static void un_row(const void *vctx, char *const *p, const int64_t *s, int64_t n
         float buf[HALF_CHUNK];
         for (int64_t off = 0; off < n; off += HALF_CHUNK) {
             const int64_t m = n - off < HALF_CHUNK ? n - off : HALF_CHUNK;
-            ct_cpu_ew_load_f32(c->dt, p[1] + off * s[1] * 2, s[1], m, buf);
+            cti_cpu_ew_load_f32(c->dt, p[1] + off * s[1] * 2, s[1], m, buf);
             un_f32(c->op, buf, 1, buf, 1, m);
-            ct_cpu_ew_store_f32(c->dt, p[0] + off * s[0] * 2, s[0], m, buf);
+            cti_cpu_ew_store_f32(c->dt, p[0] + off * s[0] * 2, s[0], m, buf);
         }
     }
     }
 }
 
 // x (...) -> out (same shape); out = f(x); out overwritten (may be x)
-ct_status ct_cpu_unary(ct_unary_op op, ct_tensor *out, const ct_tensor *x)
+ct_status cti_cpu_unary(ct_unary_op op, ct_tensor *out, const ct_tensor *x)
 {
     un_ctx c = {.op = op, .dt = x->dtype};
     char *base[2] = {ct_tensor_data(out), ct_tensor_data(x)};
     const int64_t *strides[2] = {out->strides, x->strides};
     size_t es[2] = {ct_dtype_size(out->dtype), ct_dtype_size(x->dtype)};
-    ct_cpu_ew_run(out->ndim, out->shape, 2, base, strides, es, un_row, &c);
+    cti_cpu_ew_run(out->ndim, out->shape, 2, base, strides, es, un_row, &c);
     return CT_OK;
 }
 
@@ -262,7 +262,7 @@ ct_status ct_cpu_unary(ct_unary_op op, ct_tensor *out, const ct_tensor *x)
             break;                                                                                 \
         }                                                                                          \
     }
-DEF_BWD(bwd_f32, float, ct_cpu_sel_f32, ct_cpu_expf, ew_tanhf, ew_sigmoidf, ew_gelu_sigf, erfcf, sqrtf)
+DEF_BWD(bwd_f32, float, ct_cpu_sel_f32, cti_cpu_expf, ew_tanhf, ew_sigmoidf, ew_gelu_sigf, erfcf, sqrtf)
 DEF_BWD(bwd_f64, double, ct_cpu_sel_f64, exp, tanh, ew_sigmoid, ew_gelu_sig, erfc, sqrt)
 
 typedef struct bwd_ctx {
@@ -304,18 +304,18 @@ static void bwd_row(const void *vctx, char *const *p, const int64_t *s, int64_t 
             for (int64_t i = 0; i < m; i++) memcpy(p[0] + (off + i) * s[0] * es, &gi[i], 8);
         } else {
             float g[CH], x[CH], y[CH], gi[CH];
-            ct_cpu_ew_load_f32(c->dt, p[1] + off * s[1] * es, s[1], m, g);
-            if (c->ix >= 0) ct_cpu_ew_load_f32(c->dt, p[c->ix] + off * s[c->ix] * es, s[c->ix], m, x);
-            if (c->iy >= 0) ct_cpu_ew_load_f32(c->dt, p[c->iy] + off * s[c->iy] * es, s[c->iy], m, y);
+            cti_cpu_ew_load_f32(c->dt, p[1] + off * s[1] * es, s[1], m, g);
+            if (c->ix >= 0) cti_cpu_ew_load_f32(c->dt, p[c->ix] + off * s[c->ix] * es, s[c->ix], m, x);
+            if (c->iy >= 0) cti_cpu_ew_load_f32(c->dt, p[c->iy] + off * s[c->iy] * es, s[c->iy], m, y);
             bwd_f32(c->op, gi, g, c->ix < 0 ? NULL : x, c->iy < 0 ? NULL : y, m);
-            ct_cpu_ew_store_f32(c->dt, p[0] + off * s[0] * es, s[0], m, gi);
+            cti_cpu_ew_store_f32(c->dt, p[0] + off * s[0] * es, s[0], m, gi);
         }
     }
 }
 
 // gout, x, y (...) -> gin (same shape); gin = gout * f'(x); gin overwritten
-ct_status ct_cpu_unary_backward(ct_unary_op op, ct_tensor *gin, const ct_tensor *gout, const ct_tensor *x,
-                                const ct_tensor *y)
+ct_status cti_cpu_unary_backward(ct_unary_op op, ct_tensor *gin, const ct_tensor *gout, const ct_tensor *x,
+                                 const ct_tensor *y)
 {
     bwd_ctx c = {.op = op, .dt = gin->dtype, .ix = -1, .iy = -1};
     char *base[4] = {ct_tensor_data(gin), ct_tensor_data(gout)};
@@ -332,6 +332,6 @@ ct_status ct_cpu_unary_backward(ct_unary_op op, ct_tensor *gin, const ct_tensor 
         base[nops] = ct_tensor_data(y), strides[nops] = y->strides, es[nops] = es[0];
         nops++;
     }
-    ct_cpu_ew_run(gin->ndim, gin->shape, nops, base, strides, es, bwd_row, &c);
+    cti_cpu_ew_run(gin->ndim, gin->shape, nops, base, strides, es, bwd_row, &c);
     return CT_OK;
 }

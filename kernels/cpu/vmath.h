@@ -59,7 +59,7 @@ CT_CPU_DEFINE_SEL(ct_cpu_sel_f64, double, uint64_t)
  * absolute 0.75 * 2^-149 (three quarters of the smallest subnormal). Edges: NaN
  * gives NaN (x's, quieted), -inf and x < -103.97 give +0, +inf and x > 88.72 give
  * +inf. */
-static inline float ct_cpu_expf(float x)
+static inline float cti_cpu_expf(float x)
 {
     /* NaN fails both comparisons and flows through the arithmetic into the result;
      * n is read from t's bits, so no float-to-int conversion ever sees it */

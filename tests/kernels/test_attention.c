@@ -30,7 +30,7 @@ static ct_tensor *ref_forward(const ct_tensor *q, const ct_tensor *k, const ct_t
 {
     ct_tensor *out = ct_tensor_empty(CT_DTYPE_F64, CT_SHAPE(q->shape[0], q->shape[1], q->shape[2], v->shape[3]));
     ct_tensor *l = ct_tensor_empty(CT_DTYPE_F64, CT_SHAPE(q->shape[0], q->shape[1], q->shape[2]));
-    cr_assert_eq(ct_cpu_attention_ref(q, k, v, causal, scale, out, l), CT_OK);
+    cr_assert_eq(cti_cpu_attention_ref(q, k, v, causal, scale, out, l), CT_OK);
     if (lse) *lse = l;
     return out;
 }
@@ -41,7 +41,7 @@ static void ref_backward(const ct_tensor *dout, const ct_tensor *q, const ct_ten
     *dq = ct_tensor_empty(CT_DTYPE_F64, q->ndim, q->shape);
     *dk = ct_tensor_empty(CT_DTYPE_F64, k->ndim, k->shape);
     *dv = ct_tensor_empty(CT_DTYPE_F64, v->ndim, v->shape);
-    cr_assert_eq(ct_cpu_attention_backward_ref(dout, q, k, v, NULL, NULL, causal, scale, *dq, *dk, *dv), CT_OK);
+    cr_assert_eq(cti_cpu_attention_backward_ref(dout, q, k, v, NULL, NULL, causal, scale, *dq, *dk, *dv), CT_OK);
 }
 
 Test(attention, ref_hand_case)
@@ -295,14 +295,14 @@ Test(attention, extreme_scores_stay_finite)
 Test(attention, workspace_is_not_quadratic)
 {
     size_t quad = (size_t)1024 * 1024 * 4;
-    cr_assert_lt(ct_cpu_attention_workspace_bytes(1024, 1024, 64, 64, 4), quad);
-    cr_assert_lt(ct_cpu_attention_workspace_bytes(1024, 1024, 128, 128, 8), 2 * quad);
+    cr_assert_lt(cti_cpu_attention_workspace_bytes(1024, 1024, 64, 64, 4), quad);
+    cr_assert_lt(cti_cpu_attention_workspace_bytes(1024, 1024, 128, 128, 8), 2 * quad);
     /* doubling S or T grows it by less than 2x (linear, with a constant part) */
-    cr_assert_lt(ct_cpu_attention_workspace_bytes(1024, 8192, 64, 64, 4),
-                 2 * ct_cpu_attention_workspace_bytes(1024, 4096, 64, 64, 4));
-    cr_assert_lt(ct_cpu_attention_workspace_bytes(4096, 4096, 64, 64, 4),
-                 2 * ct_cpu_attention_workspace_bytes(2048, 2048, 64, 64, 4));
-    cr_assert_lt(ct_cpu_attention_workspace_bytes(8192, 8192, 64, 64, 4), (size_t)8192 * 8192 * 4 / 16);
+    cr_assert_lt(cti_cpu_attention_workspace_bytes(1024, 8192, 64, 64, 4),
+                 2 * cti_cpu_attention_workspace_bytes(1024, 4096, 64, 64, 4));
+    cr_assert_lt(cti_cpu_attention_workspace_bytes(4096, 4096, 64, 64, 4),
+                 2 * cti_cpu_attention_workspace_bytes(2048, 2048, 64, 64, 4));
+    cr_assert_lt(cti_cpu_attention_workspace_bytes(8192, 8192, 64, 64, 4), (size_t)8192 * 8192 * 4 / 16);
 }
 
 Test(attention, errors_name_op_and_shapes)
@@ -386,11 +386,11 @@ Test(attention, bf16_paths_match_ref)
         {1, 2, 70, 70, 8, 24},  {2, 1, 7, 7, 10, 6},      {1, 2, 1, 1, 64, 64},
         {1, 1, 200, 200, 64, 64},
     };
-    const bool dot_here = ct_cpu_attention_bf16_dot();
+    const bool dot_here = cti_cpu_attention_bf16_dot();
     ct_tensor *first_out[2] = {NULL, NULL}; /* shape 0's causal out on each path */
     for (int path = 0; path < 2; path++) {
         if (path == 0 && !dot_here) continue;
-        ct_cpu_attention_set_bf16_dot(path == 0);
+        cti_cpu_attention_set_bf16_dot(path == 0);
         ct_set_seed(40);
         for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
             const int64_t *d = shapes[s];
@@ -418,7 +418,7 @@ Test(attention, bf16_paths_match_ref)
             }
         }
     }
-    ct_cpu_attention_set_bf16_dot(true);
+    cti_cpu_attention_set_bf16_dot(true);
     if (dot_here) /* the switch really changes the path: P's rounding moves some outputs */
         cr_assert_neq(memcmp(ct_tensor_data(first_out[0]), ct_tensor_data(first_out[1]), ct_tensor_nbytes(first_out[0])),
                       0, "the dot and widening paths gave the same bits");

@@ -131,7 +131,7 @@ Test(dropout, fast_matches_reference_all_dtypes_and_layouts)
                 ct_tensor *mask, *y = ct_kernel_dropout(views[v], 0.4, &r1, &mask);
                 ct_tensor *xc = ct_tensor_clone(views[v]);
                 ct_tensor *yr = ct_tensor_empty_like(xc), *mr = ct_tensor_empty(CT_DTYPE_U8, 2, xc->shape);
-                cr_assert_eq(ct_cpu_dropout_ref(xc, 0.4, &r2, yr, mr), CT_OK);
+                cr_assert_eq(cti_cpu_dropout_ref(xc, 0.4, &r2, yr, mr), CT_OK);
                 cr_assert_eq(r1.offset, r2.offset);
                 cr_assert(same_bits(mask, mr));
                 double *a = f64_data(y), *b = f64_data(yr), tol = dt == CT_DTYPE_F64 ? 1e-15 : dt == CT_DTYPE_F32 ? 1e-7 : 1e-2;
@@ -139,7 +139,7 @@ Test(dropout, fast_matches_reference_all_dtypes_and_layouts)
                 /* backward vs ref, and vs dy * mask / (1 - p) directly */
                 ct_tensor *dy = ct_tensor_randn(dt, 2, xc->shape, 0, 1);
                 ct_tensor *dx = ct_kernel_dropout_backward(dy, mask, 0.4), *dxr = ct_tensor_empty_like(dy);
-                cr_assert_eq(ct_cpu_dropout_backward_ref(dy, mask, 0.4, dxr), CT_OK);
+                cr_assert_eq(cti_cpu_dropout_backward_ref(dy, mask, 0.4, dxr), CT_OK);
                 double *g = f64_data(dx), *gr = f64_data(dxr), *dyp = f64_data(dy);
                 const uint8_t *m = ct_tensor_data(mask);
                 for (int i = 0; i < 33 * 17; i++) {

@@ -53,7 +53,7 @@ static void check_binary(ct_binary_op op, const ct_tensor *a, const ct_tensor *b
     ct_tensor *fast = ct_kernel_binary(op, a, b);
     cr_assert_not_null(fast, "%s: %s", ct_binary_op_name(op), ct_last_error());
     ct_tensor *ref = ct_tensor_empty(fast->dtype, fast->ndim, fast->shape);
-    cr_assert_eq(ct_cpu_binary_ref(op, ref, a, b), CT_OK);
+    cr_assert_eq(cti_cpu_binary_ref(op, ref, a, b), CT_OK);
     char da[200], db[200];
     double e = rel_err_nan(fast, ref);
     cr_assert(e <= tol, "%s %s %s: rel err %g > %g", ct_binary_op_name(op), ct_tensor_describe(a, da, sizeof da),
@@ -86,54 +86,54 @@ Test(elementwise_ref, binary_hand_values)
         const double add[6] = {11, 22, 3.5, 14, 25, 6.5}, sub[6] = {-9, -18, 2.5, -6, -15, 5.5};
         const double div[6] = {0.1, 0.1, 6, 0.4, 0.25, 12}, pw[6] = {1, 1048576, 1.7320508075688772, 1048576,
                                                                      95367431640625.0, 2.449489742783178};
-        ct_cpu_binary_ref(CT_BINARY_ADD, o, a, b);
+        cti_cpu_binary_ref(CT_BINARY_ADD, o, a, b);
         for (int i = 0; i < 6; i++) cr_assert_eq(ct_tensor_get(o, (int64_t[]){i / 3, i % 3}), add[i]);
-        ct_cpu_binary_ref(CT_BINARY_SUB, o, a, b);
+        cti_cpu_binary_ref(CT_BINARY_SUB, o, a, b);
         for (int i = 0; i < 6; i++) cr_assert_eq(ct_tensor_get(o, (int64_t[]){i / 3, i % 3}), sub[i]);
-        ct_cpu_binary_ref(CT_BINARY_DIV, o, a, b);
+        cti_cpu_binary_ref(CT_BINARY_DIV, o, a, b);
         for (int i = 0; i < 6; i++)
             cr_assert_eq(ct_tensor_get(o, (int64_t[]){i / 3, i % 3}), (double)(float)div[i]);
-        ct_cpu_binary_ref(CT_BINARY_POW, o, a, b);
+        cti_cpu_binary_ref(CT_BINARY_POW, o, a, b);
         for (int i = 0; i < 6; i++)
             cr_assert_eq(ct_tensor_get(o, (int64_t[]){i / 3, i % 3}), (double)(float)pw[i], "pow %d", i);
         /* comparisons, max/min with NaN (propagates from either side) */
         ct_tensor *x = from_f64(CT_DTYPE_F64, CT_SHAPE(4), (double[]){1, NAN, 3, -0.5});
         ct_tensor *y = from_f64(CT_DTYPE_F64, CT_SHAPE(4), (double[]){2, 1, NAN, -0.5});
         ct_tensor *m = ct_tensor_empty(CT_DTYPE_F64, CT_SHAPE(4)), *c = ct_tensor_empty(CT_DTYPE_BOOL, CT_SHAPE(4));
-        ct_cpu_binary_ref(CT_BINARY_MAX, m, x, y);
+        cti_cpu_binary_ref(CT_BINARY_MAX, m, x, y);
         cr_assert(get1(m, 0) == 2 && isnan(get1(m, 1)) && isnan(get1(m, 2)) && get1(m, 3) == -0.5);
-        ct_cpu_binary_ref(CT_BINARY_MIN, m, x, y);
+        cti_cpu_binary_ref(CT_BINARY_MIN, m, x, y);
         cr_assert(get1(m, 0) == 1 && isnan(get1(m, 1)) && isnan(get1(m, 2)) && get1(m, 3) == -0.5);
-        ct_cpu_binary_ref(CT_BINARY_LE, c, x, y);
+        cti_cpu_binary_ref(CT_BINARY_LE, c, x, y);
         cr_assert(get1(c, 0) == 1 && get1(c, 1) == 0 && get1(c, 2) == 0 && get1(c, 3) == 1);
-        ct_cpu_binary_ref(CT_BINARY_NE, c, x, y);
+        cti_cpu_binary_ref(CT_BINARY_NE, c, x, y);
         cr_assert(get1(c, 0) == 1 && get1(c, 1) == 1 && get1(c, 2) == 1 && get1(c, 3) == 0);
         /* integers wrap like two's complement */
         ct_tensor *i = from_f64(CT_DTYPE_I32, CT_SHAPE(2), (double[]){2147483647, -2147483648.0});
         ct_tensor *j = from_f64(CT_DTYPE_I32, CT_SHAPE(2), (double[]){1, 1});
         ct_tensor *k = ct_tensor_empty(CT_DTYPE_I32, CT_SHAPE(2));
-        ct_cpu_binary_ref(CT_BINARY_ADD, k, i, j);
+        cti_cpu_binary_ref(CT_BINARY_ADD, k, i, j);
         cr_assert(get1(k, 0) == -2147483648.0 && get1(k, 1) == -2147483647.0);
-        ct_cpu_binary_ref(CT_BINARY_SUB, k, i, j);
+        cti_cpu_binary_ref(CT_BINARY_SUB, k, i, j);
         cr_assert(get1(k, 0) == 2147483646.0 && get1(k, 1) == 2147483647.0);
         ct_tensor *u = from_f64(CT_DTYPE_U8, CT_SHAPE(2), (double[]){250, 3});
         ct_tensor *v = from_f64(CT_DTYPE_U8, CT_SHAPE(2), (double[]){10, 100});
         ct_tensor *w = ct_tensor_empty(CT_DTYPE_U8, CT_SHAPE(2));
-        ct_cpu_binary_ref(CT_BINARY_ADD, w, u, v);
+        cti_cpu_binary_ref(CT_BINARY_ADD, w, u, v);
         cr_assert(get1(w, 0) == 4 && get1(w, 1) == 103);
-        ct_cpu_binary_ref(CT_BINARY_MUL, w, u, v);
+        cti_cpu_binary_ref(CT_BINARY_MUL, w, u, v);
         cr_assert(get1(w, 0) == (2500 % 256) && get1(w, 1) == (300 % 256));
         /* scalar forms */
-        ct_cpu_binary_scalar_ref(CT_BINARY_SUB, o, a, 1.0, true);
+        cti_cpu_binary_scalar_ref(CT_BINARY_SUB, o, a, 1.0, true);
         cr_assert(ct_tensor_get(o, (int64_t[]){1, 2}) == -5.0);
-        ct_cpu_binary_scalar_ref(CT_BINARY_DIV, o, a, 1.0, true);
+        cti_cpu_binary_scalar_ref(CT_BINARY_DIV, o, a, 1.0, true);
         cr_assert(ct_tensor_get(o, (int64_t[]){0, 1}) == 0.5);
         /* where, broadcast over all three */
         ct_tensor *cond = from_f64(CT_DTYPE_BOOL, CT_SHAPE(2, 1), (double[]){1, 0});
         ct_tensor *wa = from_f64(CT_DTYPE_F32, CT_SHAPE(3), (double[]){1, 2, 3});
         ct_tensor *wb = ct_tensor_scalar(CT_DTYPE_F32, -1);
         ct_tensor *wo = ct_tensor_empty(CT_DTYPE_F32, CT_SHAPE(2, 3));
-        ct_cpu_where_ref(wo, cond, wa, wb);
+        cti_cpu_where_ref(wo, cond, wa, wb);
         const double want[6] = {1, 2, 3, -1, -1, -1};
         for (int q = 0; q < 6; q++) cr_assert_eq(ct_tensor_get(wo, (int64_t[]){q / 3, q % 3}), want[q]);
     }
@@ -146,36 +146,36 @@ Test(elementwise_ref, unary_hand_values_and_libm)
         ct_tensor *x = from_f64(CT_DTYPE_F64, CT_SHAPE(6), xs);
         ct_tensor *y = ct_tensor_empty(CT_DTYPE_F64, CT_SHAPE(6));
         /* GELU values from the definitions, evaluated by hand to 16 digits */
-        cr_assert_eq(ct_cpu_unary_ref(CT_UNARY_GELU_ERF, y, x), CT_OK);
+        cr_assert_eq(cti_cpu_unary_ref(CT_UNARY_GELU_ERF, y, x), CT_OK);
         cr_assert(fabs(get1(y, 1) - -0.15865525393145707) < 1e-15);
         cr_assert(fabs(get1(y, 5) - 1.9544997361036416) < 1e-15);
-        ct_cpu_unary_ref(CT_UNARY_GELU_TANH, y, x);
+        cti_cpu_unary_ref(CT_UNARY_GELU_TANH, y, x);
         cr_assert(fabs(get1(y, 1) - -0.15880800939172324) < 1e-15);
         cr_assert(fabs(get1(y, 5) - 1.954597694087775) < 1e-15);
-        ct_cpu_unary_ref(CT_UNARY_SILU, y, x);
+        cti_cpu_unary_ref(CT_UNARY_SILU, y, x);
         cr_assert(fabs(get1(y, 1) - -0.2689414213699951) < 1e-15);
-        ct_cpu_unary_ref(CT_UNARY_RELU, y, x);
+        cti_cpu_unary_ref(CT_UNARY_RELU, y, x);
         cr_assert(get1(y, 0) == 0 && get1(y, 4) == 0.75);
         for (int i = 0; i < 6; i++) {
-            ct_cpu_unary_ref(CT_UNARY_EXP, y, x);
+            cti_cpu_unary_ref(CT_UNARY_EXP, y, x);
             cr_assert_eq(get1(y, i), exp(xs[i]));
-            ct_cpu_unary_ref(CT_UNARY_TANH, y, x);
+            cti_cpu_unary_ref(CT_UNARY_TANH, y, x);
             cr_assert_eq(get1(y, i), tanh(xs[i]));
-            ct_cpu_unary_ref(CT_UNARY_SIGMOID, y, x);
+            cti_cpu_unary_ref(CT_UNARY_SIGMOID, y, x);
             cr_assert(fabs(get1(y, i) - 0.5 * (1 + tanh(xs[i] / 2))) < 4e-16, "sigmoid = (1 + tanh(x/2)) / 2");
-            ct_cpu_unary_ref(CT_UNARY_ABS, y, x);
+            cti_cpu_unary_ref(CT_UNARY_ABS, y, x);
             cr_assert_eq(get1(y, i), fabs(xs[i]));
         }
         ct_tensor *p = from_f64(CT_DTYPE_F64, CT_SHAPE(3), (double[]){0.25, 4, 9});
         ct_tensor *q = ct_tensor_empty(CT_DTYPE_F64, CT_SHAPE(3));
-        ct_cpu_unary_ref(CT_UNARY_RSQRT, q, p);
+        cti_cpu_unary_ref(CT_UNARY_RSQRT, q, p);
         cr_assert(get1(q, 0) == 2 && get1(q, 1) == 0.5 && fabs(get1(q, 2) - 1.0 / 3) < 1e-16);
-        ct_cpu_unary_ref(CT_UNARY_LOG, q, p);
+        cti_cpu_unary_ref(CT_UNARY_LOG, q, p);
         cr_assert(get1(q, 1) == log(4.0));
         /* integers: -INT_MIN wraps to INT_MIN, as in C on unsigned */
         ct_tensor *i = from_f64(CT_DTYPE_I32, CT_SHAPE(2), (double[]){-2147483648.0, -5});
         ct_tensor *o = ct_tensor_empty(CT_DTYPE_I32, CT_SHAPE(2));
-        ct_cpu_unary_ref(CT_UNARY_ABS, o, i);
+        cti_cpu_unary_ref(CT_UNARY_ABS, o, i);
         cr_assert(get1(o, 0) == -2147483648.0 && get1(o, 1) == 5);
     }
 }
@@ -248,7 +248,7 @@ Test(elementwise, binary_scalar_and_reversed)
                         ct_tensor *f = rev ? ct_kernel_rbinary_scalar(op, ss[k], a) : ct_kernel_binary_scalar(op, a, ss[k]);
                         cr_assert_not_null(f, "%s", ct_last_error());
                         ct_tensor *r = ct_tensor_empty(f->dtype, f->ndim, f->shape);
-                        ct_cpu_binary_scalar_ref(op, r, a, ss[k], rev);
+                        cti_cpu_binary_scalar_ref(op, r, a, ss[k], rev);
                         double tol = ct_binary_op_is_comparison(op) || dt == CT_DTYPE_I32 ? 0 : tol_for(dt);
                         double e = rel_err_nan(f, r);
                         cr_assert(e <= tol, "%s %s s=%g rev=%d: %g", ct_binary_op_name(op), ct_dtype_name(dt), ss[k], rev, e);
@@ -333,7 +333,7 @@ Test(elementwise, unary_float_layouts)
                     ct_tensor *f = ct_kernel_unary(op, x);
                     cr_assert_not_null(f, "%s", ct_last_error());
                     ct_tensor *r = ct_tensor_empty(f->dtype, f->ndim, f->shape);
-                    ct_cpu_unary_ref(op, r, x);
+                    cti_cpu_unary_ref(op, r, x);
                     double e = rel_err_nan(f, r);
                     cr_assert(e <= tol_for(dts[di]), "%s %s: %g", ct_unary_op_name(op), ct_dtype_name(dts[di]), e);
                 }
@@ -351,7 +351,7 @@ Test(elementwise, unary_float_layouts)
             const ct_unary_op uop = op == 0 ? CT_UNARY_NEG : op == 1 ? CT_UNARY_ABS : CT_UNARY_RELU;
             ct_tensor *x = make(CT_DTYPE_I64, CT_SHAPE(13, 7), op, -1000, 1000);
             ct_tensor *f = ct_kernel_unary(uop, x), *r = ct_tensor_empty(CT_DTYPE_I64, CT_SHAPE(13, 7));
-            ct_cpu_unary_ref(uop, r, x);
+            cti_cpu_unary_ref(uop, r, x);
             cr_assert_eq(rel_err_nan(f, r), 0.0);
         }
     }
@@ -384,7 +384,7 @@ Test(elementwise, unary_f32_accuracy_and_extremes)
         for (int op = CT_UNARY_EXP; op < CT_UNARY_OP_COUNT; op++) {
             if (op == CT_UNARY_LOG || op == CT_UNARY_SQRT || op == CT_UNARY_RSQRT) continue;
             ct_tensor *f = ct_kernel_unary(op, xe), *r = ct_tensor_empty(CT_DTYPE_F32, CT_SHAPE(12));
-            ct_cpu_unary_ref(op, r, xe);
+            cti_cpu_unary_ref(op, r, xe);
             for (int i = 0; i < 12; i++) {
                 double fv = get1(f, i), rv = get1(r, i);
                 /* below FLT_MIN (silu(-104) = -7e-44) only absolute accuracy is asked for */
@@ -433,7 +433,7 @@ Test(elementwise, unary_backward_finite_differences)
                                               ct_kernel_binary_scalar(CT_BINARY_DIV, ct_kernel_binary(CT_BINARY_SUB, fp, fm), 2 * h));
             ct_tensor *fast = ct_kernel_unary_backward(op, g, x, NULL);
             ct_tensor *ref = ct_tensor_empty(CT_DTYPE_F64, CT_SHAPE(7, 19));
-            ct_cpu_unary_backward_ref(op, ref, g, x, NULL);
+            cti_cpu_unary_backward_ref(op, ref, g, x, NULL);
             double ef = rel_err_nan(fast, num), er = rel_err_nan(ref, num);
             cr_assert(ef < 1e-7 && er < 1e-7, "%s backward vs finite differences: fast %g ref %g", ct_unary_op_name(op), ef, er);
             if (op == CT_UNARY_EXP || op == CT_UNARY_TANH || op == CT_UNARY_SIGMOID) {
@@ -462,8 +462,8 @@ Test(elementwise, unary_backward_fast_vs_ref)
                     cr_assert_not_null(f, "%s", ct_last_error());
                     ct_tensor *r = ct_tensor_empty(dts[di], CT_SHAPE(33, 130));
                     const bool uses_y = op == CT_UNARY_EXP || op == CT_UNARY_TANH || op == CT_UNARY_SIGMOID;
-                    ct_cpu_unary_backward_ref(op, r, g, uses_y ? NULL : x, uses_y ? y : NULL);
-                    if (uses_y && !y) ct_cpu_unary_backward_ref(op, r, g, x, NULL);
+                    cti_cpu_unary_backward_ref(op, r, g, uses_y ? NULL : x, uses_y ? y : NULL);
+                    if (uses_y && !y) cti_cpu_unary_backward_ref(op, r, g, x, NULL);
                     double e = rel_err_nan(f, r);
                     cr_assert(e <= tol_for(dts[di]) * (dts[di] == CT_DTYPE_F64 ? 1e2 : 1), "%s %s layout %d: %g",
                               ct_unary_op_name(op), ct_dtype_name(dts[di]), lay, e);
@@ -490,18 +490,18 @@ Test(elementwise, where_fast_vs_ref)
                 cr_assert_not_null(f, "%s", ct_last_error());
                 cr_assert(f->ndim == 3 && f->shape[0] == 3 && f->shape[1] == 4 && f->shape[2] == 5);
                 ct_tensor *r = ct_tensor_empty(dts[di], 3, f->shape);
-                ct_cpu_where_ref(r, c, a, b);
+                cti_cpu_where_ref(r, c, a, b);
                 cr_assert_eq(rel_err_nan(f, r), 0.0, "where %s layout %d", ct_dtype_name(dts[di]), lay);
             }
             ct_tensor *same_c = make(CT_DTYPE_BOOL, CT_SHAPE(17, 33), 0, 0, 2); /* all contiguous */
             ct_tensor *same_a = make(dts[di], CT_SHAPE(17, 33), 0, -5, 5), *same_b = make(dts[di], CT_SHAPE(17, 33), 0, -5, 5);
             ct_tensor *sf = ct_kernel_where(same_c, same_a, same_b), *sr = ct_tensor_empty(dts[di], CT_SHAPE(17, 33));
-            ct_cpu_where_ref(sr, same_c, same_a, same_b);
+            cti_cpu_where_ref(sr, same_c, same_a, same_b);
             cr_assert_eq(rel_err_nan(sf, sr), 0.0);
             ct_tensor *big_c = make(CT_DTYPE_BOOL, CT_SHAPE(300, 200), 0, 0, 2);
             ct_tensor *big_a = make(dts[di], CT_SHAPE(300, 200), 0, -5, 5), *big_b = make(dts[di], CT_SHAPE(200), 0, -5, 5);
             ct_tensor *f = ct_kernel_where(big_c, big_a, big_b), *r = ct_tensor_empty(dts[di], CT_SHAPE(300, 200));
-            ct_cpu_where_ref(r, big_c, big_a, big_b);
+            cti_cpu_where_ref(r, big_c, big_a, big_b);
             cr_assert_eq(rel_err_nan(f, r), 0.0);
         }
     }

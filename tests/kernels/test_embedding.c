@@ -33,7 +33,7 @@ Test(embedding, hand_values)
         for (int i = 0; i < 6; i++) cr_assert_eq(((float *)ct_tensor_data(dw))[i], 2 * g[i] - 1);
         /* the ref agrees */
         ct_tensor *dr = ct_tensor_ones(CT_DTYPE_F32, CT_SHAPE(3, 2));
-        cr_assert_eq(ct_cpu_embedding_backward_ref(dr, ct_tensor_reshape(dout, CT_SHAPE(4, 2)), ids), CT_OK);
+        cr_assert_eq(cti_cpu_embedding_backward_ref(dr, ct_tensor_reshape(dout, CT_SHAPE(4, 2)), ids), CT_OK);
         for (int i = 0; i < 6; i++) cr_assert_eq(((float *)ct_tensor_data(dr))[i], g[i]);
         /* 0-d ids: one row, shape (C) */
         ct_tensor *one = ct_kernel_embedding(w, ct_tensor_scalar(CT_DTYPE_I32, 1));
@@ -52,7 +52,7 @@ Test(embedding, forward_matches_reference_any_dtype_and_layout)
             ct_tensor *out = ct_kernel_embedding(w, ids);
             cr_assert_not_null(out, "%s", ct_last_error());
             ct_tensor *ref = ct_tensor_empty(dts[d], CT_SHAPE(99, 17));
-            cr_assert_eq(ct_cpu_embedding_ref(w, ids, ref), CT_OK);
+            cr_assert_eq(cti_cpu_embedding_ref(w, ids, ref), CT_OK);
             cr_assert(same_bits(out, ref));
             /* index arithmetic directly */
             for (int64_t i = 0; i < 99; i += 7)
@@ -100,7 +100,7 @@ Test(embedding, backward_matches_reference_all_dtypes)
                 ct_tensor *dout = ct_tensor_randn(ddt, CT_SHAPE(7, 11, 17), 0, 1);
                 ct_tensor *dw = ct_tensor_randn(wdt, CT_SHAPE(50, 17), 0, 1), *dr = ct_tensor_clone(dw);
                 cr_assert_eq(ct_kernel_embedding_backward(dw, dout, ids), CT_OK, "%s", ct_last_error());
-                cr_assert_eq(ct_cpu_embedding_backward_ref(dr, ct_tensor_reshape(dout, CT_SHAPE(77, 17)), ids), CT_OK);
+                cr_assert_eq(cti_cpu_embedding_backward_ref(dr, ct_tensor_reshape(dout, CT_SHAPE(77, 17)), ids), CT_OK);
                 double tol = wdt == CT_DTYPE_F64 && ddt == CT_DTYPE_F64 ? 1e-14
                              : wdt == CT_DTYPE_F32 || wdt == CT_DTYPE_F64 ? 1e-6
                                                                           : 1e-2;

@@ -20,7 +20,7 @@ static ct_tensor *ref_loss(const ct_tensor *logits, const ct_tensor *targets, ct
 {
     ct_tensor *loss = ct_tensor_empty(logits->dtype, 0, logits->shape);
     *lse = ct_tensor_empty(logits->dtype == CT_DTYPE_F64 ? CT_DTYPE_F64 : CT_DTYPE_F32, targets->ndim, targets->shape);
-    cr_assert_eq(ct_cpu_cross_entropy_ref(ct_tensor_clone(logits), ct_tensor_clone(targets), IGNORE, loss, *lse), CT_OK);
+    cr_assert_eq(cti_cpu_cross_entropy_ref(ct_tensor_clone(logits), ct_tensor_clone(targets), IGNORE, loss, *lse), CT_OK);
     return loss;
 }
 
@@ -28,7 +28,7 @@ static ct_tensor *ref_grad(const ct_tensor *dloss, const ct_tensor *logits, cons
 {
     ct_tensor *d = ct_tensor_empty(logits->dtype, logits->ndim, logits->shape);
     cr_assert_eq(
-        ct_cpu_cross_entropy_backward_ref(dloss, ct_tensor_clone(logits), ct_tensor_clone(targets), NULL, IGNORE, d),
+        cti_cpu_cross_entropy_backward_ref(dloss, ct_tensor_clone(logits), ct_tensor_clone(targets), NULL, IGNORE, d),
         CT_OK);
     return d;
 }

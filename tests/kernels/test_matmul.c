@@ -35,9 +35,9 @@ static void check_case(via how, const ct_tensor *a, const ct_tensor *b, bool ta,
         ct_tensor *out0 = ct_tensor_randn(a->dtype, nd, shape, 0, 1);
         ct_tensor *out = ct_tensor_clone(out0);
         ct_tensor *ref = ct_tensor_cast(out0, CT_DTYPE_F64);
-        cr_assert_eq(ct_cpu_matmul_ref(ref, a, b, ta, tb, alpha, beta), CT_OK);
+        cr_assert_eq(cti_cpu_matmul_ref(ref, a, b, ta, tb, alpha, beta), CT_OK);
         ct_status st = how == VIA_KERNEL ? ct_kernel_matmul_out(out, a, b, ta, tb, alpha, beta)
-                                         : ct_cpu_matmul_onednn(out, a, b, ta, tb, alpha, beta);
+                                         : cti_cpu_matmul_onednn(out, a, b, ta, tb, alpha, beta);
         cr_assert_eq(st, CT_OK, "%s: %s", what, ct_last_error());
         double e = rel_err(out, ref), tol = tol_for(a->dtype);
         cr_assert(e <= tol, "%s (ta=%d tb=%d alpha=%g beta=%g): rel err %.3g > %.1g", what, ta, tb, alpha, beta, e, tol);
@@ -93,17 +93,17 @@ Test(matmul, ref_matches_hand_computed)
         ct_tensor *a = ct_tensor_from_data(CT_DTYPE_F64, CT_SHAPE(2, 3), av);
         ct_tensor *b = ct_tensor_from_data(CT_DTYPE_F64, CT_SHAPE(3, 2), bv);
         ct_tensor *out = ct_tensor_zeros(CT_DTYPE_F64, CT_SHAPE(2, 2));
-        cr_assert_eq(ct_cpu_matmul_ref(out, a, b, false, false, 1, 0), CT_OK);
+        cr_assert_eq(cti_cpu_matmul_ref(out, a, b, false, false, 1, 0), CT_OK);
         for (int i = 0; i < 4; i++) cr_assert_eq(((double *)ct_tensor_data(out))[i], want[i]);
         /* the same product from stored transposes: a^T is (3,2), b^T is (2,3) */
         ct_tensor *at = ct_tensor_contiguous(ct_tensor_transpose(a, 0, 1));
         ct_tensor *bt = ct_tensor_contiguous(ct_tensor_transpose(b, 0, 1));
         ct_tensor *out2 = ct_tensor_zeros(CT_DTYPE_F64, CT_SHAPE(2, 2));
-        cr_assert_eq(ct_cpu_matmul_ref(out2, at, bt, true, true, 1, 0), CT_OK);
+        cr_assert_eq(cti_cpu_matmul_ref(out2, at, bt, true, true, 1, 0), CT_OK);
         for (int i = 0; i < 4; i++) cr_assert_eq(((double *)ct_tensor_data(out2))[i], want[i]);
         /* alpha, beta: out = 2 * ab - 1 * [1 1; 1 1] */
         ct_tensor *out3 = ct_tensor_ones(CT_DTYPE_F64, CT_SHAPE(2, 2));
-        cr_assert_eq(ct_cpu_matmul_ref(out3, a, b, false, false, 2, -1), CT_OK);
+        cr_assert_eq(cti_cpu_matmul_ref(out3, a, b, false, false, 2, -1), CT_OK);
         for (int i = 0; i < 4; i++) cr_assert_eq(((double *)ct_tensor_data(out3))[i], 2 * want[i] - 1);
         /* batch broadcast both ways: a (2,1,2,3) with batch i = (+1, -1)[i] * a, b (1,3,3,2)
          * with batch k = (k+1) * b, so out (2,3,2,2)[i][k] = sign_i * (k+1) * want */
@@ -115,10 +115,10 @@ Test(matmul, ref_matches_hand_computed)
             /* and the same with the operands' roles swapped: b^T a^T = (a b)^T */
             ct_tensor *out4 = ct_tensor_empty(CT_DTYPE_F64, CT_SHAPE(2, 3, 2, 2));
             if (!swap) {
-                cr_assert_eq(ct_cpu_matmul_ref(out4, a4, b4, false, false, 1, 0), CT_OK);
+                cr_assert_eq(cti_cpu_matmul_ref(out4, a4, b4, false, false, 1, 0), CT_OK);
             } else {
                 ct_tensor *o4t = ct_tensor_transpose(out4, -1, -2);
-                cr_assert_eq(ct_cpu_matmul_ref(o4t, b4, a4, true, true, 1, 0), CT_OK);
+                cr_assert_eq(cti_cpu_matmul_ref(o4t, b4, a4, true, true, 1, 0), CT_OK);
             }
             for (int i = 0; i < 24; i++) {
                 double sign = i < 12 ? 1 : -1, k = (i / 4) % 3 + 1;
@@ -137,7 +137,7 @@ Test(matmul, ref_identity_and_bf16_exact)
         ct_tensor *eye = ct_tensor_zeros(CT_DTYPE_F32, CT_SHAPE(7, 7));
         for (int i = 0; i < 7; i++) ct_tensor_set(eye, (int64_t[]){i, i}, 1);
         ct_tensor *outT = ct_tensor_transpose(ct_tensor_zeros(CT_DTYPE_F32, CT_SHAPE(7, 5)), 0, 1);
-        cr_assert_eq(ct_cpu_matmul_ref(outT, a, eye, false, false, 1, 0), CT_OK);
+        cr_assert_eq(cti_cpu_matmul_ref(outT, a, eye, false, false, 1, 0), CT_OK);
         for (int i = 0; i < 5; i++)
             for (int j = 0; j < 7; j++)
                 cr_assert_eq(ct_tensor_get(outT, (int64_t[]){i, j}), ct_tensor_get(a, (int64_t[]){i, j}));
@@ -146,7 +146,7 @@ Test(matmul, ref_identity_and_bf16_exact)
         ct_tensor *xb = ct_tensor_cast(ct_tensor_from_data(CT_DTYPE_F32, CT_SHAPE(2, 2), x), CT_DTYPE_BF16);
         ct_tensor *yb = ct_tensor_cast(ct_tensor_from_data(CT_DTYPE_F32, CT_SHAPE(2, 2), y), CT_DTYPE_BF16);
         ct_tensor *ob = ct_tensor_empty(CT_DTYPE_BF16, CT_SHAPE(2, 2));
-        cr_assert_eq(ct_cpu_matmul_ref(ob, xb, yb, false, false, 1, 0), CT_OK);
+        cr_assert_eq(cti_cpu_matmul_ref(ob, xb, yb, false, false, 1, 0), CT_OK);
         ct_tensor *fast = ct_kernel_matmul(xb, yb, false, false);
         for (int i = 0; i < 4; i++) {
             cr_assert_eq(ct_tensor_get(ob, (int64_t[]){i / 2, i % 2}), want[i]);
@@ -160,15 +160,15 @@ Test(matmul, ref_identity_and_bf16_exact)
 Test(matmul, f32_openblas_vs_ref)
 {
     ct_set_seed(2);
-    cr_assert_eq(ct_cpu_matmul_set_backend(CT_DTYPE_F32, CT_GEMM_OPENBLAS), CT_OK);
+    cr_assert_eq(cti_cpu_matmul_set_backend(CT_DTYPE_F32, CT_GEMM_OPENBLAS), CT_OK);
     CT_FRAME { check_all(VIA_KERNEL, CT_DTYPE_F32, "f32 openblas"); }
 }
 
 Test(matmul, f32_onednn_sgemm_vs_ref)
 {
     ct_set_seed(3);
-    cr_assert_eq(ct_cpu_matmul_set_backend(CT_DTYPE_F32, CT_GEMM_ONEDNN), CT_OK);
-    cr_assert_eq(ct_cpu_matmul_backend(CT_DTYPE_F32), CT_GEMM_ONEDNN);
+    cr_assert_eq(cti_cpu_matmul_set_backend(CT_DTYPE_F32, CT_GEMM_ONEDNN), CT_OK);
+    cr_assert_eq(cti_cpu_matmul_backend(CT_DTYPE_F32), CT_GEMM_ONEDNN);
     CT_FRAME { check_all(VIA_KERNEL, CT_DTYPE_F32, "f32 dnnl_sgemm"); }
 }
 
@@ -199,7 +199,7 @@ Test(matmul, onednn_primitive_f32_vs_ref)
 
 static void check_lowp(ct_dtype dt, ct_gemm_backend be, const char *what)
 {
-    cr_assert_eq(ct_cpu_matmul_set_backend(dt, be), CT_OK);
+    cr_assert_eq(cti_cpu_matmul_set_backend(dt, be), CT_OK);
     CT_FRAME {
         ct_tensor *a = operand(dt, 0, NULL, 4, 4, false), *b = operand(dt, 0, NULL, 4, 4, false);
         ct_tensor *o = ct_kernel_matmul(a, b, false, false);
@@ -210,9 +210,9 @@ static void check_lowp(ct_dtype dt, ct_gemm_backend be, const char *what)
             cr_assert_eq(ct_last_status(), CT_ERR_UNSUPPORTED, "%s", msg);
             ERROR_HAS("matmul", "oneDNN", ct_dtype_name(dt),
                       dt == CT_DTYPE_BF16 ? "CTRAIN_BF16_GEMM" : "CTRAIN_F16_GEMM");
-            if (dt == CT_DTYPE_BF16) cr_assert(!ct_cpu_has_bf16_gemm(), "CPU has bf16 GEMM but oneDNN refused: %s", msg);
+            if (dt == CT_DTYPE_BF16) cr_assert(!cti_cpu_has_bf16_gemm(), "CPU has bf16 GEMM but oneDNN refused: %s", msg);
             ct_tensor *o2 = ct_tensor_empty(dt, CT_SHAPE(4, 4));
-            cr_assert_eq(ct_cpu_matmul_onednn(o2, a, b, false, false, 1, 0), CT_ERR_UNSUPPORTED);
+            cr_assert_eq(cti_cpu_matmul_onednn(o2, a, b, false, false, 1, 0), CT_ERR_UNSUPPORTED);
             cr_skip_test("%s: oneDNN has no %s matmul on this CPU: %s", what, ct_dtype_name(dt), msg);
         }
         cr_assert_not_null(o, "%s: %s", what, ct_last_error());
@@ -230,7 +230,7 @@ Test(matmul, f16_onednn_vs_ref) { ct_set_seed(9); check_lowp(CT_DTYPE_F16, CT_GE
 /* 16-bit inputs into an f32 out: the f32 accumulation is kept, not rounded to 16 bits */
 static void check_f32_out(ct_dtype dt, ct_gemm_backend be, const char *what)
 {
-    cr_assert_eq(ct_cpu_matmul_set_backend(dt, be), CT_OK);
+    cr_assert_eq(cti_cpu_matmul_set_backend(dt, be), CT_OK);
     CT_FRAME {
         /* [1, 2^-8] @ [1, 1]^T = 1 + 2^-8: a tie in bf16 (it would round to 1), exact in f32 */
         ct_tensor *a = ct_tensor_cast(ct_tensor_from_data(CT_DTYPE_F32, CT_SHAPE(1, 2), (float[]){1.0f, 0.00390625f}), dt);
@@ -246,13 +246,13 @@ static void check_f32_out(ct_dtype dt, ct_gemm_backend be, const char *what)
         ct_tensor *got = ct_tensor_randn(CT_DTYPE_F32, CT_SHAPE(3, 20, 10), 0, 1);
         ct_tensor *ref = ct_tensor_contiguous(ct_tensor_clone(got));
         cr_assert_eq(ct_kernel_matmul_out(got, x, y, true, false, -0.5, 0.75), CT_OK, "%s", ct_last_error());
-        cr_assert_eq(ct_cpu_matmul_ref(ref, x, y, true, false, -0.5, 0.75), CT_OK);
+        cr_assert_eq(cti_cpu_matmul_ref(ref, x, y, true, false, -0.5, 0.75), CT_OK);
         const float *g = ct_tensor_data(got), *r = ct_tensor_data(ref);
         for (int i = 0; i < 600; i++)
             cr_expect(fabsf(g[i] - r[i]) <= 1e-5f * fmaxf(1.0f, fabsf(r[i])), "%s [%d]: %g, want %g", what, i,
                       (double)g[i], (double)r[i]);
     }
-    ct_cpu_matmul_set_backend(dt, CT_GEMM_DEFAULT);
+    cti_cpu_matmul_set_backend(dt, CT_GEMM_DEFAULT);
 }
 
 Test(matmul, bf16_into_f32_convert) { ct_set_seed(10); check_f32_out(CT_DTYPE_BF16, CT_GEMM_CONVERT, "bf16->f32 convert"); }
@@ -261,12 +261,12 @@ Test(matmul, f16_into_f32_convert) { ct_set_seed(12); check_f32_out(CT_DTYPE_F16
 
 Test(matmul, default_backends_follow_cpu)
 {
-    cr_assert_eq(ct_cpu_matmul_backend(CT_DTYPE_F64), CT_GEMM_OPENBLAS);
-    ct_gemm_backend f32 = ct_cpu_matmul_backend(CT_DTYPE_F32);
+    cr_assert_eq(cti_cpu_matmul_backend(CT_DTYPE_F64), CT_GEMM_OPENBLAS);
+    ct_gemm_backend f32 = cti_cpu_matmul_backend(CT_DTYPE_F32);
     cr_assert(f32 == CT_GEMM_OPENBLAS || f32 == CT_GEMM_ONEDNN);
-    cr_assert_eq(ct_cpu_matmul_backend(CT_DTYPE_BF16), ct_cpu_has_bf16_gemm() ? CT_GEMM_ONEDNN : CT_GEMM_CONVERT);
-    cr_assert_eq(ct_cpu_matmul_backend(CT_DTYPE_F16), ct_cpu_has_f16_gemm() ? CT_GEMM_ONEDNN : CT_GEMM_CONVERT);
-    cr_assert_eq(ct_cpu_matmul_backend(CT_DTYPE_I32), CT_GEMM_DEFAULT);
+    cr_assert_eq(cti_cpu_matmul_backend(CT_DTYPE_BF16), cti_cpu_has_bf16_gemm() ? CT_GEMM_ONEDNN : CT_GEMM_CONVERT);
+    cr_assert_eq(cti_cpu_matmul_backend(CT_DTYPE_F16), cti_cpu_has_f16_gemm() ? CT_GEMM_ONEDNN : CT_GEMM_CONVERT);
+    cr_assert_eq(cti_cpu_matmul_backend(CT_DTYPE_I32), CT_GEMM_DEFAULT);
     /* the default choice always works (falls back to convert if oneDNN lacks a kernel) */
     ct_set_seed(10);
     CT_FRAME {
@@ -275,9 +275,9 @@ Test(matmul, default_backends_follow_cpu)
             check_case(VIA_KERNEL, a, b, false, true, 1, 0, ct_dtype_name((ct_dtype)dt));
         }
     }
-    cr_assert_neq(ct_cpu_matmul_set_backend(CT_DTYPE_F64, CT_GEMM_ONEDNN), CT_OK);
-    cr_assert_neq(ct_cpu_matmul_set_backend(CT_DTYPE_BF16, CT_GEMM_OPENBLAS), CT_OK);
-    cr_assert_neq(ct_cpu_matmul_set_backend(CT_DTYPE_F32, CT_GEMM_CONVERT), CT_OK);
+    cr_assert_neq(cti_cpu_matmul_set_backend(CT_DTYPE_F64, CT_GEMM_ONEDNN), CT_OK);
+    cr_assert_neq(cti_cpu_matmul_set_backend(CT_DTYPE_BF16, CT_GEMM_OPENBLAS), CT_OK);
+    cr_assert_neq(cti_cpu_matmul_set_backend(CT_DTYPE_F32, CT_GEMM_CONVERT), CT_OK);
     ERROR_HAS("convert", "f32");
 }
 
@@ -285,13 +285,13 @@ Test(matmul, env_selects_backend)
 {
     setenv("CTRAIN_SGEMM", "onednn", 1);
     setenv("CTRAIN_BF16_GEMM", "convert", 1);
-    cr_assert_eq(ct_cpu_matmul_backend(CT_DTYPE_F32), CT_GEMM_ONEDNN);
-    cr_assert_eq(ct_cpu_matmul_backend(CT_DTYPE_BF16), CT_GEMM_CONVERT);
+    cr_assert_eq(cti_cpu_matmul_backend(CT_DTYPE_F32), CT_GEMM_ONEDNN);
+    cr_assert_eq(cti_cpu_matmul_backend(CT_DTYPE_BF16), CT_GEMM_CONVERT);
     /* an override beats the env, DEFAULT restores it */
-    ct_cpu_matmul_set_backend(CT_DTYPE_F32, CT_GEMM_OPENBLAS);
-    cr_assert_eq(ct_cpu_matmul_backend(CT_DTYPE_F32), CT_GEMM_OPENBLAS);
-    ct_cpu_matmul_set_backend(CT_DTYPE_F32, CT_GEMM_DEFAULT);
-    cr_assert_eq(ct_cpu_matmul_backend(CT_DTYPE_F32), CT_GEMM_ONEDNN);
+    cti_cpu_matmul_set_backend(CT_DTYPE_F32, CT_GEMM_OPENBLAS);
+    cr_assert_eq(cti_cpu_matmul_backend(CT_DTYPE_F32), CT_GEMM_OPENBLAS);
+    cti_cpu_matmul_set_backend(CT_DTYPE_F32, CT_GEMM_DEFAULT);
+    cr_assert_eq(cti_cpu_matmul_backend(CT_DTYPE_F32), CT_GEMM_ONEDNN);
 }
 
 Test(matmul, env_bad_value_is_an_error)
@@ -333,7 +333,7 @@ Test(matmul, small_batches_run_in_parallel)
     ct_set_num_threads(2);
     CT_FRAME {
         for (int be = CT_GEMM_OPENBLAS; be <= CT_GEMM_ONEDNN; be++) {
-            ct_cpu_matmul_set_backend(CT_DTYPE_F32, (ct_gemm_backend)be);
+            cti_cpu_matmul_set_backend(CT_DTYPE_F32, (ct_gemm_backend)be);
             ct_tensor *a = ct_tensor_randn(CT_DTYPE_F32, CT_SHAPE(4, 16, 24, 20), 0, 1);
             ct_tensor *b = ct_tensor_randn(CT_DTYPE_F32, CT_SHAPE(16, 24, 20), 0, 1);
             check_case(VIA_KERNEL, a, b, false, true, 1, 0, "small batched");
@@ -425,8 +425,8 @@ Test(matmul, concurrent_callers)
                 ct_tensor *a32 = ct_tensor_cast(a, CT_DTYPE_F32), *b32 = ct_tensor_cast(b, CT_DTYPE_F32);
                 ct_tensor *o32 = ct_tensor_empty(CT_DTYPE_F32, CT_SHAPE(m, n));
                 ct_tensor *ref = ct_tensor_empty(CT_DTYPE_F64, CT_SHAPE(m, n));
-                ct_cpu_matmul_ref(ref, a, b, false, false, 1, 0);
-                if (!o || ct_cpu_matmul_onednn(o32, a32, b32, false, false, 1, 0)) {
+                cti_cpu_matmul_ref(ref, a, b, false, false, 1, 0);
+                if (!o || cti_cpu_matmul_onednn(o32, a32, b32, false, false, 1, 0)) {
                     bad++;
                     continue;
                 }
@@ -445,12 +445,12 @@ Test(matmul, concurrent_callers)
 Test(matmul, panels_use_ctrain_threads_and_openblas_stays_single)
 {
     ct_set_seed(15);
-    cr_assert_eq(ct_cpu_matmul_set_backend(CT_DTYPE_F32, CT_GEMM_OPENBLAS), CT_OK);
+    cr_assert_eq(cti_cpu_matmul_set_backend(CT_DTYPE_F32, CT_GEMM_OPENBLAS), CT_OK);
     CT_FRAME {
         ct_tensor *a = ct_tensor_randn(CT_DTYPE_F32, CT_SHAPE(203, 96), 0, 1);
         ct_tensor *b = ct_tensor_randn(CT_DTYPE_F32, CT_SHAPE(96, 77), 0, 1);
         ct_tensor *ref = ct_tensor_zeros(CT_DTYPE_F32, CT_SHAPE(203, 77));
-        cr_assert_eq(ct_cpu_matmul_ref(ref, a, b, false, false, 1, 0), CT_OK);
+        cr_assert_eq(cti_cpu_matmul_ref(ref, a, b, false, false, 1, 0), CT_OK);
         for (int n = 1; n <= 3; n++) {
             ct_set_num_threads(n);
             openblas_set_num_threads(2); /* a program changing it must not matter */
@@ -525,14 +525,14 @@ Test(matmul, errors_name_op_and_shapes)
 
 Test(cpu_features, agrees_with_compiler_builtin)
 {
-    const ct_cpu_features *f = ct_cpu_features_get();
+    const ct_cpu_features *f = cti_cpu_features_get();
     __builtin_cpu_init();
     cr_assert_eq(f->avx2, !!__builtin_cpu_supports("avx2"));
     cr_assert_eq(f->fma, !!__builtin_cpu_supports("fma"));
     cr_assert_eq(f->avx512f, !!__builtin_cpu_supports("avx512f"));
     cr_assert_eq(f->avx512_vnni, !!__builtin_cpu_supports("avx512vnni"));
     char buf[256];
-    ct_cpu_features_str(buf, sizeof buf);
+    cti_cpu_features_str(buf, sizeof buf);
     cr_assert(!f->avx2 || strstr(buf, "avx2"), "%s", buf);
-    cr_assert(ct_cpu_has_bf16_gemm() == (f->avx512_bf16 || (f->amx_tile && f->amx_bf16)));
+    cr_assert(cti_cpu_has_bf16_gemm() == (f->avx512_bf16 || (f->amx_tile && f->amx_bf16)));
 }

@@ -94,7 +94,7 @@ Test(optim, adamw_first_step_closed_form)
 {
     float p[4] = {1, -2, 0.5f, 3}, g[4] = {0.25f, -4, 1e-3f, 0}, m[4] = {0}, v[4] = {0};
     ct_adamw_hparams h = {.lr = 0.1, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .step = 1, .decoupled = true};
-    ct_cpu_adamw_f32(p, g, m, v, 4, &h);
+    cti_cpu_adamw_f32(p, g, m, v, 4, &h);
     const double p0[4] = {1, -2, 0.5, 3}, g0[4] = {0.25, -4, 1e-3, 0};
     for (int i = 0; i < 4; i++) {
         double want = p0[i] - 0.1 * g0[i] / (fabs(g0[i]) + 1e-8);
@@ -117,8 +117,8 @@ Test(optim, adamw_ref_matches_fast)
         memcpy(d[4], d[0], n * 4), memcpy(d[6], d[2], n * 4);
         ct_adamw_hparams h = adamw_default;
         h.step = 7;
-        ct_cpu_adamw_f32(d[0], d[1], d[2], d[3], n, &h);
-        ct_cpu_adamw_f32_ref(d[4], d[1], d[6], d[7], n, &h);
+        cti_cpu_adamw_f32(d[0], d[1], d[2], d[3], n, &h);
+        cti_cpu_adamw_f32_ref(d[4], d[1], d[6], d[7], n, &h);
         double num = 0, den = 0;
         for (int64_t i = 0; i < n; i++) num += pow(d[0][i] - d[4][i], 2), den += pow(d[4][i], 2);
         cr_assert_leq(sqrt(num / den), 1e-6);
@@ -216,19 +216,19 @@ Test(optim, sgd_hand_case)
 {
     float p[1] = {1}, g1[1] = {2}, g2[1] = {4}, buf[1] = {99};
     ct_sgd_hparams h = {.lr = 1, .momentum = 0.5, .dampening = 0.5, .first_step = true};
-    ct_cpu_sgd_f32(p, g1, buf, 1, &h); /* buf = 2, p = 1 - 2 = -1 */
+    cti_cpu_sgd_f32(p, g1, buf, 1, &h); /* buf = 2, p = 1 - 2 = -1 */
     cr_assert_eq(buf[0], 2.0f);
     cr_assert_eq(p[0], -1.0f);
     h.first_step = false;
-    ct_cpu_sgd_f32(p, g2, buf, 1, &h); /* buf = 0.5*2 + 0.5*4 = 3, p = -1 - 3 = -4 */
+    cti_cpu_sgd_f32(p, g2, buf, 1, &h); /* buf = 0.5*2 + 0.5*4 = 3, p = -1 - 3 = -4 */
     cr_assert_eq(buf[0], 3.0f);
     cr_assert_eq(p[0], -4.0f);
     float q[1] = {1}, qb[1] = {0};
     ct_sgd_hparams n = {.lr = 1, .momentum = 0.5, .nesterov = true, .first_step = true};
-    ct_cpu_sgd_f32(q, g1, qb, 1, &n); /* buf = 2, step = 2 + 0.5*2 = 3 */
+    cti_cpu_sgd_f32(q, g1, qb, 1, &n); /* buf = 2, step = 2 + 0.5*2 = 3 */
     cr_assert_eq(q[0], -2.0f);
     float r[1] = {1};
-    ct_cpu_sgd_f32_ref(r, g1, qb, 1, &(ct_sgd_hparams){.lr = 0.5, .weight_decay = 1}); /* g = 2 + 1 */
+    cti_cpu_sgd_f32_ref(r, g1, qb, 1, &(ct_sgd_hparams){.lr = 0.5, .weight_decay = 1}); /* g = 2 + 1 */
     cr_assert_eq(r[0], -0.5f);
 }
 

@@ -97,12 +97,12 @@ static ct_tensor *run_op(int op, const ct_tensor *x, const int *dims, int ndims,
 static ct_status run_ref(int op, ct_tensor *out, const ct_tensor *x, uint32_t mask)
 {
     switch (op) {
-    case N_SUM: return ct_cpu_reduce_ref(CT_REDUCE_SUM, out, x, mask);
-    case N_MEAN: return ct_cpu_reduce_ref(CT_REDUCE_MEAN, out, x, mask);
-    case N_MAX: return ct_cpu_reduce_ref(CT_REDUCE_MAX, out, x, mask);
-    case N_MIN: return ct_cpu_reduce_ref(CT_REDUCE_MIN, out, x, mask);
-    case N_VAR0: return ct_cpu_var_ref(out, x, mask, 0);
-    default: return ct_cpu_var_ref(out, x, mask, 1);
+    case N_SUM: return cti_cpu_reduce_ref(CT_REDUCE_SUM, out, x, mask);
+    case N_MEAN: return cti_cpu_reduce_ref(CT_REDUCE_MEAN, out, x, mask);
+    case N_MAX: return cti_cpu_reduce_ref(CT_REDUCE_MAX, out, x, mask);
+    case N_MIN: return cti_cpu_reduce_ref(CT_REDUCE_MIN, out, x, mask);
+    case N_VAR0: return cti_cpu_var_ref(out, x, mask, 0);
+    default: return cti_cpu_var_ref(out, x, mask, 1);
     }
 }
 
@@ -116,25 +116,25 @@ Test(reduce_ref, hand_values)
         ct_tensor *x = from_f64(CT_DTYPE_F64, CT_SHAPE(2, 3), (double[]){1, 5, 3, 4, 2, 6});
         ct_tensor *o2 = ct_tensor_empty(CT_DTYPE_F64, CT_SHAPE(2)), *o3 = ct_tensor_empty(CT_DTYPE_F64, CT_SHAPE(3));
         ct_tensor *o1 = ct_tensor_empty(CT_DTYPE_F64, 0, NULL);
-        ct_cpu_reduce_ref(CT_REDUCE_SUM, o3, x, 1u);
+        cti_cpu_reduce_ref(CT_REDUCE_SUM, o3, x, 1u);
         cr_assert(ct_tensor_get(o3, (int64_t[]){0}) == 5 && ct_tensor_get(o3, (int64_t[]){1}) == 7 &&
                   ct_tensor_get(o3, (int64_t[]){2}) == 9);
-        ct_cpu_reduce_ref(CT_REDUCE_MEAN, o2, x, 2u);
+        cti_cpu_reduce_ref(CT_REDUCE_MEAN, o2, x, 2u);
         cr_assert(ct_tensor_get(o2, (int64_t[]){0}) == 3 && ct_tensor_get(o2, (int64_t[]){1}) == 4);
-        ct_cpu_reduce_ref(CT_REDUCE_MAX, o1, x, 3u);
+        cti_cpu_reduce_ref(CT_REDUCE_MAX, o1, x, 3u);
         cr_assert(ct_tensor_item(o1) == 6);
-        ct_cpu_reduce_ref(CT_REDUCE_MIN, o2, x, 2u);
+        cti_cpu_reduce_ref(CT_REDUCE_MIN, o2, x, 2u);
         cr_assert(ct_tensor_get(o2, (int64_t[]){0}) == 1 && ct_tensor_get(o2, (int64_t[]){1}) == 2);
         /* var of {1, 5, 3}: mean 3, squares 4 + 4 + 0 = 8 */
-        ct_cpu_var_ref(o2, x, 2u, 1);
+        cti_cpu_var_ref(o2, x, 2u, 1);
         cr_assert(ct_tensor_get(o2, (int64_t[]){0}) == 4);
-        ct_cpu_var_ref(o2, x, 2u, 0);
+        cti_cpu_var_ref(o2, x, 2u, 0);
         cr_assert(ct_tensor_get(o2, (int64_t[]){0}) == 8.0 / 3);
         ct_tensor *i64 = ct_tensor_empty(CT_DTYPE_I64, CT_SHAPE(2));
-        ct_cpu_argmax_ref(i64, from_f64(CT_DTYPE_F32, CT_SHAPE(2, 4), (double[]){1, 7, 7, 2, 0, NAN, 9, NAN}), 1);
+        cti_cpu_argmax_ref(i64, from_f64(CT_DTYPE_F32, CT_SHAPE(2, 4), (double[]){1, 7, 7, 2, 0, NAN, 9, NAN}), 1);
         cr_assert(ct_tensor_get(i64, (int64_t[]){0}) == 1, "first maximum wins");
         cr_assert(ct_tensor_get(i64, (int64_t[]){1}) == 1, "first NaN wins");
-        ct_cpu_reduce_ref(CT_REDUCE_MAX, o2, from_f64(CT_DTYPE_F64, CT_SHAPE(2, 2), (double[]){NAN, 1, 2, 3}), 2u);
+        cti_cpu_reduce_ref(CT_REDUCE_MAX, o2, from_f64(CT_DTYPE_F64, CT_SHAPE(2, 2), (double[]){NAN, 1, 2, 3}), 2u);
         cr_assert(isnan(ct_tensor_get(o2, (int64_t[]){0})) && ct_tensor_get(o2, (int64_t[]){1}) == 3);
     }
 }
@@ -272,9 +272,9 @@ Test(reduce, integers)
                 ct_tensor *rs = ct_tensor_empty(CT_DTYPE_I64, s->ndim, s->shape);
                 ct_tensor *rx = ct_tensor_empty(x->dtype, mx->ndim, mx->shape);
                 ct_tensor *rn = ct_tensor_empty(x->dtype, mn->ndim, mn->shape);
-                ct_cpu_reduce_ref(CT_REDUCE_SUM, rs, x, mask);
-                ct_cpu_reduce_ref(CT_REDUCE_MAX, rx, x, mask);
-                ct_cpu_reduce_ref(CT_REDUCE_MIN, rn, x, mask);
+                cti_cpu_reduce_ref(CT_REDUCE_SUM, rs, x, mask);
+                cti_cpu_reduce_ref(CT_REDUCE_MAX, rx, x, mask);
+                cti_cpu_reduce_ref(CT_REDUCE_MIN, rn, x, mask);
                 cr_assert_eq(rel_err_n(vs, f64_data(rs), ct_tensor_numel(s), true), 0.0);
                 cr_assert_eq(rel_err_n(vx, f64_data(rx), ct_tensor_numel(mx), true), 0.0);
                 cr_assert_eq(rel_err_n(vn, f64_data(rn), ct_tensor_numel(mn), true), 0.0);
@@ -349,7 +349,7 @@ Test(reduce, argmax_vs_naive)
         cr_assert_eq(ct_tensor_get(a, (int64_t[]){7}), 100, "first NaN");
         cr_assert_eq(ct_tensor_get(a, (int64_t[]){9}), 3);
         ct_tensor *r = ct_tensor_empty(CT_DTYPE_I64, CT_SHAPE(300));
-        ct_cpu_argmax_ref(r, x, 1);
+        cti_cpu_argmax_ref(r, x, 1);
         cr_assert(same_bits(a, r));
         ct_tensor *m = ct_kernel_max(x, (int[]){1}, 1, false);
         cr_assert(isnan(ct_tensor_get(m, (int64_t[]){7})) && ct_tensor_get(m, (int64_t[]){9}) == (double)1e30f);

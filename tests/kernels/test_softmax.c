@@ -38,7 +38,7 @@ Test(softmax, reference_matches_hand_values)
         const double sm[6] = {0.09003057317038046, 0.24472847105479767, 0.6652409557748219, 1. / 3, 1. / 3, 1. / 3};
         const double lsm[6] = {-2.4076059644443806, -1.4076059644443806, -0.4076059644443804,
                                -1.0986122886681098, -1.0986122886681098, -1.0986122886681098};
-        ct_tensor *y = run_fwd(ct_cpu_softmax_ref, x, 1), *ly = run_fwd(ct_cpu_log_softmax_ref, x, 1);
+        ct_tensor *y = run_fwd(cti_cpu_softmax_ref, x, 1), *ly = run_fwd(cti_cpu_log_softmax_ref, x, 1);
         ct_tensor *yf = ct_kernel_softmax(x, -1), *lyf = ct_kernel_log_softmax(x, 1);
         for (int i = 0; i < 6; i++) {
             cr_assert_float_eq(((double *)ct_tensor_data(y))[i], sm[i], 1e-15);
@@ -55,13 +55,13 @@ Test(softmax, reference_matches_hand_values)
         /* backward by hand: y = (.25, .75), dy = (1, 0): sum(dy*y) = .25, dx = y * (dy - .25) */
         ct_tensor *y2 = ct_tensor_from_data(CT_DTYPE_F64, CT_SHAPE(2), (double[]){0.25, 0.75});
         ct_tensor *dy2 = ct_tensor_from_data(CT_DTYPE_F64, CT_SHAPE(2), (double[]){1, 0});
-        ct_tensor *dx2 = run_bwd(ct_cpu_softmax_backward_ref, dy2, y2, 0);
+        ct_tensor *dx2 = run_bwd(cti_cpu_softmax_backward_ref, dy2, y2, 0);
         cr_assert_float_eq(ct_tensor_get(dx2, (int64_t[]){0}), 0.25 * 0.75, 1e-15);
         cr_assert_float_eq(ct_tensor_get(dx2, (int64_t[]){1}), -0.75 * 0.25, 1e-15);
         /* log_softmax backward: dx = dy - exp(y) * sum(dy) with y = log(.25, .75), dy = (1, 1) */
         ct_tensor *ly2 = ct_tensor_from_data(CT_DTYPE_F64, CT_SHAPE(2), (double[]){log(0.25), log(0.75)});
         ct_tensor *ones = ct_tensor_ones(CT_DTYPE_F64, CT_SHAPE(2));
-        ct_tensor *ldx2 = run_bwd(ct_cpu_log_softmax_backward_ref, ones, ly2, 0);
+        ct_tensor *ldx2 = run_bwd(cti_cpu_log_softmax_backward_ref, ones, ly2, 0);
         cr_assert_float_eq(ct_tensor_get(ldx2, (int64_t[]){0}), 0.5, 1e-15);
         cr_assert_float_eq(ct_tensor_get(ldx2, (int64_t[]){1}), -0.5, 1e-15);
         /* 0-d: one element, probability 1 */
@@ -82,12 +82,12 @@ static void check_fast_vs_ref(ct_tensor *x, int dim, const char *what)
     ct_tensor *y = ct_kernel_softmax(x, dim), *ly = ct_kernel_log_softmax(x, dim);
     cr_assert_not_null(y, "%s", ct_last_error());
     cr_assert_not_null(ly, "%s", ct_last_error());
-    ct_tensor *yr = run_fwd(ct_cpu_softmax_ref, xc, nd), *lyr = run_fwd(ct_cpu_log_softmax_ref, xc, nd);
+    ct_tensor *yr = run_fwd(cti_cpu_softmax_ref, xc, nd), *lyr = run_fwd(cti_cpu_log_softmax_ref, xc, nd);
     cr_assert_leq(rel_err(y, yr), tol, "softmax %s: %g", what, rel_err(y, yr));
     cr_assert_leq(rel_err(ly, lyr), tol, "log_softmax %s: %g", what, rel_err(ly, lyr));
     ct_tensor *dx = ct_kernel_softmax_backward(dy, y, dim), *ldx = ct_kernel_log_softmax_backward(dy, ly, dim);
-    ct_tensor *dxr = run_bwd(ct_cpu_softmax_backward_ref, dy, y, nd);
-    ct_tensor *ldxr = run_bwd(ct_cpu_log_softmax_backward_ref, dy, ly, nd);
+    ct_tensor *dxr = run_bwd(cti_cpu_softmax_backward_ref, dy, y, nd);
+    ct_tensor *ldxr = run_bwd(cti_cpu_log_softmax_backward_ref, dy, ly, nd);
     cr_assert_leq(rel_err(dx, dxr), tol, "softmax_backward %s: %g", what, rel_err(dx, dxr));
     cr_assert_leq(rel_err(ldx, ldxr), tol, "log_softmax_backward %s: %g", what, rel_err(ldx, ldxr));
 }
@@ -179,17 +179,17 @@ Test(softmax, vector_exp_accuracy_and_edges)
     for (int64_t k = 0; k < 175000; k += 8) {
         float in[8], out[8];
         for (int j = 0; j < 8; j++) in[j] = -87.0f + (float)(k + j) * 1e-3f;
-        ct_cpu_exp_sub_f32(in, (const float[8]){0}, out, 8);
+        cti_cpu_exp_sub_f32(in, (const float[8]){0}, out, 8);
         for (int j = 0; j < 8; j++) {
             double ref = exp((double)in[j]), rel = fabs(out[j] - ref) / ref;
             worst = rel > worst ? rel : worst;
-            cr_assert_eq(out[j], ct_cpu_expf(in[j]), "lanes and scalar tail agree at %g", in[j]);
+            cr_assert_eq(out[j], cti_cpu_expf(in[j]), "lanes and scalar tail agree at %g", in[j]);
         }
     }
     cr_assert_leq(worst, 2.5e-7, "max relative error %g (about 4 ulp)", worst);
     const float edge_in[8] = {-INFINITY, INFINITY, NAN, -1e30f, 0.0f, -100.0f, 100.0f, -0.0f};
     float out[8];
-    ct_cpu_exp_sub_f32(edge_in, (const float[8]){0}, out, 8);
+    cti_cpu_exp_sub_f32(edge_in, (const float[8]){0}, out, 8);
     cr_assert(out[0] == 0 && !signbit(out[0]));
     cr_assert(isinf(out[1]) && out[1] > 0);
     cr_assert(isnan(out[2]));
@@ -198,7 +198,7 @@ Test(softmax, vector_exp_accuracy_and_edges)
     cr_assert(out[4] == 1 && out[7] == 1);
     cr_assert(isinf(out[6]));
     for (int j = 0; j < 8; j++) {
-        float e = ct_cpu_expf(edge_in[j]);
+        float e = cti_cpu_expf(edge_in[j]);
         cr_assert(isnan(e) ? isnan(out[j]) : e == out[j], "%d", j); /* NaN payloads may differ */
     }
 }
@@ -238,7 +238,7 @@ static void check_gradient(bool lg, int64_t a, int64_t b, int64_t c, int dim)
     ct_tensor *dy = ct_tensor_randn(CT_DTYPE_F64, CT_SHAPE(a, b, c), 0, 1);
     ct_tensor *y = lg ? ct_kernel_log_softmax(x, dim) : ct_kernel_softmax(x, dim);
     ct_tensor *dx = lg ? ct_kernel_log_softmax_backward(dy, y, dim) : ct_kernel_softmax_backward(dy, y, dim);
-    ct_tensor *dxr = run_bwd(lg ? ct_cpu_log_softmax_backward_ref : ct_cpu_softmax_backward_ref, dy, y, dim);
+    ct_tensor *dxr = run_bwd(lg ? cti_cpu_log_softmax_backward_ref : cti_cpu_softmax_backward_ref, dy, y, dim);
     double *xp = ct_tensor_data(x), h = 1e-5;
     for (int64_t i = 0; i < ct_tensor_numel(x); i++) {
         double keep = xp[i], lp, lm;

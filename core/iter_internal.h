@@ -7,8 +7,8 @@
  * dropped and adjacent dimensions that are contiguous in every operand are
  * merged, so a contiguous tensor is one long row.
  */
-#ifndef CT_CORE_ITER_H
-#define CT_CORE_ITER_H
+#ifndef CT_CORE_ITER_INTERNAL_H
+#define CT_CORE_ITER_INTERNAL_H
 
 #include <stdint.h>
 
@@ -27,9 +27,9 @@ typedef struct ct_iter {
 } ct_iter;
 
 /* strides[k] are operand k's strides for the ndim-d shape. */
-void ct_iter_init(ct_iter *it, int ndim, const int64_t *shape, int nops,
-                  const int64_t *const *strides);
+void cti_iter_init(ct_iter *it, int ndim, const int64_t *shape, int nops,
+                   const int64_t *const *strides);
 /* Element offsets (relative to each operand's first element) of row r's start. */
-void ct_iter_row(const ct_iter *it, int64_t row, int64_t *offs);
+void cti_iter_row(const ct_iter *it, int64_t row, int64_t *offs);
 
 #endif
