@@ -86,7 +86,7 @@ static net *net_new(const model_spec *s)
     }
     for (int i = 0; i < s->depth && !st; i++) {
         n->fc[i] = ct_linear_layer_new(s->width[i], s->width[i + 1], s->bias[i], 0.4);
-        char name[16];
+        char name[32];
         if (!n->fc[i]) {
             st = ct_last_status();
             break;
