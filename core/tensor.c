@@ -62,9 +62,8 @@ ct_status ct_tensor_require_data(const ct_tensor *t, const char *op)
         return ct_error_set(CT_ERR_INVALID, "%s: %s%s%s%s has no memory: its storage was released (ct_storage_resize "
                             "to 0) and nothing can give it back", op, t->name ? "'" : "", t->name ? t->name : "",
                             t->name ? "' " : "", d);
-    ct_status st = CT_OK;
     ct_frame_push();
-    st = ct_storage_materialize(t->storage);
+    ct_status st = ct_storage_materialize(t->storage);
     ct_frame_pop();
     if (t->storage->data) return CT_OK;
     if (!st) st = CT_ERR_INTERNAL;

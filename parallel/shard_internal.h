@@ -43,7 +43,8 @@ typedef struct shard_unit {
     ct_tensor *reduced_low; /* reduce_dtype: owned, the step's reduced slice in 16 bits until
                              * finish widens it into grad_shard */
     int nreq;            /* parameters that require grad */
-    int pending;         /* grad-ready hooks still to fire in this backward */
+    int pending;         /* grad-ready hooks still to fire in this backward (reset, with
+                          * grads_ready, by the first hook of each backward) */
     bool grads_ready;    /* this backward's gradients are final (or finish says so) */
 } shard_unit;
 
@@ -148,8 +149,6 @@ void cti_shard_hooks_remove(ct_shard *s);
 /* Installs the grad-ready hooks on every parameter / removes them. */
 ct_status cti_shard_grad_hooks_install(ct_shard *s);
 void cti_shard_grad_hooks_remove(ct_shard *s);
-/* Resets the per-backward bookkeeping of unit u (at its forward). */
-void cti_shard_unit_begin_pass(ct_shard *s, shard_unit *u);
 /* Waits for every collective in flight (frees them); the first failure's status. */
 ct_status cti_shard_drain(ct_shard *s);
 /* Ends the running step's accounting: moves the counters into stats. */

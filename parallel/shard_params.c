@@ -98,13 +98,6 @@ static void prefetch(ct_shard *s, int k)
 
 void cti_shard_prefetch_previous(ct_shard *s, const shard_unit *u) { prefetch(s, order_pos(s, u->index) - 1); }
 
-void cti_shard_unit_begin_pass(ct_shard *s, shard_unit *u)
-{
-    u->pending = u->nreq;
-    u->grads_ready = false;
-    s->pass_open = true;
-}
-
 /* ---- any read of a freed parameter gathers its unit (core/storage.h, residency) --------- */
 
 /* Whatever reads a parameter of u while u is freed -- a layer's forward called
@@ -196,7 +189,7 @@ static ct_status pre_forward(ct_module *m, void *data)
     /* after ct_shard_gather_full under param_dtype, computing goes back to 16 bits */
     cti_shard_leave_full_f32(s);
     if (!s->order_known && order_pos(s, u->index) < 0) s->order[s->norder++] = u->index;
-    cti_shard_unit_begin_pass(s, u);
+    s->pass_open = true; /* the units' counts restart at the first grad-ready hook */
     if (!s->free_params) return CT_OK;
     ct_status st = cti_shard_gather_wait(s, u);
     if (!st && s->cfg.forward_prefetch) prefetch(s, order_pos(s, u->index) + 1);

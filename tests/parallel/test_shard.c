@@ -225,38 +225,6 @@ static void run_case(int world, shard_case *c)
     free(r);
 }
 
-/* ||a - b|| / ||b|| over all the parameters; *max_abs = max |a - b|. Relative in
- * norm: with 3 or more ranks a reduce-scatter adds the ranks' gradients in another
- * order than DDP's all-reduce, and where they nearly cancel the last-bit difference
- * is a large part of a tiny gradient, which Adam (dividing by sqrt(v)) turns into a
- * step of up to lr for that one element. */
-static double rel_diff(const char *a, const char *b, double *max_abs)
-{
-    size_t na, nb;
-    float *x = read_file(a, "params", &na), *y = read_file(b, "params", &nb);
-    cr_assert_eq(na, nb);
-    double num = 0, den = 0, mx = 0;
-    for (size_t i = 0; i < na / sizeof(float); i++) {
-        double d = (double)x[i] - y[i];
-        num += d * d;
-        den += (double)y[i] * y[i];
-        mx = fmax(mx, fabs(d));
-    }
-    free(x), free(y);
-    if (max_abs) *max_abs = mx;
-    return sqrt(num / den);
-}
-
-/* the largest relative difference of the per-step values in files ext */
-static double curve_diff(const char *a, const char *b, const char *ext)
-{
-    size_t na, nb;
-    double *x = read_file(a, ext, &na), *y = read_file(b, ext, &nb), d = 0;
-    for (int i = 0; i < STEPS; i++) d = fmax(d, fabs(x[i] - y[i]) / fmax(fabs(y[i]), 1e-30));
-    free(x), free(y);
-    return d;
-}
-
 /* The 4-rank and precision variants repeat what the 2-rank f32 runs exercise, at
  * several times the cost under AddressSanitizer; the RSS comparison means nothing there
  * (the sanitizer's shadow memory and quarantine). */

@@ -265,30 +265,6 @@ static const char *describe_spec(const model_spec *s, char *buf, int cap)
     return buf;
 }
 
-static double rel_diff(const char *a, const char *b)
-{
-    size_t na, nb;
-    float *x = read_file(a, "params", &na), *y = read_file(b, "params", &nb);
-    cr_assert_eq(na, nb);
-    double num = 0, den = 0;
-    for (size_t i = 0; i < na / sizeof(float); i++) {
-        double d = (double)x[i] - y[i];
-        num += d * d;
-        den += (double)y[i] * y[i];
-    }
-    free(x), free(y);
-    return sqrt(num / fmax(den, 1e-30));
-}
-
-static double curve_diff(const char *a, const char *b)
-{
-    size_t na, nb;
-    double *x = read_file(a, "loss", &na), *y = read_file(b, "loss", &nb), d = 0;
-    for (int i = 0; i < STEPS; i++) d = fmax(d, fabs(x[i] - y[i]) / fmax(fabs(y[i]), 1e-30));
-    free(x), free(y);
-    return d;
-}
-
 static void check_models(uint64_t first, uint64_t count)
 {
     make_tmpdir_with("/tmp/ct_shard_models_");
@@ -324,7 +300,7 @@ static void check_models(uint64_t first, uint64_t count)
             run_case f32 = {.name = "ddp_f32", .spec = s, .strategy = CT_SHARD_NO_SHARD};
             f32.spec.precision = NULL;
             run_env_ranks(s.world, train_rank, tmpdir, &f32, 60);
-            tol = fmax(0.01, 2 * curve_diff("ddp", "ddp_f32"));
+            tol = fmax(0.01, 2 * curve_diff("ddp", "ddp_f32", "loss"));
         }
         for (size_t v = 0; v < sizeof variants / sizeof *variants; v++) {
             run_case c = {.name = variants[v].name, .spec = s, .strategy = variants[v].strategy,
@@ -333,7 +309,7 @@ static void check_models(uint64_t first, uint64_t count)
             if (c.wrap == CT_WRAP_TRANSFORMER && (!s.nested || s.only_scalar)) c.wrap = CT_WRAP_SIZE;
             run_env_ranks(s.world, train_rank, tmpdir, &c, 60);
             /* every mismatch is listed before the test fails */
-            const double d = s.precision ? curve_diff(c.name, "ddp") : rel_diff(c.name, "ddp");
+            const double d = s.precision ? curve_diff(c.name, "ddp", "loss") : rel_diff(c.name, "ddp", NULL);
             if (d > tol || isnan(d)) {
                 fprintf(stderr, "model %llu (%s), %s: %s differ%s from DDP's by %g relative (allowed: %g)\n",
                         (unsigned long long)seed, desc, c.name, s.precision ? "the loss curve" : "the parameters",
