@@ -408,7 +408,8 @@ static ct_status progress_state_dict(void *obj, ct_state_dict *out)
     const progress_state *ps = obj;
     const double vals[2] = {ps->smooth, ps->last_val};
     *out = (ct_state_dict){.names = calloc(2, sizeof(char *)), .tensors = calloc(2, sizeof(ct_tensor *))};
-    ct_status st = out->names && out->tensors ? CT_OK : ct_error_set(CT_ERR_NOMEM, "gpt_train: progress state: out of memory");
+    ct_status st = out->names && out->tensors ? CT_OK
+                                              : ct_error_set(CT_ERR_NOMEM, "gpt_train: progress state: out of memory");
     /* the frame's reference goes at the pop; the state dict keeps its own */
     ct_frame_push();
     for (int i = 0; !st && i < 2; i++) {
@@ -432,7 +433,9 @@ static ct_status progress_load_state_dict(void *obj, const ct_state_dict *sd)
         const ct_tensor *t = NULL;
         for (int i = 0; i < sd->n && !t; i++)
             if (!strcmp(sd->names[i], PROGRESS_KEYS[k])) t = sd->tensors[i];
-        if (!t) return ct_error_set(CT_ERR_FORMAT, "gpt_train: the checkpoint's progress state has no '%s'", PROGRESS_KEYS[k]);
+        if (!t)
+            return ct_error_set(CT_ERR_FORMAT, "gpt_train: the checkpoint's progress state has no '%s'",
+                                PROGRESS_KEYS[k]);
         if (t->dtype != CT_DTYPE_F64 || ct_tensor_numel(t) != 1)
             return ct_error_set(CT_ERR_FORMAT, "gpt_train: the checkpoint's progress state '%s' is %s x %lld, expected "
                                                "one f64", PROGRESS_KEYS[k], ct_dtype_name(t->dtype),
@@ -542,9 +545,9 @@ int main(int argc, char **argv)
     if (pr) return pr > 0 ? 0 : 2;
     if (o.threads) ct_set_num_threads(o.threads);
     const char *project_dir = o.project_dir ? o.project_dir : o.out_dir;
-    if (!make_dirs(o.out_dir) || !make_dirs(project_dir)) {
-        fprintf(stderr, "gpt_train: cannot create %s: %s\n", make_dirs(o.out_dir) ? project_dir : o.out_dir,
-                strerror(errno));
+    const char *bad_dir = !make_dirs(o.out_dir) ? o.out_dir : !make_dirs(project_dir) ? project_dir : NULL;
+    if (bad_dir) {
+        fprintf(stderr, "gpt_train: cannot create %s: %s\n", bad_dir, strerror(errno));
         return 1;
     }
     char token_path[1200], csv_path[1200], model_path[1200];
@@ -556,7 +559,8 @@ int main(int argc, char **argv)
      * reduce while backward still runs */
     ct_accelerator *acc = ct_accelerator_new(&(ct_accelerator_config){
         .ddp = {.bucket_cap_mb = o.bucket_mb},
-        .project = {.project_dir = project_dir, .automatic_checkpoint_naming = true, .total_limit = (int)o.total_limit}});
+        .project = {.project_dir = project_dir, .automatic_checkpoint_naming = true,
+                    .total_limit = (int)o.total_limit}});
     if (!acc) {
         fprintf(stderr, "gpt_train: %s\n", ct_last_error());
         return 1;
