@@ -448,8 +448,11 @@ ct_status ct_accelerator_save_state(ct_accelerator *acc, const char *dir)
                 snprintf(msg, sizeof msg, "!checkpoint path '%.100s...' is too long", final);
         }
         CT_FRAME {
-            ct_tensor *b = ct_tensor_from_data(CT_DTYPE_U8, CT_SHAPE(BCAST_BYTES), msg);
-            st = b ? ct_work_run(ct_pg_broadcast(acc->pg, b, 0)) : ct_last_status();
+            /* an all-reduce first: unlike a broadcast, its root cannot finish it alone */
+            ct_tensor *j = ct_tensor_from_data(CT_DTYPE_I32, CT_SHAPE(1), (int32_t[]){1});
+            st = j ? ct_work_run(ct_pg_allreduce(acc->pg, j, CT_REDUCE_MIN)) : ct_last_status();
+            ct_tensor *b = st ? NULL : ct_tensor_from_data(CT_DTYPE_U8, CT_SHAPE(BCAST_BYTES), msg);
+            if (!st) st = b ? ct_work_run(ct_pg_broadcast(acc->pg, b, 0)) : ct_last_status();
             if (!st) memcpy(msg, ct_tensor_data(b), sizeof msg);
         }
         if (st) {

@@ -157,6 +157,7 @@ typedef struct ct_optimizer_hparams {
     double momentum, dampening;
     bool nesterov;
 } ct_optimizer_hparams;
+/* The optimizer's hyper-parameters as above (all 0 for NULL). */
 CT_API ct_optimizer_hparams ct_optimizer_hparams_get(const ct_optimizer *o);
 /* Group g's lr_scale (exactly as set); NAN + error when out of range. */
 CT_API double ct_optimizer_group_lr_scale(const ct_optimizer *o, int g);
