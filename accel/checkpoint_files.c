@@ -291,6 +291,16 @@ ct_status cti_ckpt_verify_files(const char *dir, const cti_ckpt_file *files, int
                                 "checkpoint '%s': file '%s' is corrupted: its XXH3-64 is %016" PRIx64
                                 ", the manifest says %016" PRIx64,
                                 dir, f->name, h, f->xxh3);
+        const size_t nl = strlen(f->name), ext = strlen(".safetensors");
+        if (nl > ext && !strcmp(f->name + nl - ext, ".safetensors")) {
+            ct_safetensors *sf = ct_safetensors_open(path);
+            if (!sf) return ct_error_prefix("checkpoint '%s': ", dir);
+            const int64_t count = ct_safetensors_count(sf);
+            ct_safetensors_close(sf);
+            if (count != f->tensors)
+                return ct_error_set(CT_ERR_FORMAT, "checkpoint '%s': file '%s' holds %" PRId64
+                                    " tensors, the manifest says %" PRId64, dir, f->name, count, f->tensors);
+        }
         if (report) fprintf(report, "  %-44s %12" PRId64 " bytes  %6" PRId64 " tensors  xxh3 %016" PRIx64 "  ok\n",
                             f->name, f->bytes, f->tensors, f->xxh3);
     }
@@ -305,8 +315,7 @@ ct_status cti_ckpt_read_manifest(const char *dir, bool verify, ct_checkpoint_inf
     snprintf(path, sizeof path, "%s/%s", dir, CT_CKPT_MANIFEST);
     struct stat sb;
     if (stat(dir, &sb) || !S_ISDIR(sb.st_mode))
-        return ct_error_set(CT_ERR_INVALID, "checkpoint '%s' is not a directory%s%s", dir, errno ? ": " : "",
-                            errno ? strerror(errno) : "");
+        return ct_error_set(CT_ERR_INVALID, "checkpoint '%s' is not a directory", dir);
     FILE *f = fopen(path, "rb");
     if (!f)
         return ct_error_set(CT_ERR_FORMAT,
