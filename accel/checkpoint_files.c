@@ -16,6 +16,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <uv.h>
 #include <xxhash.h>
 
 #include "core/safetensors.h"
@@ -26,30 +27,62 @@
 
 /* ---- checksums --------------------------------------------------------------------- */
 
-ct_status cti_ckpt_hash_file(const char *path, uint64_t *xxh3, int64_t *bytes)
+/* XXH3-64 of the file at path without touching the error state (safe on any thread):
+ * 0, or the errno of the call that failed (*what names it). */
+static int hash_quiet(const char *path, uint64_t *xxh3, int64_t *bytes, const char **what)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return ct_error_set(CT_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+    if (fd < 0) return *what = "open", errno;
     struct stat sb;
     if (fstat(fd, &sb)) {
         int e = errno;
         close(fd);
-        return ct_error_set(CT_ERR_IO, "cannot stat '%s': %s", path, strerror(e));
+        return *what = "stat", e;
     }
     *bytes = sb.st_size;
     if (sb.st_size == 0) {
         close(fd);
         *xxh3 = XXH3_64bits(NULL, 0);
-        return CT_OK;
+        return 0;
     }
     void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int e = errno;
     close(fd);
-    if (p == MAP_FAILED) return ct_error_set(CT_ERR_IO, "cannot map '%s': %s", path, strerror(errno));
-    /* sequential: let the kernel read ahead, then drop the mapping */
+    if (p == MAP_FAILED) return *what = "map", e;
+    /* sequential: let the kernel read ahead */
     madvise(p, (size_t)sb.st_size, MADV_SEQUENTIAL);
     *xxh3 = XXH3_64bits(p, (size_t)sb.st_size);
     munmap(p, (size_t)sb.st_size);
-    return CT_OK;
+    return 0;
+}
+
+ct_status cti_ckpt_hash_file(const char *path, uint64_t *xxh3, int64_t *bytes)
+{
+    const char *what = "";
+    const int e = hash_quiet(path, xxh3, bytes, &what);
+    return e ? ct_error_set(CT_ERR_IO, "cannot %s '%s': %s", what, path, strerror(e)) : CT_OK;
+}
+
+void cti_ckpt_note_dtype(cti_ckpt_file *f, ct_dtype dt)
+{
+    const char *dn = ct_dtype_name(dt);
+    char with[80], want[24];
+    snprintf(with, sizeof with, ",%s,", f->dtypes);
+    snprintf(want, sizeof want, ",%s,", dn);
+    const size_t at = strlen(f->dtypes);
+    if (!strstr(with, want) && at + strlen(dn) + 2 < sizeof f->dtypes)
+        snprintf(f->dtypes + at, sizeof f->dtypes - at, "%s%s", at ? "," : "", dn);
+}
+
+ct_status cti_ckpt_save_tensors(const char *dir, const char *name, int n, const char *const *names,
+                                ct_tensor *const *ts, cti_ckpt_file *f)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    *f = (cti_ckpt_file){.tensors = n};
+    snprintf(f->name, sizeof f->name, "%s", name);
+    for (int i = 0; i < n; i++) cti_ckpt_note_dtype(f, ts[i]->dtype);
+    return ct_safetensors_save_hashed(path, n, names, ts, 0, NULL, NULL, &f->xxh3, &f->bytes);
 }
 
 ct_status cti_ckpt_describe_file(const char *dir, const char *name, cti_ckpt_file *f)
@@ -69,14 +102,7 @@ ct_status cti_ckpt_describe_file(const char *dir, const char *name, cti_ckpt_fil
             int nd;
             int64_t sh[CT_MAX_DIMS];
             ct_safetensors_info(s, ct_safetensors_name(s, i), &dt, &nd, sh);
-            const char *dn = ct_dtype_name(dt);
-            char with[72];
-            snprintf(with, sizeof with, ",%s,", f->dtypes);
-            char want[24];
-            snprintf(want, sizeof want, ",%s,", dn);
-            if (!strstr(with, want) && strlen(f->dtypes) + strlen(dn) + 2 < sizeof f->dtypes)
-                snprintf(f->dtypes + strlen(f->dtypes), sizeof f->dtypes - strlen(f->dtypes), "%s%s",
-                         f->dtypes[0] ? "," : "", dn);
+            cti_ckpt_note_dtype(f, dt);
         }
         ct_safetensors_close(s);
     }
@@ -284,45 +310,92 @@ static ct_status parse_manifest(const char *path, const cJSON *root, ct_checkpoi
     return CT_OK;
 }
 
+/* Files k = which, which + step, ... of a verification's share: hashed, results in the
+ * arrays (no error state touched: this runs on a helper thread too). */
+typedef struct hash_job {
+    const char *dir;
+    const cti_ckpt_file *files;
+    int first, stride, mine, which;
+    uint64_t *hash;
+    int64_t *size;
+    int *err;
+    const char **what;
+    int step;
+} hash_job;
+
+static void hash_some(void *arg)
+{
+    const hash_job *j = arg;
+    const int step = j->step ? j->step : 2;
+    for (int k = j->which; k < j->mine; k += step) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/%s", j->dir, j->files[j->first + k * j->stride].name);
+        j->err[k] = hash_quiet(path, &j->hash[k], &j->size[k], &j->what[k]);
+    }
+}
+
 ct_status cti_ckpt_verify_files(const char *dir, const cti_ckpt_file *files, int n, int first, int stride, FILE *report)
 {
-    for (int i = first; i < n; i += stride) {
-        const cti_ckpt_file *f = &files[i];
-        char path[4096];
+    const int mine = n > first ? (n - first + stride - 1) / stride : 0;
+    uint64_t *hash = calloc((size_t)mine + 1, sizeof *hash);
+    int64_t *size = calloc((size_t)mine + 1, sizeof *size);
+    int *err = calloc((size_t)mine + 1, sizeof *err);
+    const char **what = calloc((size_t)mine + 1, sizeof *what);
+    if (!hash || !size || !err || !what) {
+        free(hash), free(size), free(err), free(what);
+        return ct_error_set(CT_ERR_NOMEM, "out of memory");
+    }
+    /* the files' checksums side by side, one stream each (reading is what a load waits
+     * for): a second thread of libuv's takes the odd ones. Not OpenMP: a program that
+     * forks after a parallel region of libgomp's deadlocks in the child. */
+    hash_job jobs[2];
+    for (int t = 0; t < 2; t++)
+        jobs[t] = (hash_job){dir, files, first, stride, mine, t, hash, size, err, what, 2};
+    uv_thread_t helper;
+    const bool two = mine > 1 && !uv_thread_create(&helper, hash_some, &jobs[1]);
+    if (!two) jobs[0].step = 1, jobs[0].which = 0;
+    hash_some(&jobs[0]);
+    if (two) uv_thread_join(&helper);
+    ct_status st = CT_OK;
+    for (int k = 0; k < mine && !st; k++) {
+        const cti_ckpt_file *f = &files[first + k * stride];
+        char path[4200];
         snprintf(path, sizeof path, "%s/%s", dir, f->name);
-        struct stat sb;
-        if (stat(path, &sb))
-            return ct_error_set(CT_ERR_FORMAT, "checkpoint '%s': file '%s' is missing (%s)", dir, f->name,
-                                strerror(errno));
-        if (sb.st_size != f->bytes)
-            return ct_error_set(CT_ERR_FORMAT,
-                                "checkpoint '%s': file '%s' is %lld bytes, the manifest says %" PRId64
-                                " (truncated or replaced)",
-                                dir, f->name, (long long)sb.st_size, f->bytes);
-        uint64_t h;
-        int64_t bytes;
-        ct_status st = cti_ckpt_hash_file(path, &h, &bytes);
-        if (st) return st;
-        if (h != f->xxh3)
-            return ct_error_set(CT_ERR_FORMAT,
-                                "checkpoint '%s': file '%s' is corrupted: its XXH3-64 is %016" PRIx64
-                                ", the manifest says %016" PRIx64,
-                                dir, f->name, h, f->xxh3);
+        if (err[k] == ENOENT)
+            st = ct_error_set(CT_ERR_FORMAT, "checkpoint '%s': file '%s' is missing (%s)", dir, f->name,
+                              strerror(err[k]));
+        else if (err[k])
+            st = ct_error_set(CT_ERR_IO, "checkpoint '%s': cannot %s '%s': %s", dir, what[k], f->name, strerror(err[k]));
+        else if (size[k] != f->bytes)
+            st = ct_error_set(CT_ERR_FORMAT,
+                              "checkpoint '%s': file '%s' is %" PRId64 " bytes, the manifest says %" PRId64
+                              " (truncated or replaced)",
+                              dir, f->name, size[k], f->bytes);
+        else if (hash[k] != f->xxh3)
+            st = ct_error_set(CT_ERR_FORMAT,
+                              "checkpoint '%s': file '%s' is corrupted: its XXH3-64 is %016" PRIx64
+                              ", the manifest says %016" PRIx64,
+                              dir, f->name, hash[k], f->xxh3);
         const size_t nl = strlen(f->name), ext = strlen(".safetensors");
-        if (nl > ext && !strcmp(f->name + nl - ext, ".safetensors")) {
+        if (!st && nl > ext && !strcmp(f->name + nl - ext, ".safetensors")) {
             ct_safetensors *sf = ct_safetensors_open(path);
-            if (!sf) return ct_error_prefix("checkpoint '%s': ", dir);
-            const int64_t count = ct_safetensors_count(sf);
-            ct_safetensors_close(sf);
-            if (count != f->tensors)
-                return ct_error_set(CT_ERR_FORMAT, "checkpoint '%s': file '%s' holds %" PRId64
-                                    " tensors, the manifest says %" PRId64, dir, f->name, count, f->tensors);
+            if (!sf) {
+                st = ct_error_prefix("checkpoint '%s': ", dir);
+            } else {
+                const int64_t count = ct_safetensors_count(sf);
+                ct_safetensors_close(sf);
+                if (count != f->tensors)
+                    st = ct_error_set(CT_ERR_FORMAT,
+                                      "checkpoint '%s': file '%s' holds %" PRId64 " tensors, the manifest says %" PRId64,
+                                      dir, f->name, count, f->tensors);
+            }
         }
-        if (report)
+        if (!st && report)
             fprintf(report, "  %-44s %12" PRId64 " bytes  %6" PRId64 " tensors %-9s xxh3 %016" PRIx64 "  ok\n", f->name,
                     f->bytes, f->tensors, f->dtypes, f->xxh3);
     }
-    return CT_OK;
+    free(hash), free(size), free(err), free(what);
+    return st;
 }
 
 ct_status cti_ckpt_read_manifest(const char *dir, bool verify, ct_checkpoint_info *info, cti_ckpt_file **files,

@@ -33,7 +33,13 @@ typedef struct cti_ckpt_file {
 
 /* XXH3-64 and size of the file at path (read through a mapping). */
 ct_status cti_ckpt_hash_file(const char *path, uint64_t *xxh3, int64_t *bytes);
-/* Fills f for dir/name: size, checksum, tensor count. */
+/* Adds dt to f->dtypes unless it is there. */
+void cti_ckpt_note_dtype(cti_ckpt_file *f, ct_dtype dt);
+/* Writes n tensors to dir/name (ct_safetensors_save_hashed) and describes the file
+ * into *f from what was written: no second read. */
+ct_status cti_ckpt_save_tensors(const char *dir, const char *name, int n, const char *const *names,
+                                ct_tensor *const *ts, cti_ckpt_file *f);
+/* Fills f for dir/name by reading it: size, checksum, tensor count, dtypes. */
 ct_status cti_ckpt_describe_file(const char *dir, const char *name, cti_ckpt_file *f);
 /* Writes text to dir/name durably (temporary file, fsync, rename, directory fsync). */
 ct_status cti_ckpt_write_text(const char *dir, const char *name, const char *text);

@@ -179,6 +179,7 @@ static ct_status stage_optimizer(const ct_accelerator *a, const char *dir, stage
             .weight_decay = s->weight_decay,
             .param_step = s->param_step,
             .state = {s->state[0], s->state[1]},
+            .adopt = true, /* staged for the optimizer alone: no second copy */
         };
         s->has_opt = true;
     }

@@ -149,12 +149,17 @@ static ct_status build_opt_parts(const ct_accelerator *a, opt_parts *o)
     return st;
 }
 
-static ct_status write_opt_file(const ct_accelerator *a, const char *dir, int file, int nfiles, uint64_t id)
+static ct_status write_opt_file(const ct_accelerator *a, const char *dir, int file, int nfiles, uint64_t id,
+                                cti_ckpt_file *f)
 {
     opt_parts o = {0};
     ct_status st;
+    *f = (cti_ckpt_file){0};
+    cti_ckpt_rank_file_name(f->name, sizeof f->name, CT_CKPT_OPT_PREFIX, file, nfiles);
     ct_frame_push();
     st = build_opt_parts(a, &o);
+    for (int i = 0; i < o.n && !st; i++) cti_ckpt_note_dtype(f, o.parts[i].values->dtype);
+    f->tensors = o.n;
     if (!st)
         st = cti_ckpt_write_parts(dir, &(cti_ckpt_parts_file){.prefix = CT_CKPT_OPT_PREFIX,
                                                               .format = CT_CKPT_OPT_FORMAT,
@@ -167,7 +172,9 @@ static ct_status write_opt_file(const ct_accelerator *a, const char *dir, int fi
                                                               .nlist = o.nlist,
                                                               .meta_keys = (const char *const *)o.mkeys,
                                                               .meta_vals = (const char *const *)o.mvals,
-                                                              .nmeta = o.nmeta});
+                                                              .nmeta = o.nmeta,
+                                                              .xxh3 = &f->xxh3,
+                                                              .bytes = &f->bytes});
     ct_frame_pop();
     opt_parts_free(&o);
     return st ? ct_error_prefix("optimizer state: ") : CT_OK;
@@ -231,23 +238,18 @@ static ct_status write_rank0_files(const ct_accelerator *a, const char *dir, con
     if (!st && a->fp8) CT_FRAME {
             ct_tensor *t[4];
             static const char *const names[4] = {"scale", "pending", "history", "counters"};
-            char path[4096];
-            snprintf(path, sizeof path, "%s/%s", dir, CT_CKPT_FP8);
             st = ct_fp8_state_export(a->fp8, t);
-            if (!st) st = ct_safetensors_save(path, 4, names, t, 0, NULL, NULL);
-            if (!st) st = cti_ckpt_describe_file(dir, CT_CKPT_FP8, &files[(*n)++]);
+            if (!st) st = cti_ckpt_save_tensors(dir, CT_CKPT_FP8, 4, names, t, &files[(*n)++]);
             if (!st) cti_ckpt_fault_point();
         }
     for (int i = 0; i < a->nobjects && !st; i++) {
         ct_state_dict sd = {0};
-        char name[CT_CKPT_NAME_MAX], path[4200];
+        char name[CT_CKPT_NAME_MAX];
         snprintf(name, sizeof name, "custom_%s.safetensors", a->objects[i].name);
-        snprintf(path, sizeof path, "%s/%s", dir, name);
         st = a->objects[i].state_dict(a->objects[i].obj, &sd);
         if (st) st = ct_error_prefix("registered object '%s': state_dict: ", a->objects[i].name);
-        else st = ct_safetensors_save(path, sd.n, (const char *const *)sd.names, sd.tensors, 0, NULL, NULL);
+        else st = cti_ckpt_save_tensors(dir, name, sd.n, (const char *const *)sd.names, sd.tensors, &files[(*n)++]);
         ct_state_dict_free(&sd);
-        if (!st) st = cti_ckpt_describe_file(dir, name, &files[(*n)++]);
         if (!st) cti_ckpt_fault_point();
     }
     return st;
@@ -346,17 +348,15 @@ static ct_status save_replicated(ct_accelerator *a, const char *tmp, const char 
     if (a->nobjects > 64) return ct_error_set(CT_ERR_UNSUPPORTED, "more than 64 registered objects");
     ct_status st = CT_OK;
     if (a->model) {
-        char path[4200];
-        snprintf(path, sizeof path, "%s/%s", tmp, CT_CKPT_MODEL);
-        st = ct_module_save(a->model, path, 0, NULL, NULL);
-        if (!st) st = cti_ckpt_describe_file(tmp, CT_CKPT_MODEL, &files[n++]);
+        /* ct_module_save's file (HF names, buffers too), checksummed as it is written */
+        ct_param_list l = {0};
+        st = ct_module_named_tensors(a->model, true, &l);
+        if (!st) st = cti_ckpt_save_tensors(tmp, CT_CKPT_MODEL, l.n, (const char *const *)l.names, l.tensors, &files[n++]);
+        ct_param_list_free(&l);
         if (!st) cti_ckpt_fault_point();
     }
     if (!st && a->opt) {
-        st = write_opt_file(a, tmp, 0, 1, 0);
-        char name[CT_CKPT_NAME_MAX];
-        cti_ckpt_rank_file_name(name, sizeof name, CT_CKPT_OPT_PREFIX, 0, 1);
-        if (!st) st = cti_ckpt_describe_file(tmp, name, &files[n++]);
+        st = write_opt_file(a, tmp, 0, 1, 0, &files[n++]);
         if (!st) cti_ckpt_fault_point();
     }
     const cti_rank_state me = my_rank_state(a);
@@ -383,11 +383,7 @@ static ct_status save_sharded(ct_accelerator *a, const char *tmp, const char *fi
         char name[CT_CKPT_NAME_MAX];
         cti_ckpt_rank_file_name(name, sizeof name, "model", rank, S);
         st = cti_ckpt_describe_file(tmp, name, &mine.files[mine.nfiles++]);
-        if (!st && a->opt) {
-            st = write_opt_file(a, tmp, rank, S, 0);
-            cti_ckpt_rank_file_name(name, sizeof name, CT_CKPT_OPT_PREFIX, rank, S);
-            if (!st) st = cti_ckpt_describe_file(tmp, name, &mine.files[mine.nfiles++]);
-        }
+        if (!st && a->opt) st = write_opt_file(a, tmp, rank, S, 0, &mine.files[mine.nfiles++]);
         if (!st) cti_ckpt_fault_point();
     }
     st = cti_ckpt_agree(a, st);

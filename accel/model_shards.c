@@ -574,7 +574,8 @@ ct_status cti_ckpt_write_parts(const char *dir, const cti_ckpt_parts_file *w)
     for (int k = 0; k < nm && !st; k++)
         if (!keys[k] || !vals[k] || !path) st = ct_error_set(CT_ERR_NOMEM, "out of memory");
     if (!st)
-        st = ct_safetensors_save(path, nt, names, ts, nm, (const char *const *)keys, (const char *const *)vals);
+        st = ct_safetensors_save_hashed(path, nt, names, ts, nm, (const char *const *)keys, (const char *const *)vals,
+                                        w->xxh3, w->bytes);
     for (int k = 0; keys && vals && k < nm; k++) free(keys[k]), free(vals[k]);
     free(names), free(ts), free(keys), free(vals), free(path);
     return st;

@@ -93,6 +93,8 @@ typedef struct cti_ckpt_parts_file {
     int nwhole;
     const char *const *meta_keys, *const *meta_vals; /* every file */
     int nmeta;
+    uint64_t *xxh3; /* when not NULL: the file's XXH3-64 and size, as written */
+    int64_t *bytes;
 } cti_ckpt_parts_file;
 /* Writes w into dir (ct_safetensors_save: atomically). */
 ct_status cti_ckpt_write_parts(const char *dir, const cti_ckpt_parts_file *w);

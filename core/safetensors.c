@@ -12,6 +12,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "core/frame.h"
 #include "core/tensor_internal.h"
@@ -549,27 +550,46 @@ const char *ct_safetensors_metadata_key(const ct_safetensors *f, int i)
 
 /* ---- writing ------------------------------------------------------------- */
 
-static ct_status write_all(int fd, const void *buf, size_t n, const char *path)
+/* Where a save writes: the file, and what is done to the bytes on the way. */
+typedef struct sink {
+    int fd;
+    const char *path;
+    XXH3_state_t *hash; /* NULL: no checksum wanted */
+    int64_t written, flushed;
+} sink;
+
+/* Writeback is started every this many bytes, so the device writes while the rest is
+ * copied in and the final fsync waits for little. */
+#define SINK_FLUSH_BYTES ((int64_t)64 << 20)
+
+static ct_status write_all(sink *o, const void *buf, size_t n)
 {
     const char *p = buf;
+    if (o->hash) XXH3_64bits_update(o->hash, buf, n);
     while (n > 0) {
-        ssize_t w = write(fd, p, n);
+        ssize_t w = write(o->fd, p, n);
         if (w < 0 && errno == EINTR) continue;
-        if (w < 0) return ct_error_set(CT_ERR_IO, "safetensors_save: cannot write '%s': %s", path, strerror(errno));
+        if (w < 0) return ct_error_set(CT_ERR_IO, "safetensors_save: cannot write '%s': %s", o->path, strerror(errno));
         p += w;
         n -= (size_t)w;
+        o->written += w;
+        if (o->written - o->flushed >= SINK_FLUSH_BYTES) {
+            /* a hint: a filesystem without it still gets the fsync at the end */
+            (void)sync_file_range(o->fd, o->flushed, o->written - o->flushed, SYNC_FILE_RANGE_WRITE);
+            o->flushed = o->written;
+        }
     }
     return CT_OK;
 }
 
 /* BOOL tensors may hold any nonzero byte for true; the file gets 0/1. */
-static ct_status write_bool(int fd, const uint8_t *src, size_t n, const char *path)
+static ct_status write_bool(sink *o, const uint8_t *src, size_t n)
 {
     uint8_t chunk[4096];
     for (size_t i = 0; i < n; i += sizeof chunk) {
         size_t m = n - i < sizeof chunk ? n - i : sizeof chunk;
         for (size_t k = 0; k < m; k++) chunk[k] = src[i + k] != 0;
-        ct_status st = write_all(fd, chunk, m, path);
+        ct_status st = write_all(o, chunk, m);
         if (st) return st;
     }
     return CT_OK;
@@ -708,7 +728,7 @@ static ct_status build_header(const char *path, int n, const char *const *names,
     return CT_OK;
 }
 
-static ct_status write_tensors(int fd, const char *tmp, int n, const char *const *names, ct_tensor *const *tensors)
+static ct_status write_tensors(sink *o, const char *tmp, int n, const char *const *names, ct_tensor *const *tensors)
 {
     ct_status st = CT_OK;
     for (int i = 0; i < n && !st; i++) {
@@ -717,8 +737,8 @@ static ct_status write_tensors(int fd, const char *tmp, int n, const char *const
         if (!c) {
             st = ct_error_prefix("safetensors_save '%s': tensor '%.200s': ", tmp, names[i]);
         } else if (ct_tensor_nbytes(c) > 0) {
-            if (c->dtype == CT_DTYPE_BOOL) st = write_bool(fd, ct_tensor_data(c), ct_tensor_nbytes(c), tmp);
-            else st = write_all(fd, ct_tensor_data(c), ct_tensor_nbytes(c), tmp);
+            if (c->dtype == CT_DTYPE_BOOL) st = write_bool(o, ct_tensor_data(c), ct_tensor_nbytes(c));
+            else st = write_all(o, ct_tensor_data(c), ct_tensor_nbytes(c));
         }
         ct_frame_pop();
     }
@@ -751,6 +771,13 @@ static ct_status sync_parent_dir(const char *path)
 ct_status ct_safetensors_save(const char *path, int n, const char *const *names, ct_tensor *const *tensors,
                               int nmeta, const char *const *meta_keys, const char *const *meta_values)
 {
+    return ct_safetensors_save_hashed(path, n, names, tensors, nmeta, meta_keys, meta_values, NULL, NULL);
+}
+
+ct_status ct_safetensors_save_hashed(const char *path, int n, const char *const *names, ct_tensor *const *tensors,
+                                     int nmeta, const char *const *meta_keys, const char *const *meta_values,
+                                     uint64_t *xxh3, int64_t *bytes)
+{
     ct_status st = check_save_args(path, n, names, tensors, nmeta, meta_keys, meta_values);
     if (st) return st;
     char *hdr = NULL;
@@ -771,9 +798,16 @@ ct_status ct_safetensors_save(const char *path, int n, const char *const *names,
         free(tmp);
         return st;
     }
-    st = write_all(fd, hdr, hdr_len, tmp);
+    XXH3_state_t *h = xxh3 ? XXH3_createState() : NULL;
+    if (h) XXH3_64bits_reset(h);
+    else if (xxh3) st = ct_error_set(CT_ERR_NOMEM, "safetensors_save '%s': out of memory", path);
+    sink o = {.fd = fd, .path = tmp, .hash = h};
+    if (!st) st = write_all(&o, hdr, hdr_len);
     free(hdr);
-    if (!st) st = write_tensors(fd, tmp, n, names, tensors);
+    if (!st) st = write_tensors(&o, tmp, n, names, tensors);
+    if (!st && xxh3) *xxh3 = XXH3_64bits_digest(h);
+    if (!st && bytes) *bytes = o.written;
+    XXH3_freeState(h);
     if (!st && fsync(fd) != 0)
         st = ct_error_set(CT_ERR_IO, "safetensors_save: cannot fsync '%s': %s", tmp, strerror(errno));
     if (close(fd) != 0 && !st)

@@ -101,5 +101,11 @@ CT_API void ct_safetensors_close(ct_safetensors *f);
 CT_API ct_status ct_safetensors_save(const char *path, int n, const char *const *names,
                                      ct_tensor *const *tensors, int nmeta, const char *const *meta_keys,
                                      const char *const *meta_values);
+/* The same, and the XXH3-64 checksum (libxxhash) of the bytes written into *xxh3 and
+ * their count into *bytes (either may be NULL), computed as they are written: what
+ * hashing the file afterwards would give, without reading it back. */
+CT_API ct_status ct_safetensors_save_hashed(const char *path, int n, const char *const *names,
+                                            ct_tensor *const *tensors, int nmeta, const char *const *meta_keys,
+                                            const char *const *meta_values, uint64_t *xxh3, int64_t *bytes);
 
 #endif

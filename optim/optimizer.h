@@ -177,6 +177,8 @@ typedef struct ct_optimizer_restore_spec {
     ct_tensor *const *state[2];   /* per key of ct_optimizer_state_keys, per parameter: the
                                    * parameter's shape and dtype (any layout, copied); NULL
                                    * where param_step is 0 */
+    bool adopt;                   /* true: contiguous state tensors are taken as they are
+                                   * (retained, not copied); the caller gives them up */
 } ct_optimizer_restore_spec;
 /* Puts the state r describes in place of o's, so the next step is the step an
  * optimizer with that state would take (bitwise). Everything is checked first (values,

@@ -95,7 +95,8 @@ ct_status ct_optimizer_restore(ct_optimizer *o, const ct_optimizer_restore_spec 
     for (int i = 0; i < o->nparams && !st; i++) {
         fresh[i].step = r->param_step[i];
         for (int k = 0; k < nkeys && !st && fresh[i].step > 0; k++) {
-            ct_tensor *c = ct_tensor_clone(r->state[k][i]);
+            ct_tensor *t = r->state[k][i];
+            ct_tensor *c = r->adopt && ct_tensor_is_contiguous(t) ? t : ct_tensor_clone(t);
             ct_tensor **slot = k == 0 ? (nkeys == 2 ? &fresh[i].exp_avg : &fresh[i].momentum_buffer) : &fresh[i].exp_avg_sq;
             if (!c) st = ct_error_prefix("optimizer_restore: ");
             else *slot = ct_tensor_retain(c);
