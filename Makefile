@@ -41,9 +41,9 @@ CLI_SRC  := $(wildcard tools/*.c)
 WARN     := -Wall -Wextra -Werror -Wno-unknown-pragmas
 SAN      ?=
 # -fvisibility=hidden: libctrain.so exports only what the public headers mark CT_API (core/api.h)
-ALL_CFLAGS  = -std=c11 -D_GNU_SOURCE $(OPT) $(ARCH) -g -fPIC -fvisibility=hidden -fopenmp $(WARN) -I. -MMD -MP $(SAN) $(CFLAGS)
+ALL_CFLAGS  = -std=c11 -D_GNU_SOURCE -DCTRAIN_VERSION='"$(VERSION)"' $(OPT) $(ARCH) -g -fPIC -fvisibility=hidden -fopenmp $(WARN) -I. -MMD -MP $(SAN) $(CFLAGS)
 ALL_LDFLAGS = -fopenmp $(SAN) $(LDFLAGS)
-LDLIBS   += -lopenblas -ldnnl -lcjson -luv -lm -lpthread
+LDLIBS   += -lopenblas -ldnnl -lcjson -luv -lxxhash -lm -lpthread
 
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
@@ -112,7 +112,7 @@ memcheck: setup
 	    --error-exitcode=3 --trace-children=yes $(TEST_BIN) --filter '@(frame|tensor|safetensors)/*' --jobs 1
 
 # Each fuzz target links the library sources built with clang's libFuzzer + ASan/UBSan.
-FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -O1 -g -I. -fopenmp -fsanitize=fuzzer,address,undefined -Wall -Wextra -Werror -Wno-unknown-pragmas
+FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -DCTRAIN_VERSION='"$(VERSION)"' -O1 -g -I. -fopenmp -fsanitize=fuzzer,address,undefined -Wall -Wextra -Werror -Wno-unknown-pragmas
 fuzz: setup
 	@mkdir -p $(BUILD)/fuzz
 	@set -e; for f in $(FUZZ_SRC); do \

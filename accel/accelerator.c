@@ -1,5 +1,6 @@
 /* ctrain — the Accelerator (accel/accelerator.h). */
 #include "accel/accelerator.h"
+#include "accel/accelerator_internal.h"
 #include "accel/fp8_sync_internal.h"
 #include "accel/plugins.h"
 
@@ -19,31 +20,6 @@
 #include "precision/autocast.h"
 #include "precision/loss_scaler.h"
 
-struct ct_accelerator {
-    ct_dist_env env;
-    ct_accelerator_config cfg;
-    int K;
-    ct_pg *pg;
-    ct_ddp *ddp;
-    ct_shard *shard;      /* the sharding engine, instead of DDP, for a sharded strategy */
-    ct_module *model;
-    ct_optimizer *opt;
-    ct_loader *loader;
-    ct_scheduler *sched;
-    ct_param_list params; /* the model's (or the optimizer's) parameters, for clipping */
-    int64_t micro;        /* micro-steps since the last synchronisation */
-    bool sync;
-    bool prepared;
-    ct_dtype mp;          /* mixed precision: f32 (no), bf16, f16; bf16 under fp8 */
-    ct_fp8_state *fp8;    /* fp8: the per-weight scaling state */
-    bool scaling;         /* fp16: the loss scaler is on */
-    ct_loss_scaler scaler;
-    bool found_inf;       /* fp16: the current step's gradients, once unscaled */
-    ct_sharding_settings sharding; /* from a plugin, a ds_config or the launcher */
-    double auto_clip;     /* DeepSpeed's gradient_clipping: clip before every step; 0 none */
-    bool overflow_skip;   /* the last optimizer step was skipped for an overflow */
-    bool backward_ran;    /* accelerator_backward ran since the last optimizer step */
-};
 
 /* ---- settings ------------------------------------------------------------------ */
 
@@ -97,6 +73,13 @@ static ct_status settings(ct_accelerator *a, const ct_accelerator_config *cfg)
     int threads = 0;
     if ((st = ct_dist_env_int("CTRAIN_NUM_THREADS", 0, 1, &threads))) return ct_error_prefix("accelerator: ");
     if (threads > 0) ct_set_num_threads(threads);
+    if (a->cfg.project.total_limit < 0 || a->cfg.project.iteration < 0)
+        return ct_error_set(CT_ERR_INVALID, "accelerator: project.%s = %lld; expected >= 0 (0 = default)",
+                            a->cfg.project.total_limit < 0 ? "total_limit" : "iteration",
+                            a->cfg.project.total_limit < 0 ? (long long)a->cfg.project.total_limit
+                                                           : (long long)a->cfg.project.iteration);
+    if (a->cfg.project.iteration > 0) a->iteration = a->cfg.project.iteration;
+    a->cfg.project.project_dir = NULL; /* the handle's copy is a->project_dir */
     if (a->cfg.timeout_s < 0 || !isfinite(a->cfg.timeout_s))
         return ct_error_set(CT_ERR_INVALID, "accelerator: timeout_s = %g; expected > 0 (0 = default)", a->cfg.timeout_s);
     return CT_OK;
@@ -110,6 +93,12 @@ ct_accelerator *ct_accelerator_new(const ct_accelerator_config *cfg)
         return NULL;
     }
     a->sync = true;
+    a->iteration = -1;
+    if (cfg && cfg->project.project_dir && !(a->project_dir = strdup(cfg->project.project_dir))) {
+        free(a);
+        ct_error_set(CT_ERR_NOMEM, "accelerator_new: out of memory");
+        return NULL;
+    }
     /* where this process stands first: the settings' warnings are rank 0's to print */
     ct_status st = ct_dist_env_detect(&a->env);
     if (!st) st = settings(a, cfg);
@@ -538,6 +527,7 @@ int ct_accelerator_gradient_accumulation_steps(const ct_accelerator *acc) { retu
 
 void ct_accelerator_set_seed(ct_accelerator *acc, uint64_t seed, bool device_specific)
 {
+    if (acc) acc->seeded = true, acc->seed_base = seed, acc->seed_per_rank = device_specific;
     ct_set_seed(seed + (acc && device_specific ? (uint64_t)ct_pg_rank(acc->pg) : 0));
 }
 
@@ -557,5 +547,9 @@ void ct_accelerator_free(ct_accelerator *acc)
     ct_shard_free(acc->shard);
     ct_param_list_free(&acc->params);
     ct_pg_free(acc->pg);
+    for (int i = 0; i < acc->nobjects; i++) free((char *)acc->objects[i].name);
+    free(acc->objects);
+    free(acc->project_dir);
+    free(acc->last_checkpoint);
     free(acc);
 }

@@ -57,6 +57,7 @@
 #include "parallel/ddp.h"
 #include "dist/pg.h"
 #include "parallel/shard.h"
+#include "accel/checkpoint.h"
 #include "accel/plugins.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
@@ -90,6 +91,8 @@ typedef struct ct_accelerator_config {
     const ct_fsdp_plugin *fsdp_plugin;           /* or as FSDP's (accel/plugins.h); with none of
                                       * the three, the launcher's --use_deepspeed / --use_fsdp flags */
     double timeout_s;                /* collectives and rendezvous; 0: CTRAIN_TIMEOUT or 300 */
+    ct_project_config project;       /* where save_state(acc, NULL) puts checkpoints
+                                      * (accel/checkpoint.h); project_dir is copied */
 } ct_accelerator_config;
 
 /* Joins the job the environment describes (dist/env.h: ctrain launch, mpirun, Slurm,

@@ -44,17 +44,20 @@ static char *format(const char *fmt, ...)
     return s;
 }
 
-static void rank_file_name(char *buf, size_t cap, int r, int n)
+void cti_ckpt_rank_file_name(char *buf, size_t cap, const char *prefix, int r, int n)
 {
-    snprintf(buf, cap, "model-rank%05d-of-%05d.safetensors", r, n);
+    snprintf(buf, cap, "%s-rank%05d-of-%05d.safetensors", prefix, r, n);
 }
 
-/* Whether name is exactly a rank file's name, and its rank and count. */
-static bool is_rank_file(const char *name, int *r, int *n)
+/* Whether name is exactly a rank file's name with this prefix, and its rank and count. */
+static bool is_rank_file(const char *name, const char *prefix, int *r, int *n)
 {
-    char again[64];
-    if (sscanf(name, "model-rank%d-of-%d.safetensors", r, n) != 2 || *n < 1 || *r < 0 || *r >= *n) return false;
-    rank_file_name(again, sizeof again, *r, *n);
+    char again[96];
+    const size_t lp = strlen(prefix);
+    if (strncmp(name, prefix, lp) || sscanf(name + lp, "-rank%d-of-%d.safetensors", r, n) != 2 || *n < 1 || *r < 0 ||
+        *r >= *n)
+        return false;
+    cti_ckpt_rank_file_name(again, sizeof again, prefix, *r, *n);
     return !strcmp(again, name);
 }
 
@@ -174,10 +177,10 @@ static ct_status check_header(const ct_ckpt *ck, int r, char *id, size_t idcap, 
     const char *fmt = ct_safetensors_metadata(f, "ctrain.format"), *files = ct_safetensors_metadata(f, "ctrain.files");
     const char *file = ct_safetensors_metadata(f, "ctrain.file"),
                *cid = ct_safetensors_metadata(f, "ctrain.checkpoint");
-    if (!fmt || strcmp(fmt, CT_MODEL_SHARDS_FORMAT))
+    if (!fmt || strcmp(fmt, ck->format))
         return ct_error_set(CT_ERR_FORMAT,
                             "%s: ctrain.format is '%s', expected '%s': not a file of a ctrain sharded checkpoint", path,
-                            fmt ? fmt : "(none)", CT_MODEL_SHARDS_FORMAT);
+                            fmt ? fmt : "(none)", ck->format);
     char want_files[16], want_file[16];
     snprintf(want_files, sizeof want_files, "%d", ck->nfiles);
     snprintf(want_file, sizeof want_file, "%d", r);
@@ -259,11 +262,11 @@ static ct_status add_file(ct_ckpt *ck, int r)
             return ct_error_set(CT_ERR_FORMAT, "%s, parameter '%s': elements [%" PRId64 ", %" PRId64
                                 ") are not inside its %" PRId64 " elements (shape %s)",
                                 path, x.name, b, e, x.numel, shape_of(&x, s, sizeof s));
-        } else if (dt != CT_DTYPE_F32 || nd != 1 || sh[0] != e - b) {
+        } else if ((dt != CT_DTYPE_F32 && dt != CT_DTYPE_F64) || nd != 1 || sh[0] != e - b) {
             char s[96];
             return ct_error_set(CT_ERR_FORMAT,
                                 "%s, parameter '%s': the part is %s %s, but elements [%" PRId64 ", %" PRId64
-                                ") need F32 [%" PRId64 "]",
+                                ") need F32 (or F64) [%" PRId64 "]",
                                 path, x.name, ct_dtype_name(dt), ct_shape_str(nd, sh, s, sizeof s), b, e, e - b);
         }
         ct_status st = add_part(ck, &x, (ct_ckpt_part){r, b, e});
@@ -326,7 +329,7 @@ static ct_status open_sharded(const char *dir, ct_ckpt *ck)
     struct dirent *de;
     while (!st && (de = readdir(d)) != NULL) {
         int r, n;
-        if (!is_rank_file(de->d_name, &r, &n)) continue;
+        if (!is_rank_file(de->d_name, ck->prefix, &r, &n)) continue;
         if (!count) count = n, snprintf(first, sizeof first, "%s", de->d_name);
         else if (n != count)
             st =
@@ -336,8 +339,8 @@ static ct_status open_sharded(const char *dir, ct_ckpt *ck)
     closedir(d);
     if (st) return st;
     if (!count)
-        return ct_error_set(CT_ERR_FORMAT, "'%s' holds no model-rank*-of-*.safetensors file: not a sharded checkpoint",
-                            dir);
+        return ct_error_set(CT_ERR_FORMAT, "'%s' holds no %s-rank*-of-*.safetensors file: not a sharded checkpoint",
+                            dir, ck->prefix);
     ck->sharded = true;
     ck->files = calloc((size_t)count, sizeof *ck->files);
     ck->paths = calloc((size_t)count, sizeof *ck->paths);
@@ -346,8 +349,8 @@ static ct_status open_sharded(const char *dir, ct_ckpt *ck)
     char id[64] = "";
     int nparams = 0;
     for (int r = 0; r < count && !st; r++) {
-        char name[64];
-        rank_file_name(name, sizeof name, r, count);
+        char name[96];
+        cti_ckpt_rank_file_name(name, sizeof name, ck->prefix, r, count);
         if (!(ck->paths[r] = format("%s/%s", dir, name))) return ct_last_status();
         if (access(ck->paths[r], F_OK))
             return ct_error_set(CT_ERR_FORMAT, "'%s': %s is missing (rank %d of %d): every rank's file is needed", dir,
@@ -378,9 +381,15 @@ static ct_status open_full(const char *path, ct_ckpt *ck)
     return CT_OK;
 }
 
+ct_status cti_ckpt_open_parts(const char *dir, const char *prefix, const char *format, ct_ckpt *ck)
+{
+    *ck = (ct_ckpt){.prefix = prefix, .format = format};
+    return open_sharded(dir, ck);
+}
+
 ct_status cti_ckpt_open(const char *path, bool sharded_only, ct_ckpt *ck)
 {
-    *ck = (ct_ckpt){0};
+    *ck = (ct_ckpt){.prefix = "model", .format = CT_MODEL_SHARDS_FORMAT};
     struct stat sb;
     if (!path) return ct_error_set(CT_ERR_INVALID, "checkpoint path is NULL");
     if (stat(path, &sb)) return ct_error_set(CT_ERR_IO, "'%s': %s", path, strerror(errno));
@@ -498,7 +507,7 @@ static ct_status prepare_dir(const char *dir, int nfiles, bool clean)
     struct dirent *de;
     while (!st && (de = readdir(d)) != NULL) {
         int r, n;
-        if (!is_rank_file(de->d_name, &r, &n) || n == nfiles) continue;
+        if (!is_rank_file(de->d_name, "model", &r, &n) || n == nfiles) continue;
         char *p = format("%s/%s", dir, de->d_name);
         if (!p) st = ct_last_status();
         else if (unlink(p) && errno != ENOENT)
@@ -510,11 +519,11 @@ static ct_status prepare_dir(const char *dir, int nfiles, bool clean)
     return st;
 }
 
-/* The position of name among the model's parameters, or -1. */
-static int64_t position(const ct_param_list *params, const char *name)
+/* The position of name in list, or -1. */
+static int64_t position(int n, const char *const *list, const char *name)
 {
-    for (int i = 0; i < params->n; i++)
-        if (!strcmp(params->names[i], name)) return i;
+    for (int i = 0; i < n; i++)
+        if (!strcmp(list[i], name)) return i;
     return -1;
 }
 
@@ -529,40 +538,39 @@ static char *part_value(const ct_shard_part *p, int64_t index)
                   ct_dtype_name(p->dtype), index);
 }
 
-/* Rank r's file: its parts, and (r = 0) the buffers. */
-static ct_status write_rank_file(const char *dir, int r, int nfiles, uint64_t id, const ct_shard_part *parts, int n,
-                                 const ct_param_list *params, const ct_param_list *all)
+ct_status cti_ckpt_write_parts(const char *dir, const cti_ckpt_parts_file *w)
 {
-    const int nbuf = r == 0 ? all->n - params->n : 0, nt = n + nbuf, nlist = r == 0 ? params->n : 0;
-    const int nm = 5 + n + nlist;
+    const int r = w->file, n = w->nparts, nlist = r == 0 ? w->nlist : 0, nwhole = r == 0 ? w->nwhole : 0;
+    const int nt = n + nwhole, nm = 5 + n + nlist + w->nmeta;
     const char **names = calloc((size_t)(nt ? nt : 1), sizeof *names);
     ct_tensor **ts = calloc((size_t)(nt ? nt : 1), sizeof *ts);
     char **keys = calloc((size_t)nm, sizeof *keys), **vals = calloc((size_t)nm, sizeof *vals);
-    char name[64], *path = NULL;
-    rank_file_name(name, sizeof name, r, nfiles);
+    char name[96], *path = NULL;
+    cti_ckpt_rank_file_name(name, sizeof name, w->prefix, r, w->nfiles);
     ct_status st = names && ts && keys && vals ? CT_OK : ct_error_set(CT_ERR_NOMEM, "out of memory");
     if (!st) {
-        keys[0] = format("ctrain.format"), vals[0] = format(CT_MODEL_SHARDS_FORMAT);
-        keys[1] = format("ctrain.files"), vals[1] = format("%d", nfiles);
+        keys[0] = format("ctrain.format"), vals[0] = format("%s", w->format);
+        keys[1] = format("ctrain.files"), vals[1] = format("%d", w->nfiles);
         keys[2] = format("ctrain.file"), vals[2] = format("%d", r);
-        keys[3] = format("ctrain.checkpoint"), vals[3] = format("%016" PRIx64, id);
-        keys[4] = format("ctrain.params"), vals[4] = format("%d", params->n);
+        keys[3] = format("ctrain.checkpoint"), vals[3] = format("%016" PRIx64, w->id);
+        keys[4] = format("ctrain.params"), vals[4] = format("%d", w->nlist);
         path = format("%s/%s", dir, name);
     }
     for (int i = 0; i < nlist && !st; i++)
-        keys[5 + n + i] = format("ctrain.param.%d", i), vals[5 + n + i] = format("%s", params->names[i]);
+        keys[5 + n + i] = format("ctrain.param.%d", i), vals[5 + n + i] = format("%s", w->list[i]);
+    for (int i = 0; i < w->nmeta && !st; i++)
+        keys[5 + n + nlist + i] = format("%s", w->meta_keys[i]), vals[5 + n + nlist + i] = format("%s", w->meta_vals[i]);
     for (int i = 0; i < n && !st; i++) {
-        const int64_t index = position(params, parts[i].name);
+        const int64_t index = position(w->nlist, w->list, w->parts[i].name);
         if (index < 0) {
-            st = ct_error_set(CT_ERR_INTERNAL, "parameter '%s' of the engine is not among the model's", parts[i].name);
+            st = ct_error_set(CT_ERR_INTERNAL, "'%s' of the engine is not in the file's list", w->parts[i].name);
             break;
         }
-        names[i] = parts[i].name, ts[i] = parts[i].values;
-        keys[5 + i] = format(PART_KEY "%s", parts[i].name);
-        vals[5 + i] = part_value(&parts[i], index);
+        names[i] = w->parts[i].name, ts[i] = w->parts[i].values;
+        keys[5 + i] = format(PART_KEY "%s", w->parts[i].name);
+        vals[5 + i] = part_value(&w->parts[i], index);
     }
-    for (int j = 0; j < nbuf && !st; j++)
-        names[n + j] = all->names[params->n + j], ts[n + j] = all->tensors[params->n + j];
+    for (int j = 0; j < nwhole && !st; j++) names[n + j] = w->whole_names[j], ts[n + j] = w->whole[j];
     for (int k = 0; k < nm && !st; k++)
         if (!keys[k] || !vals[k] || !path) st = ct_error_set(CT_ERR_NOMEM, "out of memory");
     if (!st)
@@ -604,7 +612,19 @@ ct_status cti_model_shards_save(ct_accelerator *acc, ct_module *model, const cha
             if (!st) memcpy(&h, ct_tensor_data(t), sizeof h);
         }
     if (!st) {
-        if (writer) st = write_rank_file(dir, rank, nfiles, h, parts, n, &params, &all);
+        if (writer)
+            st = cti_ckpt_write_parts(dir, &(cti_ckpt_parts_file){.prefix = "model",
+                                                                  .format = CT_MODEL_SHARDS_FORMAT,
+                                                                  .file = rank,
+                                                                  .nfiles = nfiles,
+                                                                  .id = h,
+                                                                  .parts = parts,
+                                                                  .nparts = n,
+                                                                  .list = (const char *const *)params.names,
+                                                                  .nlist = params.n,
+                                                                  .whole_names = (const char *const *)all.names + params.n,
+                                                                  .whole = all.tensors + params.n,
+                                                                  .nwhole = all.n - params.n});
         st = cti_ckpt_agree(acc, st);
     }
     ct_frame_pop();

@@ -28,6 +28,7 @@
 
 #include "accel/accelerator.h"
 #include "core/safetensors.h"
+#include "parallel/shard_state.h"
 
 #define CT_MODEL_SHARDS_FORMAT "sharded-model-v1"
 
@@ -54,6 +55,8 @@ typedef struct ct_ckpt_entry {
 
 /* An open checkpoint: a full safetensors file or a validated sharded directory. */
 typedef struct ct_ckpt {
+    const char *prefix; /* of the rank files' names: "model" (<prefix>-rank*-of-*.safetensors) */
+    const char *format; /* their ctrain.format: CT_MODEL_SHARDS_FORMAT */
     bool sharded;
     int nfiles;
     ct_safetensors **files;
@@ -68,6 +71,31 @@ typedef struct ct_ckpt {
  * also after a failure). */
 ct_status cti_ckpt_open(const char *path, bool sharded_only, ct_ckpt *ck);
 void cti_ckpt_close(ct_ckpt *ck);
+/* Opens the rank files <prefix>-rank*-of-*.safetensors of dir, of this format, as
+ * a sharded checkpoint (the same checks). */
+ct_status cti_ckpt_open_parts(const char *dir, const char *prefix, const char *format, ct_ckpt *ck);
+/* "<prefix>-rank0000r-of-0000n.safetensors" into buf. */
+void cti_ckpt_rank_file_name(char *buf, size_t cap, const char *prefix, int r, int n);
+
+/* One rank file to write: its parts (1-d F32 or F64 values of elements [begin, end)
+ * of the named tensors), and in file 0 the list of every split tensor's name (the
+ * merged order; every part's name must be in it), whole tensors and extra metadata. */
+typedef struct cti_ckpt_parts_file {
+    const char *prefix, *format;
+    int file, nfiles;
+    uint64_t id; /* the save's id, the same in every file */
+    const ct_shard_part *parts;
+    int nparts;
+    const char *const *list;
+    int nlist;
+    const char *const *whole_names; /* file 0 only */
+    ct_tensor *const *whole;
+    int nwhole;
+    const char *const *meta_keys, *const *meta_vals; /* every file */
+    int nmeta;
+} cti_ckpt_parts_file;
+/* Writes w into dir (ct_safetensors_save: atomically). */
+ct_status cti_ckpt_write_parts(const char *dir, const cti_ckpt_parts_file *w);
 /* The entry named name, or NULL. Borrowed. */
 const ct_ckpt_entry *cti_ckpt_find(const ct_ckpt *ck, const char *name);
 /* Elements [begin, end) of x, flattened, into dst (1-d, end - begin elements, any

@@ -375,6 +375,10 @@ int64_t ct_loader_num_batches(const ct_loader *l) { return l ? l->nb : -1; }
 
 int64_t ct_loader_batch_size(const ct_loader *l) { return l ? l->cfg.batch_size : 0; }
 
+uint64_t ct_loader_seed(const ct_loader *l) { return l ? l->cfg.seed : 0; }
+
+bool ct_loader_shuffles(const ct_loader *l) { return l && l->cfg.shuffle; }
+
 int64_t ct_loader_last_padding(const ct_loader *l) { return l ? l->last_padding : 0; }
 
 ct_status ct_loader_set_cursor(ct_loader *l, int64_t epoch, int64_t position)

@@ -107,6 +107,9 @@ CT_API ct_status ct_loader_set_epoch(ct_loader *l, int64_t epoch);
  * [0, world_size). */
 CT_API ct_status ct_loader_set_shard(ct_loader *l, int rank, int world_size);
 
+/* The shuffle seed and whether the loader shuffles (its config); 0 / false for NULL. */
+CT_API uint64_t ct_loader_seed(const ct_loader *l);
+CT_API bool ct_loader_shuffles(const ct_loader *l);
 /* Items per batch on this rank (the configured batch_size); 0 for NULL. */
 CT_API int64_t ct_loader_batch_size(const ct_loader *l);
 /* Batches per epoch on this rank (the same in every epoch). -1 for NULL. */

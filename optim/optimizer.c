@@ -298,6 +298,11 @@ double ct_optimizer_group_lr(const ct_optimizer *o, int g)
     return group_index_ok("optimizer_group_lr", o, g) ? o->groups[g].lr_scale * o->lr : NAN;
 }
 
+double ct_optimizer_group_lr_scale(const ct_optimizer *o, int g)
+{
+    return group_index_ok("optimizer_group_lr_scale", o, g) ? o->groups[g].lr_scale : NAN;
+}
+
 double ct_optimizer_group_weight_decay(const ct_optimizer *o, int g)
 {
     return group_index_ok("optimizer_group_weight_decay", o, g) ? o->groups[g].weight_decay : NAN;

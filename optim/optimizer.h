@@ -148,6 +148,42 @@ CT_API void ct_optimizer_set_hooks(ct_optimizer *o, const ct_optimizer_hooks *h)
  * not advance after such a call: optim/schedule.h). */
 CT_API bool ct_optimizer_step_was_skipped(const ct_optimizer *o);
 
+/* ---- the state as values (training-state checkpoints: accel/checkpoint.h) ---------- */
+
+/* The hyper-parameters besides lr and weight decay: beta1, beta2, eps (Adam, AdamW) or
+ * momentum, dampening, nesterov (SGD); the other kind's fields are 0. */
+typedef struct ct_optimizer_hparams {
+    double beta1, beta2, eps;
+    double momentum, dampening;
+    bool nesterov;
+} ct_optimizer_hparams;
+/* The optimizer's hyper-parameters as above (all 0 for NULL). */
+CT_API ct_optimizer_hparams ct_optimizer_hparams_get(const ct_optimizer *o);
+/* Group g's lr_scale (exactly as set); NAN + error when out of range. */
+CT_API double ct_optimizer_group_lr_scale(const ct_optimizer *o, int g);
+/* The state keys this optimizer keeps per stepped parameter, into keys (static
+ * strings): 2 for Adam and AdamW ("exp_avg", "exp_avg_sq"), 1 for SGD with momentum
+ * ("momentum_buffer"), 0 for plain SGD. */
+CT_API int ct_optimizer_state_keys(const ct_optimizer *o, const char *keys[2]);
+
+/* Everything ct_optimizer_restore puts back. */
+typedef struct ct_optimizer_restore_spec {
+    int64_t step;                 /* ct_optimizer_step_count */
+    double lr;                    /* the base lr */
+    ct_optimizer_hparams hparams;
+    const double *lr_scale;       /* per group (ct_optimizer_group_count entries) */
+    const double *weight_decay;   /* per group: the group's decay */
+    const int64_t *param_step;    /* per parameter: updates received; 0 = none yet (no state) */
+    ct_tensor *const *state[2];   /* per key of ct_optimizer_state_keys, per parameter: the
+                                   * parameter's shape and dtype (any layout, copied); NULL
+                                   * where param_step is 0 */
+} ct_optimizer_restore_spec;
+/* Puts the state r describes in place of o's, so the next step is the step an
+ * optimizer with that state would take (bitwise). Everything is checked first (values,
+ * every tensor's shape and dtype against its parameter); the message names the
+ * parameter and both values, and nothing changes on error. */
+CT_API ct_status ct_optimizer_restore(ct_optimizer *o, const ct_optimizer_restore_spec *r);
+
 /* Optimizer state as a safetensors file (core/safetensors.h), written atomically:
  *   tensors   "state.<i>.exp_avg", "state.<i>.exp_avg_sq"   (Adam, AdamW)
  *             "state.<i>.momentum_buffer"                  (SGD with momentum)

@@ -348,7 +348,9 @@ ct_status ct_shard_prepare_optimizer(ct_shard *s, ct_optimizer *opt)
     ct_tensor **slices = calloc((size_t)(n ? n : 1), sizeof *slices);
     int *unit = calloc((size_t)(n ? n : 1), sizeof *unit);
     int64_t *off = calloc((size_t)(n ? n : 1), sizeof *off);
-    ct_status st = slices && unit && off ? CT_OK : ct_error_set(CT_ERR_NOMEM, "out of memory");
+    const ct_shard_param **sps = calloc((size_t)(n ? n : 1), sizeof *sps);
+    int64_t *range = calloc((size_t)(n ? 2 * n : 2), sizeof *range);
+    ct_status st = slices && unit && off && sps && range ? CT_OK : ct_error_set(CT_ERR_NOMEM, "out of memory");
     for (int i = 0; i < n && !st; i++) {
         const ct_tensor *p = ct_optimizer_param(opt, i);
         const ct_shard_param *sp = NULL;
@@ -367,6 +369,7 @@ ct_status ct_shard_prepare_optimizer(ct_shard *s, ct_optimizer *opt)
         const ct_tensor *base = u->master ? u->master : u->shard;
         int64_t b, e;
         ct_shard_param_slice(u->plan, sp, s->srank, &b, &e);
+        sps[i] = sp, range[2 * i] = b, range[2 * i + 1] = e;
         ct_tensor *t;
         if (b == e) { /* this rank's slices miss the parameter */
             t = ct_tensor_empty_on(p->device, base->dtype, 1, (const int64_t[]){0});
@@ -383,10 +386,11 @@ ct_status ct_shard_prepare_optimizer(ct_shard *s, ct_optimizer *opt)
     if (!st) st = ct_optimizer_replace_params(opt, n, slices);
     if (st) {
         for (int i = 0; slices && i < n; i++) ct_tensor_release(slices[i]);
-        free(slices), free(unit), free(off);
+        free(slices), free(unit), free(off), free(sps), free(range);
         return ct_error_prefix("shard_prepare_optimizer (rank %d): ", s->rank);
     }
     s->slices = slices, s->slice_unit = unit, s->slice_offset = off, s->nslices = n;
+    s->slice_param = sps, s->slice_range = range;
     s->opt = opt;
     return CT_OK;
 }
@@ -396,6 +400,21 @@ ct_tensor *const *ct_shard_slices(const ct_shard *s, int *n)
     if (n) *n = s ? s->nslices : 0;
     return s ? s->slices : NULL;
 }
+
+ct_status ct_shard_slice_part(const ct_shard *s, int i, const char **name, const ct_tensor **param, int64_t *begin,
+                              int64_t *end)
+{
+    if (!s || !s->slices || i < 0 || i >= s->nslices)
+        return ct_error_set(CT_ERR_INVALID, "shard_slice_part: slice %d of %d (prepare an optimizer first)", i,
+                            s ? s->nslices : 0);
+    if (name) *name = s->slice_param[i]->name;
+    if (param) *param = s->slice_param[i]->param;
+    if (begin) *begin = s->slice_range[2 * i];
+    if (end) *end = s->slice_range[2 * i + 1];
+    return CT_OK;
+}
+
+bool ct_shard_writes_parts(const ct_shard *s) { return s && s->rank < s->sworld; }
 
 /* ---- accounting ------------------------------------------------------------------ */
 
@@ -457,7 +476,7 @@ void ct_shard_free(ct_shard *s)
         ct_tensor_release(u->full32);
     }
     for (int i = 0; i < s->nslices; i++) ct_tensor_release(s->slices[i]);
-    free(s->slices), free(s->slice_unit), free(s->slice_offset);
+    free(s->slices), free(s->slice_unit), free(s->slice_offset), free(s->slice_param), free(s->slice_range);
     ct_pg_free(s->gather_pg);
     ct_pg_free(s->reduce_pg);
     ct_pg_free(s->replica_pg);

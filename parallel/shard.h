@@ -243,6 +243,14 @@ CT_API ct_status ct_shard_after_step(ct_shard *s);
 /* The optimizer's slices (borrowed; n of them) after prepare_optimizer: their .grad
  * after ct_shard_finish are this rank's part of the averaged gradients. */
 CT_API ct_tensor *const *ct_shard_slices(const ct_shard *s, int *n);
+/* What optimizer slice i holds: elements [*begin, *end) of the flattened parameter
+ * *name (borrowed from the plan; *param is the model's parameter, its full shape);
+ * begin == end when this rank's slices miss it. Any out pointer may be NULL. */
+CT_API ct_status ct_shard_slice_part(const ct_shard *s, int i, const char **name, const ct_tensor **param,
+                                     int64_t *begin, int64_t *end);
+/* True on the ranks whose parts make up one copy of the state: every rank, except
+ * under HYBRID, where only the first shard group's ranks (the others hold copies). */
+CT_API bool ct_shard_writes_parts(const ct_shard *s);
 
 /* The global norm_type-norm of the gradients over all slices (every rank of the
  * shard group takes part), and clips them to max_norm, as ct_clip_grad_norm does on

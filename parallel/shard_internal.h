@@ -84,6 +84,8 @@ struct ct_shard {
     int nslices;
     int *slice_unit;       /* unit of slice i, -1 when empty */
     int64_t *slice_offset; /* first element of slice i in its unit's shard */
+    const ct_shard_param **slice_param; /* the plan's parameter of slice i */
+    int64_t *slice_range;  /* 2 per slice: elements [begin, end) of its flattened parameter */
     ct_optimizer *opt;     /* borrowed */
 
     bool pass_open;         /* a forward or a gradient came since the last finish */

@@ -73,4 +73,15 @@ CT_API void ct_fp8_state_step(ct_fp8_state *s);
  * The gradient meta's pending takes in the backward cells at amax_set or step. */
 CT_API const ct_fp8_meta *ct_fp8_state_meta(const ct_fp8_state *s, int slot, int which);
 
+/* The metas of every slot, for checkpoints: four new tensors in the current frame,
+ * out[0] scale f32 [n, 3], out[1] pending f32 [n, 3], out[2] history f32 [n, 3, len]
+ * (len the recipe's amax_history_len; the ring as stored), out[3] counters i64
+ * [n, 3, 2] (pos, seen), n = ct_fp8_state_weights (slot order = order of first use). */
+CT_API ct_status ct_fp8_state_export(ct_fp8_state *s, ct_tensor *out[4]);
+/* Puts exported metas back: slot i gets row i; slots not made yet (a fresh process
+ * before its first forward) take theirs when made, in the order of first use, so a
+ * resumed run quantises with the saved scales. The shapes are checked first (n no
+ * smaller than the slots made so far, len the recipe's); nothing changes on error.
+ * The quantised weights are made again at their next use. */
+CT_API ct_status ct_fp8_state_import(ct_fp8_state *s, ct_tensor *const in[4]);
 #endif

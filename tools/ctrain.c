@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "tools/checkpoint_cmd.h"
 #include "tools/env.h"
 #include "tools/launch.h"
 #include "tools/merge_weights.h"
@@ -23,6 +24,7 @@ static const subcommand COMMANDS[] = {
     {"launch", ct_launch_main, "run a program as the local ranks of a distributed job"},
     {"env", ct_env_main, "this machine, its libraries, each dtype's GEMM path, thread and job settings"},
     {"merge-weights", ct_merge_weights_main, "merge a sharded checkpoint (SHARDED_STATE_DICT) into one file"},
+    {"checkpoint", ct_checkpoint_main, "describe a training-state checkpoint (save_state) and verify its files"},
 };
 
 #define N_COMMANDS (sizeof COMMANDS / sizeof *COMMANDS)

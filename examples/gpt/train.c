@@ -8,7 +8,11 @@
  *
  * Writes into --out_dir: loss.csv (step, train loss, val loss, lr, tokens/s),
  * loss.png (when gnuplot is installed), model.safetensors (HF GPT-2 names), and
- * prints a text sample at the end. --help lists every option.
+ * prints a text sample at the end. With --save_every N it checkpoints the whole
+ * training state every N steps (accel/checkpoint.h) under
+ * <project_dir>/checkpoints/checkpoint_<i>; --resume auto continues the latest of
+ * them with the same losses, step for step, as a run that never stopped. --help lists
+ * every option.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -22,6 +26,7 @@
 #include <unistd.h>
 
 #include "accel/accelerator.h"
+#include "accel/checkpoint.h"
 #include "autograd/ops.h"
 #include "core/frame.h"
 #include "core/threads.h"
@@ -37,6 +42,8 @@
 
 typedef struct options {
     const char *data, *out_dir, *prompt;
+    const char *project_dir, *resume; /* NULL: --out_dir; NULL: a fresh start */
+    int64_t save_every, total_limit;
     int64_t seq_warmup, block_size, n_layer, n_head, n_embd, batch_size, steps, warmup, eval_every, eval_batches;
     int64_t sample_tokens, top_k;
     double lr, min_lr, beta1, beta2, weight_decay, grad_clip, dropout, val_fraction, temperature, bucket_mb;
@@ -85,6 +92,12 @@ static void usage(FILE *f)
             "  --seed S             seeds weights, shuffling and sampling (default %llu)\n"
             "  --threads N          threads (default: OMP_NUM_THREADS or all cores)\n"
             "  --bucket_mb MB       DDP gradient bucket size under ctrain launch (default %g)\n"
+            "checkpoints\n"
+            "  --project_dir DIR    checkpoints go to DIR/checkpoints/checkpoint_<i> (default: --out_dir)\n"
+            "  --save_every N       save the training state after every N-th step, 0 = never (default 0)\n"
+            "  --total_limit K      keep the newest K checkpoints, 0 = all (default 0)\n"
+            "  --resume auto|DIR    continue from the latest checkpoint of --project_dir (auto) or from\n"
+            "                       DIR; the other options must match the saved run's\n"
             "sampling\n"
             "  --prompt TEXT        start of the sample (default \"%s\")\n"
             "  --sample_tokens N    bytes to generate at the end, 0 = none (default %lld)\n"
@@ -142,7 +155,8 @@ static int parse_args(int argc, char **argv, options *o)
 {
     *o = defaults;
     enum { O_DATA = 256, O_OUT, O_VAL, O_BLOCK, O_LAYER, O_HEAD, O_EMBD, O_DROP, O_BATCH, O_STEPS, O_LR, O_MINLR,
-           O_WARM, O_SEQW, O_B1, O_B2, O_WD, O_CLIP, O_EVERY, O_EVALB, O_SEED, O_THREADS, O_BUCKET, O_PROMPT, O_SAMPLE, O_TEMP, O_TOPK, O_HELP };
+           O_WARM, O_SEQW, O_B1, O_B2, O_WD, O_CLIP, O_EVERY, O_EVALB, O_SEED, O_THREADS, O_BUCKET, O_PROJECT, O_SAVE,
+           O_LIMIT, O_RESUME, O_PROMPT, O_SAMPLE, O_TEMP, O_TOPK, O_HELP };
     static const struct option opts[] = {
         {"data", 1, 0, O_DATA}, {"out_dir", 1, 0, O_OUT}, {"val_fraction", 1, 0, O_VAL},
         {"block_size", 1, 0, O_BLOCK}, {"n_layer", 1, 0, O_LAYER}, {"n_head", 1, 0, O_HEAD},
@@ -151,6 +165,8 @@ static int parse_args(int argc, char **argv, options *o)
         {"seq_warmup", 1, 0, O_SEQW}, {"beta1", 1, 0, O_B1}, {"beta2", 1, 0, O_B2},
         {"weight_decay", 1, 0, O_WD}, {"grad_clip", 1, 0, O_CLIP}, {"eval_every", 1, 0, O_EVERY},
         {"eval_batches", 1, 0, O_EVALB}, {"seed", 1, 0, O_SEED}, {"threads", 1, 0, O_THREADS}, {"bucket_mb", 1, 0, O_BUCKET},
+        {"project_dir", 1, 0, O_PROJECT}, {"save_every", 1, 0, O_SAVE}, {"total_limit", 1, 0, O_LIMIT},
+        {"resume", 1, 0, O_RESUME},
         {"prompt", 1, 0, O_PROMPT}, {"sample_tokens", 1, 0, O_SAMPLE}, {"temperature", 1, 0, O_TEMP},
         {"top_k", 1, 0, O_TOPK}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
     int c;
@@ -182,6 +198,10 @@ static int parse_args(int argc, char **argv, options *o)
         case O_SEED: ok = parse_i64("--seed", optarg, 0, &tmp); o->seed = (uint64_t)tmp; break;
         case O_THREADS: ok = parse_i64("--threads", optarg, 0, &tmp); o->threads = (int)tmp; break;
         case O_BUCKET: ok = parse_f64("--bucket_mb", optarg, 1e-3, 1e4, &o->bucket_mb); break;
+        case O_PROJECT: o->project_dir = optarg; break;
+        case O_SAVE: ok = parse_i64("--save_every", optarg, 0, &o->save_every); break;
+        case O_LIMIT: ok = parse_i64("--total_limit", optarg, 0, &o->total_limit); break;
+        case O_RESUME: o->resume = optarg; break;
         case O_PROMPT: o->prompt = optarg; break;
         case O_SAMPLE: ok = parse_i64("--sample_tokens", optarg, 0, &o->sample_tokens); break;
         case O_TEMP: ok = parse_f64("--temperature", optarg, 0.01, 100, &o->temperature); break;
@@ -200,6 +220,15 @@ static int parse_args(int argc, char **argv, options *o)
     if (o->n_embd % o->n_head) {
         fprintf(stderr, "gpt_train: --n_embd %lld is not divisible by --n_head %lld\n", (long long)o->n_embd,
                 (long long)o->n_head);
+        return -1;
+    }
+    if (o->total_limit > 1000000) {
+        fprintf(stderr, "gpt_train: --total_limit %lld: expected at most 1000000 (0 keeps every checkpoint)\n",
+                (long long)o->total_limit);
+        return -1;
+    }
+    if (o->resume && !*o->resume) {
+        fprintf(stderr, "gpt_train: --resume needs 'auto' or a checkpoint directory\n");
         return -1;
     }
     if (o->min_lr > o->lr) {
@@ -307,22 +336,27 @@ static void fmt_time(char *buf, size_t cap, double s)
     else snprintf(buf, cap, "%dm%02ds", t / 60, t % 60);
 }
 
-/* A live bar on a terminal, one plain line per report otherwise. */
-static void progress(bool tty, int64_t step, int64_t steps, double loss, double tok_s, double elapsed)
+/* A live bar on a terminal (the smoothed loss), one plain line per report otherwise.
+ * The plain line starts with what a resumed run reproduces bit for bit, the step's own
+ * loss to 6 decimals and the smoothed one (both restored from a checkpoint), and ends
+ * with what it does not: speed and times. done: steps this process ran (the ETA's
+ * rate; a resumed run starts counting again). */
+static void progress(bool tty, int64_t step, int64_t steps, int64_t done, double loss, double smooth, double tok_s,
+                     double elapsed)
 {
     char eta[32], el[32];
-    double per = step > 0 ? elapsed / (double)step : 0;
+    double per = done > 0 ? elapsed / (double)done : 0;
     fmt_time(eta, sizeof eta, per * (double)(steps - step));
     fmt_time(el, sizeof el, elapsed);
     if (tty) {
         int width = 30, fill = steps ? (int)(width * step / steps) : width;
         fprintf(stderr, "\r[%.*s%*s] step %lld/%lld  loss %.4f  %.0f tok/s  %s elapsed  ETA %s ", fill,
-                "==============================", width - fill, "", (long long)step, (long long)steps, loss, tok_s,
+                "==============================", width - fill, "", (long long)step, (long long)steps, smooth, tok_s,
                 el, eta);
         fflush(stderr);
     } else {
-        printf("step %lld/%lld  loss %.4f  %.0f tok/s  elapsed %s  ETA %s\n", (long long)step, (long long)steps, loss,
-               tok_s, el, eta);
+        printf("step %lld/%lld  loss %.6f  smoothed %.4f  %.0f tok/s  elapsed %s  ETA %s\n", (long long)step,
+               (long long)steps, loss, smooth, tok_s, el, eta);
         fflush(stdout);
     }
 }
@@ -355,6 +389,107 @@ static double evaluate(ct_gpt *m, ct_loader *val, int64_t n)
     }
     ct_module_train(&m->base, true);
     return count ? sum / (double)count : NAN;
+}
+
+/* ---- checkpoints ------------------------------------------------------------------- */
+
+/* What the printed progress carries from step to step besides the model, optimizer,
+ * scheduler and loader: the smoothed training loss and the last validation loss.
+ * Registered with the Accelerator, so every checkpoint holds it and a resumed run
+ * prints what the uninterrupted run printed. */
+typedef struct progress_state {
+    double smooth, last_val; /* NAN before the first step / the first validation */
+} progress_state;
+
+static const char *const PROGRESS_KEYS[2] = {"smoothed_loss", "last_val_loss"};
+
+static ct_status progress_state_dict(void *obj, ct_state_dict *out)
+{
+    const progress_state *ps = obj;
+    const double vals[2] = {ps->smooth, ps->last_val};
+    *out = (ct_state_dict){.names = calloc(2, sizeof(char *)), .tensors = calloc(2, sizeof(ct_tensor *))};
+    ct_status st = out->names && out->tensors ? CT_OK
+                                              : ct_error_set(CT_ERR_NOMEM, "gpt_train: progress state: out of memory");
+    /* the frame's reference goes at the pop; the state dict keeps its own */
+    ct_frame_push();
+    for (int i = 0; !st && i < 2; i++) {
+        ct_tensor *t = ct_tensor_from_data(CT_DTYPE_F64, 1, (const int64_t[]){1}, &vals[i]);
+        out->n = i + 1;
+        out->names[i] = strdup(PROGRESS_KEYS[i]);
+        out->tensors[i] = t ? ct_tensor_retain(t) : NULL;
+        if (!t) st = ct_error_prefix("gpt_train: progress state '%s': ", PROGRESS_KEYS[i]);
+        else if (!out->names[i]) st = ct_error_set(CT_ERR_NOMEM, "gpt_train: progress state: out of memory");
+    }
+    ct_frame_pop();
+    if (st) ct_state_dict_free(out);
+    return st;
+}
+
+/* Checks both values first: a checkpoint that fails here must leave the progress as it was. */
+static ct_status progress_load_state_dict(void *obj, const ct_state_dict *sd)
+{
+    double vals[2];
+    for (int k = 0; k < 2; k++) {
+        const ct_tensor *t = NULL;
+        for (int i = 0; i < sd->n && !t; i++)
+            if (!strcmp(sd->names[i], PROGRESS_KEYS[k])) t = sd->tensors[i];
+        if (!t)
+            return ct_error_set(CT_ERR_FORMAT, "gpt_train: the checkpoint's progress state has no '%s'",
+                                PROGRESS_KEYS[k]);
+        if (t->dtype != CT_DTYPE_F64 || ct_tensor_numel(t) != 1)
+            return ct_error_set(CT_ERR_FORMAT, "gpt_train: the checkpoint's progress state '%s' is %s x %lld, expected "
+                                               "one f64", PROGRESS_KEYS[k], ct_dtype_name(t->dtype),
+                                (long long)ct_tensor_numel(t));
+        vals[k] = ct_tensor_item(t);
+    }
+    progress_state *ps = obj;
+    ps->smooth = vals[0];
+    ps->last_val = vals[1];
+    return CT_OK;
+}
+
+/* Opens loss.csv for writing with its header. Resuming at step first, it keeps the
+ * rows of the steps before first (the killed run's later rows are run again). */
+static FILE *open_csv(const char *path, int64_t first)
+{
+    char *old = NULL;
+    size_t len = 0;
+    FILE *f = first > 1 ? fopen(path, "rb") : NULL;
+    if (f) {
+        struct stat st;
+        if (!fstat(fileno(f), &st) && (old = malloc((size_t)st.st_size + 1)))
+            old[len = fread(old, 1, (size_t)st.st_size, f)] = '\0';
+        fclose(f);
+    }
+    f = fopen(path, "w");
+    if (f) fprintf(f, "step,train_loss,val_loss,lr,tokens_per_s\n");
+    for (char *line = old, *next; f && line && *line; line = next) {
+        next = strchr(line, '\n');
+        next = next ? next + 1 : line + strlen(line);
+        char *end;
+        long long step = strtoll(line, &end, 10);
+        if (end != line && *end == ',' && step < first) fwrite(line, 1, (size_t)(next - line), f);
+    }
+    free(old);
+    return f;
+}
+
+/* mkdir -p: creates path and any missing parents. */
+static bool make_dirs(const char *path)
+{
+    char p[1024];
+    if (snprintf(p, sizeof p, "%s", path) >= (int)sizeof p) {
+        errno = ENAMETOOLONG;
+        return false;
+    }
+    for (char *s = p + 1;; s++) {
+        if (*s != '/' && *s) continue;
+        char c = *s;
+        *s = '\0';
+        if (mkdir(p, 0755) && errno != EEXIST) return false;
+        *s = c;
+        if (!c) return true;
+    }
 }
 
 static void plot(const char *dir)
@@ -409,16 +544,11 @@ int main(int argc, char **argv)
     int pr = parse_args(argc, argv, &o);
     if (pr) return pr > 0 ? 0 : 2;
     if (o.threads) ct_set_num_threads(o.threads);
-    if (mkdir(o.out_dir, 0755) && errno != EEXIST) {
-        /* create parents one level deep, as in build/gpt */
-        char parent[1024];
-        snprintf(parent, sizeof parent, "%s", o.out_dir);
-        char *slash = strrchr(parent, '/');
-        if (slash) *slash = '\0';
-        if (!slash || (mkdir(parent, 0755) && errno != EEXIST) || (mkdir(o.out_dir, 0755) && errno != EEXIST)) {
-            fprintf(stderr, "gpt_train: cannot create %s: %s\n", o.out_dir, strerror(errno));
-            return 1;
-        }
+    const char *project_dir = o.project_dir ? o.project_dir : o.out_dir;
+    const char *bad_dir = !make_dirs(o.out_dir) ? o.out_dir : !make_dirs(project_dir) ? project_dir : NULL;
+    if (bad_dir) {
+        fprintf(stderr, "gpt_train: cannot create %s: %s\n", bad_dir, strerror(errno));
+        return 1;
     }
     char token_path[1200], csv_path[1200], model_path[1200];
     snprintf(token_path, sizeof token_path, "%s/tokens.bin", o.out_dir);
@@ -427,7 +557,10 @@ int main(int argc, char **argv)
     /* one process or one rank of many (ctrain launch / mpirun / Slurm): the same program */
     /* gradients of W1 total 13 MB: 2 MB buckets (not DDP's usual 25) let most of them
      * reduce while backward still runs */
-    ct_accelerator *acc = ct_accelerator_new(&(ct_accelerator_config){.ddp = {.bucket_cap_mb = o.bucket_mb}});
+    ct_accelerator *acc = ct_accelerator_new(&(ct_accelerator_config){
+        .ddp = {.bucket_cap_mb = o.bucket_mb},
+        .project = {.project_dir = project_dir, .automatic_checkpoint_naming = true,
+                    .total_limit = (int)o.total_limit}});
     if (!acc) {
         fprintf(stderr, "gpt_train: %s\n", ct_last_error());
         return 1;
@@ -485,12 +618,32 @@ int main(int argc, char **argv)
         fprintf(stderr, "gpt_train: %s\n", ct_last_error());
         goto out;
     }
-    csv = main_rank ? fopen(csv_path, "w") : NULL;
+    /* the progress state goes into every checkpoint and comes back with --resume */
+    progress_state ps = {NAN, NAN};
+    if (ct_accelerator_register_for_checkpointing(
+            acc, &(ct_checkpointable){.name = "gpt_train_progress", .state_dict = progress_state_dict,
+                                      .load_state_dict = progress_load_state_dict, .obj = &ps})) {
+        fprintf(stderr, "gpt_train: %s\n", ct_last_error());
+        goto out;
+    }
+    /* every rank loads (a sharded checkpoint has every rank's files); the loop goes on
+     * at the step after the last one the checkpoint holds */
+    int64_t first = 1;
+    if (o.resume) {
+        if (ct_accelerator_load_state(acc, strcmp(o.resume, "auto") ? o.resume : NULL)) {
+            fprintf(stderr, "gpt_train (rank %d): cannot resume from %s: %s\n", ct_accelerator_process_index(acc),
+                    strcmp(o.resume, "auto") ? o.resume : "the latest checkpoint", ct_last_error());
+            goto out;
+        }
+        first = ct_optimizer_step_count(opt) + 1;
+        ct_accelerator_print(acc, "resumed from %s at step %lld\n", ct_accelerator_last_checkpoint(acc),
+                             (long long)first - 1);
+    }
+    csv = main_rank ? open_csv(csv_path, first) : NULL;
     if (main_rank && !csv) {
         fprintf(stderr, "gpt_train: %s: %s\n", csv_path, strerror(errno));
         goto out;
     }
-    if (csv) fprintf(csv, "step,train_loss,val_loss,lr,tokens_per_s\n");
     ct_accelerator_print(acc,
                          "GPT: %lld parameters, %lld layers, %lld heads, width %lld, block %lld; %lld bytes of text "
                          "(%lld train, %lld validation); %d process(es) x %d threads, batch %lld per process\n",
@@ -499,10 +652,13 @@ int main(int argc, char **argv)
                          (long long)nval, world, ct_get_num_threads(), (long long)o.batch_size);
     bool tty = main_rank && isatty(STDERR_FILENO) && isatty(STDOUT_FILENO);
     const bool sharded = ct_accelerator_shard(acc) != NULL;
-    double t0 = now(), last_val = NAN, smooth = NAN;
+    double t0 = now();
     int64_t tokens_per_step = o.batch_size * o.block_size * world; /* over all ranks */
     bool failed = false;
-    for (int64_t step = 1; step <= o.steps && !failed; step++) {
+    if (first > o.steps)
+        ct_accelerator_print(acc, "the checkpoint is at step %lld and --steps is %lld: nothing left to train\n",
+                             (long long)first - 1, (long long)o.steps);
+    for (int64_t step = first; step <= o.steps && !failed; step++) {
         double loss_v = NAN, ts = now();
         CT_FRAME {
             ct_tensor *x, *y;
@@ -527,21 +683,36 @@ int main(int argc, char **argv)
         }
         if (failed) break;
         double tok_s = (double)tokens_per_step / (now() - ts);
-        smooth = isnan(smooth) ? loss_v : 0.9 * smooth + 0.1 * loss_v;
+        ps.smooth = isnan(ps.smooth) ? loss_v : 0.9 * ps.smooth + 0.1 * loss_v;
         double val_loss = NAN;
         /* replicated, every rank holds the same weights: rank 0 validates, logs and
          * plots; sharded, a forward needs every rank, so all validate */
         if ((main_rank || sharded) && (step % o.eval_every == 0 || step == o.steps)) {
-            val_loss = last_val = evaluate(model, val, o.eval_batches);
+            val_loss = ps.last_val = evaluate(model, val, o.eval_batches);
             if (main_rank && tty) fprintf(stderr, "\n");
             if (main_rank)
-                printf("step %lld: train loss %.4f, val loss %.4f nats/byte\n", (long long)step, smooth, val_loss);
+                printf("step %lld: train loss %.4f, val loss %.4f nats/byte\n", (long long)step, ps.smooth, val_loss);
         }
-        if (!main_rank) continue;
-        char vbuf[32] = "";
-        if (!isnan(val_loss)) snprintf(vbuf, sizeof vbuf, "%.6f", val_loss);
-        fprintf(csv, "%lld,%.6f,%s,%.6g,%.1f\n", (long long)step, loss_v, vbuf, ct_optimizer_lr(opt), tok_s);
-        progress(tty, step, o.steps, smooth, tok_s, now() - t0);
+        if (main_rank) {
+            char vbuf[32] = "";
+            if (!isnan(val_loss)) snprintf(vbuf, sizeof vbuf, "%.6f", val_loss);
+            fprintf(csv, "%lld,%.6f,%s,%.6g,%.1f\n", (long long)step, loss_v, vbuf, ct_optimizer_lr(opt), tok_s);
+            progress(tty, step, o.steps, step - first + 1, loss_v, ps.smooth, tok_s, now() - t0);
+        }
+        /* on every rank: sharded, each rank writes its own part (a collective) */
+        if (o.save_every > 0 && step % o.save_every == 0) {
+            /* the log's rows up to this step reach the disk before the checkpoint does */
+            if (csv && fflush(csv)) {
+                fprintf(stderr, "gpt_train: %s: %s\n", csv_path, strerror(errno));
+                failed = true;
+            } else if (ct_accelerator_save_state(acc, NULL)) {
+                failed = true;
+            } else if (main_rank) {
+                if (tty) fprintf(stderr, "\n");
+                printf("saved checkpoint %s (step %lld)\n", ct_accelerator_last_checkpoint(acc), (long long)step);
+                fflush(stdout);
+            }
+        }
     }
     if (tty) fprintf(stderr, "\n");
     if (failed) {
@@ -577,8 +748,11 @@ int main(int argc, char **argv)
     fclose(csv);
     csv = NULL;
     double total = now() - t0;
-    printf("trained %lld steps in %.1f s (%.0f tokens/s); final val loss %.4f nats/byte\n", (long long)o.steps, total,
-           (double)(o.steps * tokens_per_step) / total, last_val);
+    int64_t ran = first <= o.steps ? o.steps - first + 1 : 0;
+    char resumed[64] = "";
+    if (first > 1) snprintf(resumed, sizeof resumed, " (resumed at step %lld)", (long long)first);
+    printf("trained %lld steps%s in %.1f s (%.0f tokens/s); final val loss %.4f nats/byte\n", (long long)ran, resumed,
+           total, total > 0 ? (double)(ran * tokens_per_step) / total : 0.0, ps.last_val);
     printf("loss log: %s\n", csv_path);
     plot(o.out_dir);
     /* model.safetensors + config.json: transformers' GPT2LMHeadModel.from_pretrained(out_dir) reads them */

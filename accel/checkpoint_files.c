@@ -1,0 +1,497 @@
+/* ctrain — the files of a training-state checkpoint: checksums (XXH3-64, libxxhash),
+ * the manifest (cJSON), durable writes, directories and automatic naming
+ * (accel/checkpoint_internal.h). */
+#include "accel/checkpoint_internal.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "core/safetensors.h"
+
+#ifndef CTRAIN_VERSION
+#define CTRAIN_VERSION "unknown"
+#endif
+
+/* ---- checksums --------------------------------------------------------------------- */
+
+ct_status cti_ckpt_hash_file(const char *path, uint64_t *xxh3, int64_t *bytes)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return ct_error_set(CT_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb)) {
+        int e = errno;
+        close(fd);
+        return ct_error_set(CT_ERR_IO, "cannot stat '%s': %s", path, strerror(e));
+    }
+    *bytes = sb.st_size;
+    if (sb.st_size == 0) {
+        close(fd);
+        *xxh3 = XXH3_64bits(NULL, 0);
+        return CT_OK;
+    }
+    void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) return ct_error_set(CT_ERR_IO, "cannot map '%s': %s", path, strerror(errno));
+    /* sequential: let the kernel read ahead, then drop the mapping */
+    madvise(p, (size_t)sb.st_size, MADV_SEQUENTIAL);
+    *xxh3 = XXH3_64bits(p, (size_t)sb.st_size);
+    munmap(p, (size_t)sb.st_size);
+    return CT_OK;
+}
+
+ct_status cti_ckpt_describe_file(const char *dir, const char *name, cti_ckpt_file *f)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    *f = (cti_ckpt_file){0};
+    snprintf(f->name, sizeof f->name, "%s", name);
+    ct_status st = cti_ckpt_hash_file(path, &f->xxh3, &f->bytes);
+    const size_t n = strlen(name), ext = strlen(".safetensors");
+    if (!st && n > ext && !strcmp(name + n - ext, ".safetensors")) {
+        ct_safetensors *s = ct_safetensors_open(path);
+        if (!s) return ct_last_status();
+        f->tensors = ct_safetensors_count(s);
+        ct_safetensors_close(s);
+    }
+    return st;
+}
+
+/* ---- durable writes and directories ---------------------------------------------------- */
+
+ct_status cti_ckpt_sync_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return ct_error_set(CT_ERR_IO, "cannot open directory '%s': %s", dir, strerror(errno));
+    /* some filesystems cannot sync a directory and say EINVAL: nothing more to do there */
+    ct_status st = fsync(fd) && errno != EINVAL
+                       ? ct_error_set(CT_ERR_IO, "cannot fsync directory '%s': %s", dir, strerror(errno))
+                       : CT_OK;
+    close(fd);
+    return st;
+}
+
+ct_status cti_ckpt_write_text(const char *dir, const char *name, const char *text)
+{
+    char path[4096], tmp[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return ct_error_set(CT_ERR_IO, "cannot create '%s': %s", tmp, strerror(errno));
+    const size_t n = strlen(text);
+    ct_status st = fwrite(text, 1, n, f) != n || fflush(f) || fsync(fileno(f))
+                       ? ct_error_set(CT_ERR_IO, "cannot write '%s': %s", tmp, strerror(errno))
+                       : CT_OK;
+    if (fclose(f) && !st) st = ct_error_set(CT_ERR_IO, "cannot close '%s': %s", tmp, strerror(errno));
+    if (!st && rename(tmp, path)) st = ct_error_set(CT_ERR_IO, "cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
+    if (st) unlink(tmp);
+    return st ? st : cti_ckpt_sync_dir(dir);
+}
+
+ct_status cti_ckpt_mkdirs(const char *dir)
+{
+    char p[4096];
+    if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p)
+        return ct_error_set(CT_ERR_INVALID, "checkpoint path '%.64s...' is too long", dir);
+    for (char *c = p + 1;; c++) {
+        const bool end = *c == '\0';
+        if (*c != '/' && !end) continue;
+        *c = '\0';
+        struct stat sb;
+        if (mkdir(p, 0755) && errno != EEXIST)
+            return ct_error_set(CT_ERR_IO, "cannot create directory '%s': %s", p, strerror(errno));
+        if (stat(p, &sb) || !S_ISDIR(sb.st_mode))
+            return ct_error_set(CT_ERR_INVALID, "'%s' exists and is not a directory", p);
+        if (end) break;
+        *c = '/';
+    }
+    return CT_OK;
+}
+
+static int remove_one(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path) && errno != ENOENT ? -1 : 0;
+}
+
+ct_status cti_ckpt_remove_tree(const char *path)
+{
+    struct stat sb;
+    if (lstat(path, &sb)) return errno == ENOENT ? CT_OK : ct_error_set(CT_ERR_IO, "'%s': %s", path, strerror(errno));
+    if (nftw(path, remove_one, 16, FTW_DEPTH | FTW_PHYS))
+        return ct_error_set(CT_ERR_IO, "cannot remove '%s': %s", path, strerror(errno));
+    return CT_OK;
+}
+
+/* ---- the manifest ------------------------------------------------------------------------ */
+
+ct_status cti_ckpt_write_manifest(const char *dir, const cti_ckpt_manifest *m)
+{
+    cJSON *root = cJSON_CreateObject(), *files = cJSON_CreateArray();
+    int64_t tensors = 0, bytes = 0;
+    bool ok = root && files;
+    if (ok) {
+        cJSON_AddStringToObject(root, "format", CT_CKPT_FORMAT);
+        cJSON_AddNumberToObject(root, "format_version", CT_CKPT_FORMAT_VERSION);
+        cJSON_AddStringToObject(root, "ctrain_version", CTRAIN_VERSION);
+        cJSON_AddNumberToObject(root, "step", (double)m->step);
+        cJSON_AddNumberToObject(root, "world_size", m->world_size);
+        cJSON_AddNumberToObject(root, "shard_world", m->shard_world);
+        cJSON_AddStringToObject(root, "strategy", m->strategy);
+        cJSON_AddStringToObject(root, "mixed_precision", m->mixed_precision);
+        cJSON_AddStringToObject(root, "optimizer", m->optimizer ? m->optimizer : "");
+        cJSON_AddStringToObject(root, "model", m->sharded_model ? "sharded" : "full");
+    }
+    for (int i = 0; ok && i < m->nfiles; i++) {
+        const cti_ckpt_file *f = &m->files[i];
+        cJSON *o = cJSON_CreateObject();
+        char hex[17];
+        snprintf(hex, sizeof hex, "%016" PRIx64, f->xxh3);
+        ok = o && cJSON_AddStringToObject(o, "name", f->name) && cJSON_AddNumberToObject(o, "bytes", (double)f->bytes) &&
+             cJSON_AddStringToObject(o, "xxh3", hex) && cJSON_AddNumberToObject(o, "tensors", (double)f->tensors);
+        if (o) cJSON_AddItemToArray(files, o);
+        tensors += f->tensors, bytes += f->bytes;
+    }
+    if (ok) {
+        cJSON_AddNumberToObject(root, "tensors", (double)tensors);
+        cJSON_AddNumberToObject(root, "bytes", (double)bytes);
+        cJSON_AddItemToObject(root, "files", files);
+        files = NULL;
+    }
+    char *text = ok ? cJSON_Print(root) : NULL;
+    cJSON_Delete(files);
+    cJSON_Delete(root);
+    if (!text) return ct_error_set(CT_ERR_NOMEM, "checkpoint manifest: out of memory");
+    ct_status st = cti_ckpt_write_text(dir, CT_CKPT_MANIFEST, text);
+    free(text);
+    return st;
+}
+
+static ct_status bad_manifest(const char *path, const char *what)
+{
+    return ct_error_set(CT_ERR_FORMAT, "%s: %s", path, what);
+}
+
+static bool get_int(const cJSON *o, const char *key, int64_t lo, int64_t *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsNumber(v) || v->valuedouble < (double)lo || v->valuedouble > 9007199254740992.0 ||
+        v->valuedouble != (double)(int64_t)v->valuedouble)
+        return false;
+    *out = (int64_t)v->valuedouble;
+    return true;
+}
+
+static bool get_str(const cJSON *o, const char *key, char *out, size_t cap)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsString(v) || strlen(v->valuestring) >= cap) return false;
+    snprintf(out, cap, "%s", v->valuestring);
+    return true;
+}
+
+/* A file name the manifest may list: a plain name inside the directory. */
+static bool plain_name(const char *s)
+{
+    if (!*s || !strcmp(s, ".") || !strcmp(s, "..")) return false;
+    for (; *s; s++)
+        if (*s == '/' || *s == '\\') return false;
+    return true;
+}
+
+static ct_status parse_manifest(const char *path, const cJSON *root, ct_checkpoint_info *info, cti_ckpt_file **out,
+                                int *nout)
+{
+    char fmt[64];
+    int64_t v, w, s, step;
+    if (!cJSON_IsObject(root)) return bad_manifest(path, "not a JSON object");
+    if (!get_str(root, "format", fmt, sizeof fmt) || strcmp(fmt, CT_CKPT_FORMAT))
+        return bad_manifest(path, "\"format\" is not \"" CT_CKPT_FORMAT "\": not a ctrain checkpoint manifest");
+    if (!get_int(root, "format_version", 1, &v)) return bad_manifest(path, "\"format_version\" is not an integer >= 1");
+    if (v > CT_CKPT_FORMAT_VERSION)
+        return ct_error_set(CT_ERR_UNSUPPORTED,
+                            "%s: checkpoint format version %" PRId64 " was written by a newer ctrain; this ctrain (%s) "
+                            "reads format %d and older: upgrade ctrain to load it",
+                            path, v, CTRAIN_VERSION, CT_CKPT_FORMAT_VERSION);
+    *info = (ct_checkpoint_info){.format_version = (int)v};
+    if (!get_int(root, "step", 0, &step) || !get_int(root, "world_size", 1, &w) || !get_int(root, "shard_world", 1, &s) ||
+        w > 1 << 20 || s > w)
+        return bad_manifest(path, "\"step\", \"world_size\" or \"shard_world\" is missing or out of range");
+    info->step = step, info->world_size = (int)w, info->shard_world = (int)s;
+    if (!get_str(root, "ctrain_version", info->ctrain_version, sizeof info->ctrain_version) ||
+        !get_str(root, "strategy", info->strategy, sizeof info->strategy) ||
+        !get_str(root, "mixed_precision", info->mixed_precision, sizeof info->mixed_precision) ||
+        !get_str(root, "optimizer", info->optimizer, sizeof info->optimizer))
+        return bad_manifest(path, "\"ctrain_version\", \"strategy\", \"mixed_precision\" or \"optimizer\" is missing");
+    const cJSON *files = cJSON_GetObjectItemCaseSensitive(root, "files");
+    const int n = cJSON_GetArraySize(files);
+    if (!cJSON_IsArray(files) || n < 1) return bad_manifest(path, "\"files\" is not a list of files");
+    cti_ckpt_file *list = calloc((size_t)n, sizeof *list);
+    if (!list) return ct_error_set(CT_ERR_NOMEM, "out of memory");
+    int i = 0;
+    for (const cJSON *f = files->child; f; f = f->next, i++) {
+        char hex[32], *end = NULL;
+        cti_ckpt_file *x = &list[i];
+        if (!get_str(f, "name", x->name, sizeof x->name) || !plain_name(x->name) || !get_int(f, "bytes", 0, &x->bytes) ||
+            !get_int(f, "tensors", 0, &x->tensors) || !get_str(f, "xxh3", hex, sizeof hex) || strlen(hex) != 16) {
+            free(list);
+            return ct_error_set(CT_ERR_FORMAT, "%s: file entry %d is not {name, bytes, xxh3 (16 hex digits), tensors}",
+                                path, i);
+        }
+        x->xxh3 = strtoull(hex, &end, 16);
+        if (*end) {
+            free(list);
+            return ct_error_set(CT_ERR_FORMAT, "%s: file '%s': xxh3 '%s' is not hexadecimal", path, x->name, hex);
+        }
+        for (int j = 0; j < i; j++)
+            if (!strcmp(list[j].name, x->name)) {
+                free(list);
+                return ct_error_set(CT_ERR_FORMAT, "%s: file '%s' is listed twice", path, x->name);
+            }
+        info->tensors += x->tensors, info->bytes += x->bytes;
+    }
+    info->nfiles = n;
+    *out = list, *nout = n;
+    return CT_OK;
+}
+
+ct_status cti_ckpt_verify_files(const char *dir, const cti_ckpt_file *files, int n, int first, int stride, FILE *report)
+{
+    for (int i = first; i < n; i += stride) {
+        const cti_ckpt_file *f = &files[i];
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, f->name);
+        struct stat sb;
+        if (stat(path, &sb))
+            return ct_error_set(CT_ERR_FORMAT, "checkpoint '%s': file '%s' is missing (%s)", dir, f->name,
+                                strerror(errno));
+        if (sb.st_size != f->bytes)
+            return ct_error_set(CT_ERR_FORMAT,
+                                "checkpoint '%s': file '%s' is %lld bytes, the manifest says %" PRId64
+                                " (truncated or replaced)",
+                                dir, f->name, (long long)sb.st_size, f->bytes);
+        uint64_t h;
+        int64_t bytes;
+        ct_status st = cti_ckpt_hash_file(path, &h, &bytes);
+        if (st) return st;
+        if (h != f->xxh3)
+            return ct_error_set(CT_ERR_FORMAT,
+                                "checkpoint '%s': file '%s' is corrupted: its XXH3-64 is %016" PRIx64
+                                ", the manifest says %016" PRIx64,
+                                dir, f->name, h, f->xxh3);
+        if (report) fprintf(report, "  %-44s %12" PRId64 " bytes  %6" PRId64 " tensors  xxh3 %016" PRIx64 "  ok\n",
+                            f->name, f->bytes, f->tensors, f->xxh3);
+    }
+    return CT_OK;
+}
+
+ct_status cti_ckpt_read_manifest(const char *dir, bool verify, ct_checkpoint_info *info, cti_ckpt_file **files,
+                                 int *n, FILE *report)
+{
+    char path[4096];
+    if (!dir) return ct_error_set(CT_ERR_INVALID, "checkpoint directory is NULL");
+    snprintf(path, sizeof path, "%s/%s", dir, CT_CKPT_MANIFEST);
+    struct stat sb;
+    if (stat(dir, &sb) || !S_ISDIR(sb.st_mode))
+        return ct_error_set(CT_ERR_INVALID, "checkpoint '%s' is not a directory%s%s", dir, errno ? ": " : "",
+                            errno ? strerror(errno) : "");
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return ct_error_set(CT_ERR_FORMAT,
+                            "checkpoint '%s' has no %s (%s): it is not a checkpoint, or its save did not complete",
+                            dir, CT_CKPT_MANIFEST, strerror(errno));
+    char *text = NULL;
+    size_t len = 0;
+    ct_status st = CT_OK;
+    if (fseek(f, 0, SEEK_END) || (len = (size_t)ftell(f)) > (64u << 20) || fseek(f, 0, SEEK_SET) ||
+        !(text = malloc(len + 1)) || fread(text, 1, len, f) != len)
+        st = ct_error_set(CT_ERR_IO, "cannot read '%s'", path);
+    fclose(f);
+    cJSON *root = st ? NULL : cJSON_ParseWithLength(text, len);
+    if (!st && !root) st = bad_manifest(path, "not valid JSON");
+    cti_ckpt_file *list = NULL;
+    int count = 0;
+    if (!st) st = parse_manifest(path, root, info, &list, &count);
+    cJSON_Delete(root);
+    free(text);
+    if (!st && report)
+        fprintf(report,
+                "checkpoint %s\n  format %d (ctrain %s), step %" PRId64 ", world size %d, %d shard file(s) per part\n"
+                "  strategy %s, mixed precision %s, optimizer %s\n  %d files, %" PRId64 " tensors, %" PRId64 " bytes\n",
+                dir, info->format_version, info->ctrain_version, info->step, info->world_size, info->shard_world,
+                info->strategy, info->mixed_precision, info->optimizer[0] ? info->optimizer : "(none)", info->nfiles,
+                info->tensors, info->bytes);
+    if (!st && verify) st = cti_ckpt_verify_files(dir, list, count, 0, 1, report);
+    if (st || !files) free(list);
+    else *files = list, *n = count;
+    return st;
+}
+
+ct_status ct_checkpoint_inspect(const char *dir, bool verify, ct_checkpoint_info *info, FILE *report)
+{
+    ct_checkpoint_info local;
+    ct_status st = cti_ckpt_read_manifest(dir, verify, info ? info : &local, NULL, NULL, report);
+    return st ? ct_error_prefix("checkpoint_inspect: ") : CT_OK;
+}
+
+/* ---- automatic naming ---------------------------------------------------------------------- */
+
+char *cti_ckpt_auto_root(const char *project_dir)
+{
+    char *p = NULL;
+    if (asprintf(&p, "%s/checkpoints", project_dir && *project_dir ? project_dir : ".") < 0) {
+        ct_error_set(CT_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
+    return p;
+}
+
+/* The i of "checkpoint_<i>" exactly (no suffix), or -1. */
+static int64_t auto_index(const char *name)
+{
+    if (strncmp(name, "checkpoint_", 11) || !name[11]) return -1;
+    int64_t v = 0;
+    for (const char *c = name + 11; *c; c++) {
+        if (*c < '0' || *c > '9' || v > (INT64_MAX - 9) / 10) return -1;
+        v = 10 * v + (*c - '0');
+    }
+    return v;
+}
+
+/* The checkpoint_<i> entries under root, sorted by i, into *idx (malloc'd). */
+static int list_auto(const char *root, int64_t **idx)
+{
+    *idx = NULL;
+    DIR *d = opendir(root);
+    if (!d) return 0;
+    int n = 0, cap = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        const int64_t i = auto_index(de->d_name);
+        if (i < 0) continue;
+        if (n == cap) {
+            int64_t *p = realloc(*idx, (size_t)(cap = cap ? 2 * cap : 16) * sizeof *p);
+            if (!p) break;
+            *idx = p;
+        }
+        (*idx)[n++] = i;
+    }
+    closedir(d);
+    for (int a = 1; a < n; a++) /* insertion sort: few entries */
+        for (int b = a; b > 0 && (*idx)[b - 1] > (*idx)[b]; b--) {
+            const int64_t t = (*idx)[b];
+            (*idx)[b] = (*idx)[b - 1], (*idx)[b - 1] = t;
+        }
+    return n;
+}
+
+/* Complete: its manifest reads and every listed file has its recorded size (the
+ * checksums are for load and `ctrain checkpoint` to verify). */
+static bool auto_complete(const char *root, int64_t i)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/checkpoint_%" PRId64, root, i);
+    ct_checkpoint_info info;
+    cti_ckpt_file *files = NULL;
+    int n = 0;
+    ct_status saved = ct_last_status();
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", ct_last_error());
+    bool ok = !cti_ckpt_read_manifest(dir, false, &info, &files, &n, NULL);
+    for (int k = 0; ok && k < n; k++) {
+        char path[4200];
+        struct stat sb;
+        snprintf(path, sizeof path, "%s/%s", dir, files[k].name);
+        ok = !stat(path, &sb) && sb.st_size == files[k].bytes;
+    }
+    free(files);
+    /* probing is not failing: the caller's error stays as it was */
+    if (saved) ct_error_set(saved, "%s", msg);
+    else ct_error_clear();
+    return ok;
+}
+
+int64_t cti_ckpt_auto_highest(const char *root)
+{
+    int64_t *idx;
+    const int n = list_auto(root, &idx);
+    const int64_t hi = n ? idx[n - 1] : -1;
+    free(idx);
+    return hi;
+}
+
+ct_status ct_checkpoint_latest(const char *project_dir, char *out, size_t cap)
+{
+    if (!out || !cap) return ct_error_set(CT_ERR_INVALID, "checkpoint_latest: out is NULL");
+    char *root = cti_ckpt_auto_root(project_dir);
+    if (!root) return ct_last_status();
+    int64_t *idx;
+    const int n = list_auto(root, &idx);
+    ct_status st = CT_ERR_INVALID;
+    for (int k = n - 1; k >= 0 && st; k--)
+        if (auto_complete(root, idx[k])) {
+            snprintf(out, cap, "%s/checkpoint_%" PRId64, root, idx[k]);
+            st = CT_OK;
+        }
+    if (st)
+        ct_error_set(CT_ERR_INVALID, "checkpoint_latest: no complete checkpoint under '%s' (%d checkpoint_<i> "
+                     "director%s, none with a manifest whose files are all there)", root, n, n == 1 ? "y" : "ies");
+    free(idx);
+    free(root);
+    return st;
+}
+
+ct_status cti_ckpt_apply_total_limit(const char *root, int limit)
+{
+    ct_status st = CT_OK;
+    /* interrupted saves first: "<name>.tmp-<id>" directories (no save runs beside ours) */
+    DIR *d = opendir(root);
+    struct dirent *de;
+    while (d && !st && (de = readdir(d)))
+        if (!strncmp(de->d_name, "checkpoint_", 11) && strstr(de->d_name, ".tmp-")) {
+            char p[4200];
+            snprintf(p, sizeof p, "%s/%s", root, de->d_name);
+            st = cti_ckpt_remove_tree(p);
+        }
+    if (d) closedir(d);
+    if (st || limit <= 0) return st;
+    int64_t *idx;
+    const int n = list_auto(root, &idx);
+    int kept = 0;
+    /* newest first: keep `limit` complete ones, remove the complete ones older than them;
+     * an incomplete directory is left alone (it is not a checkpoint, and not ours to judge) */
+    for (int k = n - 1; k >= 0 && !st; k--) {
+        if (!auto_complete(root, idx[k])) continue;
+        if (kept < limit) {
+            kept++;
+            continue;
+        }
+        char p[4200];
+        snprintf(p, sizeof p, "%s/checkpoint_%" PRId64, root, idx[k]);
+        st = cti_ckpt_remove_tree(p);
+    }
+    free(idx);
+    return st ? st : cti_ckpt_sync_dir(root);
+}
+
+/* ---- crash tests ------------------------------------------------------------------------------ */
+
+void cti_ckpt_fault_point(void)
+{
+    static int calls;
+    const char *k = getenv("CTRAIN_TEST_CHECKPOINT_KILL_AT");
+    if (!k || !*k) return;
+    if (++calls == atoi(k)) raise(SIGKILL);
+}

@@ -1,0 +1,183 @@
+/* Tests for `ctrain checkpoint DIR` (tools/checkpoint_cmd.c), run as a program
+ * (CTRAIN_BIN) on checkpoints the GPT example writes (CTRAIN_EXAMPLES; make test sets
+ * both): the summary matches the run that saved it, a flipped byte in a file fails
+ * with that file named (and restoring the byte makes it pass again), a missing
+ * directory and bad usage fail. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tests/tmpdir.h"
+
+static const char *bin_or_skip(const char *var)
+{
+    const char *v = getenv(var);
+    if (!v || !*v) cr_skip_test("%s is not set (make test sets it)", var);
+    return v;
+}
+
+static char out[1 << 16];
+
+/* Runs cmd (sh -c) under a time limit; its stdout and stderr into out; its exit status. */
+static int run(const char *cmd)
+{
+    char full[4096];
+    snprintf(full, sizeof full, "timeout 100 %s 2>&1", cmd);
+    FILE *p = popen(full, "r");
+    cr_assert_not_null(p);
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = '\0';
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static int run_checkpoint(const char *args)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s checkpoint %s", bin_or_skip("CTRAIN_BIN"), args);
+    return run(cmd);
+}
+
+static void assert_has(const char *needle)
+{
+    cr_assert(strstr(out, needle), "expected '%s' in:\n%s", needle, out);
+}
+
+/* The value after "  key:" in the summary. */
+static const char *field(const char *key)
+{
+    static char v[128];
+    char k[64];
+    snprintf(k, sizeof k, "\n  %s:", key);
+    const char *p = strstr(out, k);
+    cr_assert_not_null(p, "no '%s:' in:\n%s", key, out);
+    p += strlen(k);
+    while (*p == ' ') p++;
+    size_t n = strcspn(p, "\n");
+    cr_assert_lt(n, sizeof v);
+    memcpy(v, p, n);
+    v[n] = '\0';
+    return v;
+}
+
+/* tmpdir/text.txt and a GPT example run that saves after step 2 into tmpdir/p; prefix
+ * starts the program (gpt_train alone or under ctrain launch). */
+static void train_and_save(const char *prefix)
+{
+    FILE *f = fopen(path_of("text.txt"), "w");
+    cr_assert_not_null(f);
+    for (int i = 0; i < 200; i++) fprintf(f, "line %d: the quick brown fox jumps over the lazy dog.\n", i);
+    fclose(f);
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "%s --data %s --out_dir %s/run --project_dir %s/p --n_layer 1 --n_head 2 --n_embd 32 --block_size 32 "
+             "--batch_size 4 --steps 2 --warmup 1 --seq_warmup 0 --eval_every 2 --eval_batches 1 --sample_tokens 0 "
+             "--save_every 2",
+             prefix, path_of("text.txt"), tmpdir, tmpdir);
+    cr_assert_eq(run(cmd), 0, "%s\n%s", cmd, out);
+}
+
+/* XORs one byte of path, at offset from the end (1 = the last byte). */
+static void flip_byte(const char *path, long from_end)
+{
+    FILE *f = fopen(path, "r+b");
+    cr_assert_not_null(f, "%s", path);
+    cr_assert_eq(fseek(f, -from_end, SEEK_END), 0);
+    int c = fgetc(f);
+    cr_assert_neq(c, EOF);
+    cr_assert_eq(fseek(f, -from_end, SEEK_END), 0);
+    fputc(c ^ 0x5a, f);
+    cr_assert_eq(fclose(f), 0);
+}
+
+Test(checkpoint_cmd, describes_and_verifies_one_process, .timeout = 120)
+{
+    const char *ex = bin_or_skip("CTRAIN_EXAMPLES");
+    bin_or_skip("CTRAIN_BIN");
+    make_tmpdir_with("/tmp/ct_ckptcmd_");
+    char prefix[1024], dir[600], args[1300];
+    snprintf(prefix, sizeof prefix, "%s/gpt_train --threads 1", ex);
+    train_and_save(prefix);
+    snprintf(dir, sizeof dir, "%s/p/checkpoints/checkpoint_0", tmpdir);
+
+    cr_assert_eq(run_checkpoint(dir), 0, "%s", out);
+    cr_assert_str_eq(field("step"), "2", "%s", out);
+    cr_assert_str_eq(field("world size"), "1", "%s", out);
+    cr_assert_str_eq(field("strategy"), "NO_SHARD", "%s", out);
+    cr_assert_str_eq(field("mixed precision"), "no", "%s", out);
+    cr_assert_str_eq(field("optimizer"), "adamw", "%s", out);
+    cr_assert_neq(field("ctrain version")[0], '\0', "%s", out);
+    cr_assert_gt(atoi(field("files")), 1, "%s", out);
+    cr_assert_gt(atoll(field("tensors")), 0, "%s", out);
+    cr_assert_gt(atoll(field("bytes")), 0, "%s", out);
+    assert_has("model.safetensors");
+    assert_has("OK: every checksum verifies\n");
+
+    /* the last byte of the model file is tensor data: only the checksum can see it */
+    char model[700];
+    snprintf(model, sizeof model, "%s/model.safetensors", dir);
+    flip_byte(model, 1);
+    int rc = run_checkpoint(dir);
+    cr_assert_eq(rc, 1, "a flipped byte must fail with status 1 (got %d):\n%s", rc, out);
+    cr_assert(strstr(out, "ctrain checkpoint: ") && strstr(strstr(out, "ctrain checkpoint: "), "model.safetensors"),
+              "the error must name model.safetensors:\n%s", out);
+    cr_assert_null(strstr(out, "OK: every checksum verifies"), "%s", out);
+    /* the same byte put back: the failure was that byte's */
+    flip_byte(model, 1);
+    cr_assert_eq(run_checkpoint(dir), 0, "%s", out);
+
+    /* a directory that is not there */
+    snprintf(args, sizeof args, "%s/p/checkpoints/checkpoint_7", tmpdir);
+    rc = run_checkpoint(args);
+    cr_assert_eq(rc, 1, "a missing directory must fail with status 1 (got %d):\n%s", rc, out);
+    assert_has("checkpoint_7");
+    remove_tmpdir();
+}
+
+Test(checkpoint_cmd, describes_a_sharded_checkpoint, .timeout = 120)
+{
+    const char *ctrain = bin_or_skip("CTRAIN_BIN"), *ex = bin_or_skip("CTRAIN_EXAMPLES");
+    make_tmpdir_with("/tmp/ct_ckptcmd_");
+    char prefix[1024], dir[600];
+    snprintf(prefix, sizeof prefix,
+             "%s launch --num_processes 2 --num_cpu_threads_per_process 1 --main_process_port 0 --use_deepspeed "
+             "--zero_stage 2 %s/gpt_train",
+             ctrain, ex);
+    train_and_save(prefix);
+    snprintf(dir, sizeof dir, "%s/p/checkpoints/checkpoint_0", tmpdir);
+    cr_assert_eq(run_checkpoint(dir), 0, "%s", out);
+    cr_assert_str_eq(field("step"), "2", "%s", out);
+    cr_assert_str_eq(field("world size"), "2", "%s", out);
+    cr_assert_str_eq(field("strategy"), "GRAD_OP", "%s", out);
+    cr_assert(!strncmp(field("shard files"), "2 ", 2), "%s", out);
+    assert_has("optimizer-rank1-of-2.safetensors");
+    assert_has("OK: every checksum verifies\n");
+
+    /* rank 1's optimizer part damaged: the message names that file */
+    char part[700];
+    snprintf(part, sizeof part, "%s/optimizer-rank1-of-2.safetensors", dir);
+    flip_byte(part, 1);
+    cr_assert_eq(run_checkpoint(dir), 1, "%s", out);
+    cr_assert(strstr(strstr(out, "ctrain checkpoint: ") ? strstr(out, "ctrain checkpoint: ") : out,
+                     "optimizer-rank1-of-2.safetensors"),
+              "the error must name optimizer-rank1-of-2.safetensors:\n%s", out);
+    remove_tmpdir();
+}
+
+Test(checkpoint_cmd, usage, .timeout = 20)
+{
+    cr_assert_eq(run_checkpoint(""), 2, "%s", out);
+    assert_has("DIR is missing");
+    cr_assert_eq(run_checkpoint("a b"), 2, "%s", out);
+    cr_assert_eq(run_checkpoint("--verify a"), 2, "%s", out);
+    assert_has("unknown flag '--verify'");
+    cr_assert_eq(run_checkpoint("--help"), 0, "%s", out);
+    assert_has("usage: ctrain checkpoint");
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s --help", bin_or_skip("CTRAIN_BIN"));
+    cr_assert_eq(run(cmd), 0, "%s", out);
+    assert_has("  checkpoint ");
+}
