@@ -11,7 +11,8 @@
 # rounds of every pass, so a slow spell of the disk is seen by all of them):
 #   dd             the disk (below), before every program, and once more at the end
 #   ctrain 1 proc  build/bench/checkpoint/checkpoint (checkpoint.c), one process, ctrain's
-#                  default threads
+#                  default threads, then the same with --threads 1 (the load's copies run
+#                  in OpenMP regions, which stall when another program holds a core)
 #   ctrain ZeRO-2  the same under `ctrain launch --num_processes 2 --use_deepspeed
 #                  --zero_stage 2 --num_cpu_threads_per_process 1`
 #   accelerate 1   accelerate_state.py, one process (Accelerator(cpu=True)), torch's
@@ -166,7 +167,9 @@ trap 'stop_job; rm -rf "$ckdir"' EXIT
 fs=$(findmnt -no FSTYPE,SOURCE,OPTIONS -T "$ckdir" | head -n 1)
 src=$ckdir/dd-src.bin
 echo "run.sh: measuring in $ckdir ($fs); writing $dd_mb MiB of random data for dd" >&2
-head -c $((dd_mb * 1048576)) /dev/urandom >"$src" && sync "$src" || die "cannot write $src"
+{ head -c $((dd_mb * 1048576)) /dev/urandom >"$src" && sync "$src"; } || die "cannot write $src"
+# other programs on the machine share its cores and its disk: the table says how busy it was
+load_start=$(cut -d ' ' -f 1-3 /proc/loadavg)
 
 # ---- one bounded run ------------------------------------------------------------------------
 # bounded NAME OPTIONAL(0|1) CMD...: as bench/ddp/run.sh's: the last JSON line of its stdout
@@ -213,7 +216,7 @@ dd_round() {
     read -r bytes w <<<"$(dd_secs "$logs/$name.write")"
     read -r _ r <<<"$(dd_secs "$logs/$name.read")"
     read -r _ c <<<"$(dd_secs "$logs/$name.cached")"
-    [ -n "$w" ] && [ -n "$r" ] && [ -n "$c" ] || die "cannot read dd's times (see $logs/$name.*)"
+    { [ -n "$w" ] && [ -n "$r" ] && [ -n "$c" ]; } || die "cannot read dd's times (see $logs/$name.*)"
     printf 'dd\t{"bytes":%s,"write_s":%s,"read_cold_s":%s,"read_warm_s":%s}\n' "$bytes" "$w" "$r" "$c" >>"$results"
     echo "run.sh: $name: $bytes bytes, write $w s, read $r s (from the device), $c s (cached)" >&2
 }
@@ -225,6 +228,7 @@ ds_flag=()
 for p in $(seq 1 "$passes"); do
     dd_round "dd-$p-a"
     bounded "ctrain-1-$p" 0 env -u OMP_WAIT_POLICY -u CTRAIN_TRANSPORT "$bin" "${run_args[@]}"
+    bounded "ctrain-1t-$p" 0 env -u OMP_WAIT_POLICY -u CTRAIN_TRANSPORT "$bin" "${run_args[@]}" --threads 1
     dd_round "dd-$p-b"
     bounded "ctrain-zero2-$p" 0 env -u OMP_WAIT_POLICY -u CTRAIN_TRANSPORT OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 \
         "$ctrain" launch --num_processes 2 --main_process_port 0 --num_cpu_threads_per_process 1 \
@@ -242,12 +246,13 @@ dd_round "dd-end"
 # ---- report -----------------------------------------------------------------------------------
 cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n 1)
 ctrain_version=$("$ctrain" --version 2>/dev/null | head -n 1) || ctrain_version="ctrain (version unknown)"
+load_end=$(cut -d ' ' -f 1-3 /proc/loadavg)
 report=$logs/table.md
 "$py" - "$results" "$quick" "${cpu:-unknown CPU}" "$(nproc)" "$(uname -r)" "$ctrain_version" "$fs" "$reps" \
-    "$passes" "$acc_why" "$ds_why" >"$report" <<'EOF' || die "the report failed (see above)"
+    "$passes" "$acc_why" "$ds_why" "$load_start" "$load_end" >"$report" <<'EOF' || die "the report failed (see above)"
 import json, statistics, sys
 
-path, quick, cpu, ncpu, kernel, ctrain_v, fs, reps, passes, acc_why, ds_why = sys.argv[1:12]
+path, quick, cpu, ncpu, kernel, ctrain_v, fs, reps, passes, acc_why, ds_why, load0, load1 = sys.argv[1:14]
 runs, failed = {}, {}
 for line in open(path):
     name, js = line.rstrip("\n").split("\t", 1)
@@ -292,12 +297,14 @@ torch_v = (acc1 or acc2 or {}).get("torch", "")
 ds_v = (acc2 or {}).get("deepspeed")
 two = f"DeepSpeed {ds_v} ZeRO-2" if ds_v else "DDP"
 rows = [("ctrain-1", "ctrain, 1 process"),
+        ("ctrain-1t", "ctrain, 1 process, 1 thread"),
         ("ctrain-zero2", "ctrain, 2 ranks ZeRO-2 (--use_deepspeed --zero_stage 2)"),
         ("accelerate-1", f"Accelerate {acc_v}, 1 process"),
         ("accelerate-2", f"Accelerate {acc_v}, 2 processes, {two}")]
 
 print(f"Checkpoint save / load of GPT-2 124M + AdamW; {ncpu} CPUs ({cpu}), Linux {kernel}; {ctrain_v}")
 print(f"file system: {fs}")
+print(f"load average (1, 5, 15 min) at the start: {load0}; at the end: {load1}")
 if acc_v:
     print(f"PyTorch side: torch {torch_v}, Accelerate {acc_v}, transformers {(acc1 or acc2)['transformers']}"
           + (f", DeepSpeed {ds_v}" if ds_v else f"; no DeepSpeed ({ds_why}): 2 processes are DDP"))
