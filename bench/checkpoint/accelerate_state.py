@@ -29,7 +29,9 @@ The resume check and the rounds are checkpoint.c's:
       cold     accelerator.load_state(path) after the main process dropped every file
                from the page cache (posix_fadvise DONTNEED; clean after the fsync;
                cold_resident: the largest fraction of pages still cached, by mincore).
-      warm     accelerator.load_state(path) again at once (in the page cache).
+      raw      then the files dropped again and read with plain 16 MiB reads;
+               raw_over_load: raw / cold per round, median (checkpoint.c's ceiling).
+      warm     accelerator.load_state(path) again (in the page cache).
     The directory is removed between rounds and its file system synced, untimed.
 bytes and files: every regular file under DIR/accelerate-0. Rates are computed by run.sh.
 
@@ -38,6 +40,7 @@ Output, main process only: one JSON line on stdout,
      "processes":..,"threads":..,"distributed_type":..,"files":..,"bytes":..,"params":..,
      "reps":..,"save_s":..,"durable_s":..,"load_cold_s":..,"load_warm_s":..,
      "save_all":[..],"durable_all":[..],"load_cold_all":[..],"load_warm_all":[..],
+     "raw_read_all":[..],"raw_over_load_all":[..],"raw_read_s":..,"raw_over_load":..,
      "cold_resident":..,"peak_rss_mb":..,"loss0":..,"resume":..,"resume_rel_diff":..}
 Bad arguments or any failure: a message on stderr, exit status 2. The process dies with
 its parent (PR_SET_PDEATHSIG), so a launcher killed by a timeout leaves no rank behind.
@@ -126,6 +129,17 @@ def walk(path, evict):
                 os.close(fd)
             pages += (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
     return files, nbytes, pages, resident
+
+
+def raw_read(path):
+    """Seconds to read every file under path with plain 16 MiB reads: what the device
+    gives these files at this moment (checkpoint.c's raw_read)."""
+    t0 = time.perf_counter()
+    for f in files_under(path):
+        with open(f, "rb", buffering=0) as fh:
+            while fh.read(16 << 20):
+                pass
+    return time.perf_counter() - t0
 
 
 def fsync_tree(path):
@@ -242,7 +256,7 @@ def main():
         remove_and_sync(check, a.dir)
     acc.wait_for_everyone()
 
-    save, durable, cold, warm = [], [], [], []
+    save, durable, cold, warm, rawr, ratio = [], [], [], [], [], []
     files = nbytes = 0
     resident = 0.0
     for r in range(a.reps):
@@ -269,6 +283,11 @@ def main():
             t0 = time.perf_counter()
             acc.load_state(path)
             out.append(slowest(time.perf_counter() - t0))
+            if main_proc and out is cold:
+                # after the load, as checkpoint.c: a host cache below helps the raw read
+                walk(path, evict=True)
+                rawr.append(raw_read(path))
+                ratio.append(rawr[-1] / cold[-1])
         if main_proc:
             remove_and_sync(path, a.dir)
         acc.wait_for_everyone()
@@ -292,10 +311,14 @@ def main():
             "durable_all": [round(v, 4) for v in durable],
             "load_cold_all": [round(v, 4) for v in cold],
             "load_warm_all": [round(v, 4) for v in warm],
+            "raw_read_all": [round(v, 4) for v in rawr],
+            "raw_over_load_all": [round(v, 4) for v in ratio],
             "save_s": round(med(save), 4),
             "durable_s": round(med(durable), 4),
             "load_cold_s": round(med(cold), 4),
             "load_warm_s": round(med(warm), 4),
+            "raw_read_s": round(med(rawr), 4),
+            "raw_over_load": round(med(ratio), 4),
             "cold_resident": round(resident, 4),
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1),
             "loss0": round(loss0, 6),
