@@ -9,7 +9,7 @@
  *   data/      datasets, token files, byte tokenizer, data loader
  *   dist/      launcher environment, rendezvous store, process groups, work requests
  *   parallel/  training strategies: DDP and the sharding engine (ZeRO-1/2/3, hybrid, offload)
- *   accel/     the Accelerator, its DeepSpeed and FSDP plugins, ds_config.json
+ *   accel/     the Accelerator, its DeepSpeed and FSDP plugins, ds_config.json, training-state checkpoints
  *
  * Only what these headers declare with CT_API is exported by libctrain.so; the
  * *_internal.h headers and kernels/cpu/ are the library's own.
@@ -80,6 +80,7 @@
 #include "parallel/shard_state.h"
 
 #include "accel/accelerator.h"
+#include "accel/checkpoint.h"
 #include "accel/ds_config.h"
 #include "accel/plugins.h"
 

@@ -131,8 +131,10 @@ typedef struct ct_checkpoint_info {
 } ct_checkpoint_info;
 
 /* Reads dir's manifest into *info and (verify) checks every file it lists: present,
- * the recorded size, the recorded checksum, a safetensors header that parses. Prints
- * one line per file to report when not NULL. The first problem is the error, naming
+ * the recorded size, the recorded checksum, a safetensors header that parses with the
+ * recorded tensor count. Prints to report when not NULL: a summary of the manifest
+ * (four lines: directory; format, step, world size; strategy, precision, optimizer;
+ * files, tensors, bytes), then one line per verified file. The first problem is the error, naming
  * the file and what was expected and found. */
 CT_API ct_status ct_checkpoint_inspect(const char *dir, bool verify, ct_checkpoint_info *info, FILE *report);
 

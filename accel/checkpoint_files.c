@@ -64,6 +64,20 @@ ct_status cti_ckpt_describe_file(const char *dir, const char *name, cti_ckpt_fil
         ct_safetensors *s = ct_safetensors_open(path);
         if (!s) return ct_last_status();
         f->tensors = ct_safetensors_count(s);
+        for (int i = 0; i < f->tensors; i++) {
+            ct_dtype dt;
+            int nd;
+            int64_t sh[CT_MAX_DIMS];
+            ct_safetensors_info(s, ct_safetensors_name(s, i), &dt, &nd, sh);
+            const char *dn = ct_dtype_name(dt);
+            char with[72];
+            snprintf(with, sizeof with, ",%s,", f->dtypes);
+            char want[24];
+            snprintf(want, sizeof want, ",%s,", dn);
+            if (!strstr(with, want) && strlen(f->dtypes) + strlen(dn) + 2 < sizeof f->dtypes)
+                snprintf(f->dtypes + strlen(f->dtypes), sizeof f->dtypes - strlen(f->dtypes), "%s%s",
+                         f->dtypes[0] ? "," : "", dn);
+        }
         ct_safetensors_close(s);
     }
     return st;
@@ -160,7 +174,8 @@ ct_status cti_ckpt_write_manifest(const char *dir, const cti_ckpt_manifest *m)
         char hex[17];
         snprintf(hex, sizeof hex, "%016" PRIx64, f->xxh3);
         ok = o && cJSON_AddStringToObject(o, "name", f->name) && cJSON_AddNumberToObject(o, "bytes", (double)f->bytes) &&
-             cJSON_AddStringToObject(o, "xxh3", hex) && cJSON_AddNumberToObject(o, "tensors", (double)f->tensors);
+             cJSON_AddStringToObject(o, "xxh3", hex) && cJSON_AddNumberToObject(o, "tensors", (double)f->tensors) &&
+             cJSON_AddStringToObject(o, "dtypes", f->dtypes);
         if (o) cJSON_AddItemToArray(files, o);
         tensors += f->tensors, bytes += f->bytes;
     }
@@ -245,10 +260,12 @@ static ct_status parse_manifest(const char *path, const cJSON *root, ct_checkpoi
         char hex[32], *end = NULL;
         cti_ckpt_file *x = &list[i];
         if (!get_str(f, "name", x->name, sizeof x->name) || !plain_name(x->name) || !get_int(f, "bytes", 0, &x->bytes) ||
-            !get_int(f, "tensors", 0, &x->tensors) || !get_str(f, "xxh3", hex, sizeof hex) || strlen(hex) != 16) {
+            !get_int(f, "tensors", 0, &x->tensors) || !get_str(f, "xxh3", hex, sizeof hex) || strlen(hex) != 16 ||
+            !get_str(f, "dtypes", x->dtypes, sizeof x->dtypes)) {
             free(list);
-            return ct_error_set(CT_ERR_FORMAT, "%s: file entry %d is not {name, bytes, xxh3 (16 hex digits), tensors}",
-                                path, i);
+            return ct_error_set(CT_ERR_FORMAT,
+                                "%s: file entry %d is not {name, bytes, xxh3 (16 hex digits), tensors, dtypes}", path,
+                                i);
         }
         x->xxh3 = strtoull(hex, &end, 16);
         if (*end) {
@@ -291,8 +308,19 @@ ct_status cti_ckpt_verify_files(const char *dir, const cti_ckpt_file *files, int
                                 "checkpoint '%s': file '%s' is corrupted: its XXH3-64 is %016" PRIx64
                                 ", the manifest says %016" PRIx64,
                                 dir, f->name, h, f->xxh3);
-        if (report) fprintf(report, "  %-44s %12" PRId64 " bytes  %6" PRId64 " tensors  xxh3 %016" PRIx64 "  ok\n",
-                            f->name, f->bytes, f->tensors, f->xxh3);
+        const size_t nl = strlen(f->name), ext = strlen(".safetensors");
+        if (nl > ext && !strcmp(f->name + nl - ext, ".safetensors")) {
+            ct_safetensors *sf = ct_safetensors_open(path);
+            if (!sf) return ct_error_prefix("checkpoint '%s': ", dir);
+            const int64_t count = ct_safetensors_count(sf);
+            ct_safetensors_close(sf);
+            if (count != f->tensors)
+                return ct_error_set(CT_ERR_FORMAT, "checkpoint '%s': file '%s' holds %" PRId64
+                                    " tensors, the manifest says %" PRId64, dir, f->name, count, f->tensors);
+        }
+        if (report)
+            fprintf(report, "  %-44s %12" PRId64 " bytes  %6" PRId64 " tensors %-9s xxh3 %016" PRIx64 "  ok\n", f->name,
+                    f->bytes, f->tensors, f->dtypes, f->xxh3);
     }
     return CT_OK;
 }
@@ -305,8 +333,7 @@ ct_status cti_ckpt_read_manifest(const char *dir, bool verify, ct_checkpoint_inf
     snprintf(path, sizeof path, "%s/%s", dir, CT_CKPT_MANIFEST);
     struct stat sb;
     if (stat(dir, &sb) || !S_ISDIR(sb.st_mode))
-        return ct_error_set(CT_ERR_INVALID, "checkpoint '%s' is not a directory%s%s", dir, errno ? ": " : "",
-                            errno ? strerror(errno) : "");
+        return ct_error_set(CT_ERR_INVALID, "checkpoint '%s' is not a directory", dir);
     FILE *f = fopen(path, "rb");
     if (!f)
         return ct_error_set(CT_ERR_FORMAT,

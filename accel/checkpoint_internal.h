@@ -28,6 +28,7 @@ typedef struct cti_ckpt_file {
     int64_t bytes;
     uint64_t xxh3;
     int64_t tensors; /* in a safetensors file; 0 otherwise */
+    char dtypes[64]; /* its tensors' dtypes, distinct, in order of first use: "f32,i64"; "" otherwise */
 } cti_ckpt_file;
 
 /* XXH3-64 and size of the file at path (read through a mapping). */

@@ -314,6 +314,9 @@ static ct_status stage(ct_accelerator *a, const char *dir, staged *s)
     if (!st) st = cti_ckpt_read_trainer_state(dir, &s->ts);
     if (st) return st;
     if (s->ts.nranks < 1) return ct_error_set(CT_ERR_FORMAT, "%s/%s: no generator state", dir, CT_CKPT_STATE);
+    if (s->ts.step != s->info.step)
+        return ct_error_set(CT_ERR_FORMAT, "checkpoint '%s': %s says step %" PRId64 " but %s says %" PRId64
+                            ": files of two saves", dir, CT_CKPT_MANIFEST, s->info.step, CT_CKPT_STATE, s->ts.step);
     if (a->opt && !s->info.optimizer[0])
         return ct_error_set(CT_ERR_INVALID, "checkpoint '%s' has no optimizer state, but this run prepared one", dir);
     if (a->opt) st = stage_optimizer(a, dir, s);
@@ -389,7 +392,7 @@ ct_status ct_accelerator_load_state(ct_accelerator *acc, const char *dir)
     ct_status st = acc->prepared ? CT_OK : ct_error_set(CT_ERR_INVALID, "call ct_accelerator_prepare first");
     if (!st && !dir) {
         st = ct_checkpoint_latest(acc->project_dir, latest, sizeof latest);
-        dir = latest;
+        if (!st) dir = latest;
     }
     staged s = {0};
     if (!st) st = stage(acc, dir, &s);

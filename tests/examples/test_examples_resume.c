@@ -275,7 +275,7 @@ Test(examples_resume, gpt_killed_and_resumed_under_launch_zero2, .timeout = 150)
     /* both ranks wrote their part */
     char d[600];
     for (int r = 0; r < 2; r++) {
-        snprintf(d, sizeof d, "%s/b/checkpoints/checkpoint_1/optimizer-rank%d-of-2.safetensors", tmpdir, r);
+        snprintf(d, sizeof d, "%s/b/checkpoints/checkpoint_1/optimizer-rank%05d-of-00002.safetensors", tmpdir, r);
         cr_assert_eq(access(d, R_OK), 0, "%s is missing", d);
     }
     remove_tmpdir();

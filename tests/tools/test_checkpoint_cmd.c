@@ -1,6 +1,6 @@
 /* Tests for `ctrain checkpoint DIR` (tools/checkpoint_cmd.c), run as a program
  * (CTRAIN_BIN) on checkpoints the GPT example writes (CTRAIN_EXAMPLES; make test sets
- * both): the summary matches the run that saved it, a flipped byte in a file fails
+ * both): the summary matches the run that saved it and every file is listed, a flipped byte in a file fails
  * with that file named (and restoring the byte makes it pass again), a missing
  * directory and bad usage fail. */
 #include <criterion/criterion.h>
@@ -46,23 +46,6 @@ static void assert_has(const char *needle)
     cr_assert(strstr(out, needle), "expected '%s' in:\n%s", needle, out);
 }
 
-/* The value after "  key:" in the summary. */
-static const char *field(const char *key)
-{
-    static char v[128];
-    char k[64];
-    snprintf(k, sizeof k, "\n  %s:", key);
-    const char *p = strstr(out, k);
-    cr_assert_not_null(p, "no '%s:' in:\n%s", key, out);
-    p += strlen(k);
-    while (*p == ' ') p++;
-    size_t n = strcspn(p, "\n");
-    cr_assert_lt(n, sizeof v);
-    memcpy(v, p, n);
-    v[n] = '\0';
-    return v;
-}
-
 /* tmpdir/text.txt and a GPT example run that saves after step 2 into tmpdir/p; prefix
  * starts the program (gpt_train alone or under ctrain launch). */
 static void train_and_save(const char *prefix)
@@ -104,17 +87,16 @@ Test(checkpoint_cmd, describes_and_verifies_one_process, .timeout = 120)
     snprintf(dir, sizeof dir, "%s/p/checkpoints/checkpoint_0", tmpdir);
 
     cr_assert_eq(run_checkpoint(dir), 0, "%s", out);
-    cr_assert_str_eq(field("step"), "2", "%s", out);
-    cr_assert_str_eq(field("world size"), "1", "%s", out);
-    cr_assert_str_eq(field("strategy"), "NO_SHARD", "%s", out);
-    cr_assert_str_eq(field("mixed precision"), "no", "%s", out);
-    cr_assert_str_eq(field("optimizer"), "adamw", "%s", out);
-    cr_assert_neq(field("ctrain version")[0], '\0', "%s", out);
-    cr_assert_gt(atoi(field("files")), 1, "%s", out);
-    cr_assert_gt(atoll(field("tensors")), 0, "%s", out);
-    cr_assert_gt(atoll(field("bytes")), 0, "%s", out);
+    assert_has("OK: every checksum verifies (step 2, ");
+    /* the manifest's summary */
+    assert_has("step 2");
+    assert_has("world size 1");
+    assert_has("NO_SHARD");
+    assert_has("adamw");
+    /* one line per file */
     assert_has("model.safetensors");
-    assert_has("OK: every checksum verifies\n");
+    assert_has("optimizer-rank00000-of-00001.safetensors");
+    assert_has("custom_gpt_train_progress.safetensors");
 
     /* the last byte of the model file is tensor data: only the checksum can see it */
     char model[700];
@@ -149,21 +131,20 @@ Test(checkpoint_cmd, describes_a_sharded_checkpoint, .timeout = 120)
     train_and_save(prefix);
     snprintf(dir, sizeof dir, "%s/p/checkpoints/checkpoint_0", tmpdir);
     cr_assert_eq(run_checkpoint(dir), 0, "%s", out);
-    cr_assert_str_eq(field("step"), "2", "%s", out);
-    cr_assert_str_eq(field("world size"), "2", "%s", out);
-    cr_assert_str_eq(field("strategy"), "GRAD_OP", "%s", out);
-    cr_assert(!strncmp(field("shard files"), "2 ", 2), "%s", out);
-    assert_has("optimizer-rank1-of-2.safetensors");
-    assert_has("OK: every checksum verifies\n");
+    assert_has("OK: every checksum verifies (step 2, ");
+    assert_has("world size 2");
+    assert_has("GRAD_OP");
+    assert_has("optimizer-rank00000-of-00002.safetensors");
+    assert_has("optimizer-rank00001-of-00002.safetensors");
 
     /* rank 1's optimizer part damaged: the message names that file */
     char part[700];
-    snprintf(part, sizeof part, "%s/optimizer-rank1-of-2.safetensors", dir);
+    snprintf(part, sizeof part, "%s/optimizer-rank00001-of-00002.safetensors", dir);
     flip_byte(part, 1);
     cr_assert_eq(run_checkpoint(dir), 1, "%s", out);
     cr_assert(strstr(strstr(out, "ctrain checkpoint: ") ? strstr(out, "ctrain checkpoint: ") : out,
-                     "optimizer-rank1-of-2.safetensors"),
-              "the error must name optimizer-rank1-of-2.safetensors:\n%s", out);
+                     "optimizer-rank00001-of-00002.safetensors"),
+              "the error must name optimizer-rank00001-of-00002.safetensors:\n%s", out);
     remove_tmpdir();
 }
 
