@@ -5,6 +5,7 @@
 #   make bench      kernel benchmarks                make install PREFIX=/usr/local DESTDIR=
 #   make bench-gpt  GPT training vs PyTorch CPU     make bench-collectives  allreduce vs OpenMPI, gloo
 #   make bench-ddp  2-process GPT vs PyTorch DDP, Accelerate
+#   make bench-checkpoint  save_state / load_state vs Accelerate and the disk
 #   make train      the README's main job            make clean
 #   make api-doc    regenerates docs/api.md from the public headers (tools/api_doc.py)
 #
@@ -54,7 +55,7 @@ TEST_BIN := $(BUILD)/tests/ctrain_tests
 CLI_BIN  := $(if $(CLI_SRC),$(BUILD)/bin/ctrain)
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all setup test asan api-doc memcheck fuzz bench bench-gpt bench-collectives bench-ddp bench-strategies install uninstall clean train
+.PHONY: all setup test asan api-doc memcheck fuzz bench bench-gpt bench-collectives bench-ddp bench-strategies bench-checkpoint install uninstall clean train
 .DEFAULT_GOAL := all
 
 all: setup
@@ -149,6 +150,10 @@ bench-ddp: setup
 # GPT training by sharding strategy: DDP, ZeRO-1/2/3, HYBRID; memory split, wire bytes (bench/strategies/run.sh)
 bench-strategies: setup
 	bench/strategies/run.sh --out $(BUILD)/bench/strategies.md
+
+# GPT-2 124M checkpoints: save_state / load_state beside Accelerate's and dd's rates (bench/checkpoint/run.sh)
+bench-checkpoint: setup
+	bench/checkpoint/run.sh --out $(BUILD)/bench/checkpoint.md
 
 # The README's main job: train the bundled GPT on its default data.
 GPT_BIN := $(BUILD)/examples/gpt_train
