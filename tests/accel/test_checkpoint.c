@@ -59,6 +59,7 @@ typedef struct run {
     const char *tag;       /* losses -> dir/<tag>.loss, parameters -> dir/<tag>.safetensors */
     bool no_dropout;       /* resharding: the masks depend on the world size */
     bool wide;             /* another model: n_embd 32 */
+    bool sgd;              /* another optimizer: SGD with momentum instead of AdamW */
     /* automatic checkpoints: into dir/<project>/checkpoints after every step from the
      * first, keeping total_limit; the save after step kill_step runs with
      * CTRAIN_TEST_CHECKPOINT_KILL_AT = kill_at */
@@ -138,7 +139,9 @@ static int train_rank(int rank, int world, const char *dir, void *ctx)
         ct_accelerator_set_seed(acc, 100, true); /* dropout masks per rank */
         ct_param_list pl = {0};
         if (m) ct_module_named_tensors(&m->base, false, &pl);
-        ct_optimizer *opt = m ? ct_adamw_new(pl.n, pl.tensors, &(ct_adamw_config){.lr = 3e-3, .weight_decay = 0.1}) : NULL;
+        ct_optimizer *opt = !m      ? NULL
+                            : r->sgd ? ct_sgd_new(pl.n, pl.tensors, &(ct_sgd_config){.lr = 3e-3, .momentum = 0.9})
+                                     : ct_adamw_new(pl.n, pl.tensors, &(ct_adamw_config){.lr = 3e-3, .weight_decay = 0.1});
         ct_scheduler *sch = opt ? ct_scheduler_new(opt, &(ct_lr_schedule){.decay = CT_LR_COSINE, .warmup_steps = 2,
                                                                           .total_steps = 20, .min_lr = 1e-4})
                                 : NULL;
@@ -339,6 +342,8 @@ Test(accel_checkpoint, zero1_2) { resume_case((run){.world = 2, .zero = 1, .glob
 Test(accel_checkpoint, zero2_2) { resume_case((run){.world = 2, .zero = 2, .global_batch = 4}, 5, 2); }
 Test(accel_checkpoint, zero3_2) { resume_case((run){.world = 2, .zero = 3, .global_batch = 4}, 5, 2); }
 Test(accel_checkpoint, zero3_4) { resume_case((run){.world = 4, .zero = 3, .global_batch = 4}, 4, 2); }
+Test(accel_checkpoint, zero1_4) { resume_case((run){.world = 4, .zero = 1, .global_batch = 4}, 4, 2); }
+Test(accel_checkpoint, hybrid_2) { resume_case((run){.world = 2, .hybrid = true, .global_batch = 4}, 4, 2); }
 Test(accel_checkpoint, zero2_4) { resume_case((run){.world = 4, .zero = 2, .global_batch = 4}, 4, 2); }
 Test(accel_checkpoint, hybrid_4) { resume_case((run){.world = 4, .hybrid = true, .global_batch = 4}, 4, 2); }
 Test(accel_checkpoint, offload_2) { resume_case((run){.world = 2, .zero = 2, .offload = true, .global_batch = 4}, 5, 2); }
@@ -387,6 +392,10 @@ Test(accel_checkpoint, reshard_zero3_4_to_zero2_2)
 Test(accel_checkpoint, reshard_zero3_4_to_one_process) { reshard_case((run){.world = 4, .zero = 3}, (run){.world = 1}, 5, 2); }
 Test(accel_checkpoint, reshard_zero3_4_to_ddp_2) { reshard_case((run){.world = 4, .zero = 3}, (run){.world = 2}, 5, 2); }
 Test(accel_checkpoint, reshard_ddp_2_to_zero3_4) { reshard_case((run){.world = 2}, (run){.world = 4, .zero = 3}, 5, 2); }
+Test(accel_checkpoint, reshard_zero2_2_to_zero3_4)
+{
+    reshard_case((run){.world = 2, .zero = 2}, (run){.world = 4, .zero = 3}, 5, 2);
+}
 Test(accel_checkpoint, reshard_one_process_to_zero1_2)
 {
     reshard_case((run){.world = 1}, (run){.world = 2, .zero = 1}, 5, 2);
@@ -596,5 +605,16 @@ Test(accel_checkpoint, another_model)
     run_env_ranks(1, train_rank, tmpdir, &save, 120);
     run load = {.world = 1, .global_batch = 4, .load = "bad", .wide = true,
                 .expect = "'wte.weight.exp_avg' is [61, 30] in the checkpoint but the parameter is [61, 32]"};
+    run_env_ranks(1, train_rank, tmpdir, &load, 120);
+}
+
+/* A checkpoint of another optimizer: the error names both kinds. */
+Test(accel_checkpoint, another_optimizer)
+{
+    write_tokens(tmpdir);
+    run save = {.world = 1, .global_batch = 4, .steps = 1, .save = "bad"};
+    run_env_ranks(1, train_rank, tmpdir, &save, 120);
+    run load = {.world = 1, .global_batch = 4, .load = "bad", .sgd = true,
+                .expect = "the checkpoint's optimizer is adamw, this run's is sgd"};
     run_env_ranks(1, train_rank, tmpdir, &load, 120);
 }
