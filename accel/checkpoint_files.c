@@ -89,11 +89,21 @@ ct_status cti_ckpt_describe_file(const char *dir, const char *name, cti_ckpt_fil
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    *f = (cti_ckpt_file){0};
+    uint64_t h = 0;
+    int64_t bytes = 0;
+    ct_status st = cti_ckpt_hash_file(path, &h, &bytes);
+    return st ? st : cti_ckpt_describe_written(dir, name, h, bytes, f);
+}
+
+ct_status cti_ckpt_describe_written(const char *dir, const char *name, uint64_t xxh3, int64_t bytes, cti_ckpt_file *f)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    *f = (cti_ckpt_file){.xxh3 = xxh3, .bytes = bytes};
     snprintf(f->name, sizeof f->name, "%s", name);
-    ct_status st = cti_ckpt_hash_file(path, &f->xxh3, &f->bytes);
+    ct_status st = CT_OK;
     const size_t n = strlen(name), ext = strlen(".safetensors");
-    if (!st && n > ext && !strcmp(name + n - ext, ".safetensors")) {
+    if (n > ext && !strcmp(name + n - ext, ".safetensors")) {
         ct_safetensors *s = ct_safetensors_open(path);
         if (!s) return ct_last_status();
         f->tensors = ct_safetensors_count(s);
@@ -138,6 +148,22 @@ ct_status cti_ckpt_write_text(const char *dir, const char *name, const char *tex
     if (!st && rename(tmp, path)) st = ct_error_set(CT_ERR_IO, "cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
     if (st) unlink(tmp);
     return st ? st : cti_ckpt_sync_dir(dir);
+}
+
+int cti_ckpt_read_text(const char *path, size_t max, char **text, size_t *len)
+{
+    *text = NULL, *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return errno ? errno : EIO;
+    long n = -1;
+    int st = 0;
+    if (fseek(f, 0, SEEK_END) || (n = ftell(f)) < 0 || (size_t)n > max || fseek(f, 0, SEEK_SET) ||
+        !(*text = malloc((size_t)n + 1)) || fread(*text, 1, (size_t)n, f) != (size_t)n)
+        st = -1;
+    fclose(f);
+    if (st) free(*text), *text = NULL;
+    else (*text)[n] = '\0', *len = (size_t)n;
+    return st;
 }
 
 ct_status cti_ckpt_mkdirs(const char *dir)
@@ -407,18 +433,14 @@ ct_status cti_ckpt_read_manifest(const char *dir, bool verify, ct_checkpoint_inf
     struct stat sb;
     if (stat(dir, &sb) || !S_ISDIR(sb.st_mode))
         return ct_error_set(CT_ERR_INVALID, "checkpoint '%s' is not a directory", dir);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return ct_error_set(CT_ERR_FORMAT,
-                            "checkpoint '%s' has no %s (%s): it is not a checkpoint, or its save did not complete",
-                            dir, CT_CKPT_MANIFEST, strerror(errno));
     char *text = NULL;
     size_t len = 0;
-    ct_status st = CT_OK;
-    if (fseek(f, 0, SEEK_END) || (len = (size_t)ftell(f)) > (64u << 20) || fseek(f, 0, SEEK_SET) ||
-        !(text = malloc(len + 1)) || fread(text, 1, len, f) != len)
-        st = ct_error_set(CT_ERR_IO, "cannot read '%s'", path);
-    fclose(f);
+    const int e = cti_ckpt_read_text(path, 64u << 20, &text, &len);
+    if (e > 0)
+        return ct_error_set(CT_ERR_FORMAT,
+                            "checkpoint '%s' has no %s (%s): it is not a checkpoint, or its save did not complete",
+                            dir, CT_CKPT_MANIFEST, strerror(e));
+    ct_status st = e ? ct_error_set(CT_ERR_IO, "cannot read '%s'", path) : CT_OK;
     cJSON *root = st ? NULL : cJSON_ParseWithLength(text, len);
     if (!st && !root) st = bad_manifest(path, "not valid JSON");
     cti_ckpt_file *list = NULL;
@@ -458,8 +480,7 @@ char *cti_ckpt_auto_root(const char *project_dir)
     return p;
 }
 
-/* The i of "checkpoint_<i>" exactly (no suffix), or -1. */
-static int64_t auto_index(const char *name)
+int64_t cti_ckpt_auto_index(const char *name)
 {
     if (strncmp(name, "checkpoint_", 11) || !name[11]) return -1;
     int64_t v = 0;
@@ -479,7 +500,7 @@ static int list_auto(const char *root, int64_t **idx)
     int n = 0, cap = 0;
     struct dirent *de;
     while ((de = readdir(d))) {
-        const int64_t i = auto_index(de->d_name);
+        const int64_t i = cti_ckpt_auto_index(de->d_name);
         if (i < 0) continue;
         if (n == cap) {
             int64_t *p = realloc(*idx, (size_t)(cap = cap ? 2 * cap : 16) * sizeof *p);

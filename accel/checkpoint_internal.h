@@ -22,6 +22,12 @@
 /* the longest file name a checkpoint holds (custom_<64 chars>.safetensors fits) */
 #define CT_CKPT_NAME_MAX 96
 
+/* Optimizer parameter i as a checkpoint names it: its model parameter's name (the one it
+ * is, or, sharded, the one it is a slice of), else "optimizer.param.<i>", into buf; the
+ * full parameter (its shape) and the elements [*b, *e) of it this rank holds. */
+void cti_ckpt_opt_param(const ct_accelerator *a, int i, char *buf, size_t cap, const ct_tensor **full, int64_t *b,
+                        int64_t *e);
+
 /* One file of a checkpoint as the manifest lists it. */
 typedef struct cti_ckpt_file {
     char name[CT_CKPT_NAME_MAX];
@@ -41,6 +47,12 @@ ct_status cti_ckpt_save_tensors(const char *dir, const char *name, int n, const 
                                 ct_tensor *const *ts, cti_ckpt_file *f);
 /* Fills f for dir/name by reading it: size, checksum, tensor count, dtypes. */
 ct_status cti_ckpt_describe_file(const char *dir, const char *name, cti_ckpt_file *f);
+/* The same for a file whose checksum and size are known from writing it: only its
+ * safetensors header is read (tensor count, dtypes). */
+ct_status cti_ckpt_describe_written(const char *dir, const char *name, uint64_t xxh3, int64_t bytes, cti_ckpt_file *f);
+/* Reads the whole file at path (at most max bytes) into *text (malloc'd, NUL-ended) and
+ * *len: 0; the errno of a failed open (> 0); -1 when it cannot be read or is too large. */
+int cti_ckpt_read_text(const char *path, size_t max, char **text, size_t *len);
 /* Writes text to dir/name durably (temporary file, fsync, rename, directory fsync). */
 ct_status cti_ckpt_write_text(const char *dir, const char *name, const char *text);
 /* fsync of a directory (its entries). */
@@ -69,6 +81,8 @@ ct_status cti_ckpt_verify_files(const char *dir, const cti_ckpt_file *files, int
 
 /* <project_dir>/checkpoints (malloc'd). */
 char *cti_ckpt_auto_root(const char *project_dir);
+/* The i of a name "checkpoint_<i>" exactly (decimal digits, no suffix), or -1. */
+int64_t cti_ckpt_auto_index(const char *name);
 /* The highest i of a checkpoint_<i> directory under root, complete or not; -1 when none. */
 int64_t cti_ckpt_auto_highest(const char *root);
 /* Removes the oldest complete checkpoint_<i> beyond the newest `limit` complete ones,

@@ -129,16 +129,7 @@ static ct_status stage_optimizer(const ct_accelerator *a, const char *dir, stage
         char name[512], key[64], tn[600];
         const ct_tensor *full = NULL;
         int64_t b = 0, e = 0;
-        if (a->shard) {
-            const char *pn = NULL;
-            ct_shard_slice_part(a->shard, i, &pn, &full, &b, &e);
-            snprintf(name, sizeof name, "%s", pn);
-        } else {
-            full = ct_optimizer_param(opt, i), e = ct_tensor_numel(full);
-            snprintf(name, sizeof name, "optimizer.param.%d", i);
-            for (int k = 0; k < a->params.n; k++)
-                if (a->params.tensors[k] == full) snprintf(name, sizeof name, "%s", a->params.names[k]);
-        }
+        cti_ckpt_opt_param(a, i, name, sizeof name, &full, &b, &e);
         snprintf(key, sizeof key, "ctrain.oparam.%d", i);
         const char *saved = meta0(&ck, key);
         if (!saved || strcmp(saved, name)) {
@@ -374,17 +365,6 @@ static ct_status commit(ct_accelerator *a, const char *dir, staged *s)
     return CT_OK;
 }
 
-/* checkpoint_<i>'s i, or -1 for another name. */
-static int64_t auto_number(const char *dir)
-{
-    const char *base = strrchr(dir, '/');
-    base = base ? base + 1 : dir;
-    if (strncmp(base, "checkpoint_", 11) || !base[11]) return -1;
-    char *end = NULL;
-    const long long v = strtoll(base + 11, &end, 10);
-    return *end || v < 0 ? -1 : v;
-}
-
 ct_status ct_accelerator_load_state(ct_accelerator *acc, const char *dir)
 {
     if (!acc) return ct_error_set(CT_ERR_INVALID, "accelerator_load_state: accelerator is NULL");
@@ -401,7 +381,8 @@ ct_status ct_accelerator_load_state(ct_accelerator *acc, const char *dir)
     if (!st) st = commit(acc, dir, &s);
     st = cti_ckpt_agree(acc, st);
     if (!st) {
-        const int64_t i = auto_number(dir);
+        const char *base = strrchr(dir, '/');
+        const int64_t i = cti_ckpt_auto_index(base ? base + 1 : dir);
         if (i >= 0 && acc->cfg.project.automatic_checkpoint_naming && i + 1 > acc->iteration) acc->iteration = i + 1;
         char *copy = strdup(dir);
         if (copy) free(acc->last_checkpoint), acc->last_checkpoint = copy;

@@ -27,11 +27,8 @@
 
 #define BCAST_BYTES 8192
 
-/* The name of optimizer parameter i: its model parameter's (the one it is, or, sharded,
- * the one it is a slice of), else "optimizer.param.<i>"; into buf. Also its full
- * shape's tensor and the elements [begin, end) this rank holds. */
-static void opt_param_part(const ct_accelerator *a, int i, char *buf, size_t cap, const ct_tensor **full, int64_t *b,
-                           int64_t *e)
+void cti_ckpt_opt_param(const ct_accelerator *a, int i, char *buf, size_t cap, const ct_tensor **full, int64_t *b,
+                        int64_t *e)
 {
     const ct_tensor *p = ct_optimizer_param(a->opt, i);
     if (a->shard) {
@@ -122,7 +119,7 @@ static ct_status build_opt_parts(const ct_accelerator *a, opt_parts *o)
         char name[512], key[600];
         const ct_tensor *full = NULL;
         int64_t b, e;
-        opt_param_part(a, i, name, sizeof name, &full, &b, &e);
+        cti_ckpt_opt_param(a, i, name, sizeof name, &full, &b, &e);
         snprintf(key, sizeof key, "ctrain.oparam.%d", i);
         st = meta(o, key, "%s", name);
         const int64_t step = ct_optimizer_param_step(opt, i);
@@ -377,12 +374,14 @@ static ct_status save_sharded(ct_accelerator *a, const char *tmp, const char *fi
     const int rank = ct_pg_rank(a->pg), world = ct_pg_size(a->pg);
     const bool writer = ct_shard_writes_parts(a->shard);
     const int S = ct_shard_stats_get(a->shard).shard_world;
-    ct_status st = cti_model_shards_save(a, a->model, tmp);
+    uint64_t h = 0;
+    int64_t bytes = 0;
+    ct_status st = cti_model_shards_save_hashed(a, a->model, tmp, &h, &bytes);
     rank_report mine = {.state = my_rank_state(a)};
     if (!st && writer) {
         char name[CT_CKPT_NAME_MAX];
         cti_ckpt_rank_file_name(name, sizeof name, "model", rank, S);
-        st = cti_ckpt_describe_file(tmp, name, &mine.files[mine.nfiles++]);
+        st = cti_ckpt_describe_written(tmp, name, h, bytes, &mine.files[mine.nfiles++]);
         if (!st && a->opt) st = write_opt_file(a, tmp, rank, S, 0, &mine.files[mine.nfiles++]);
         if (!st) cti_ckpt_fault_point();
     }

@@ -223,16 +223,12 @@ ct_status cti_ckpt_read_trainer_state(const char *dir, cti_trainer_state *s)
     *s = (cti_trainer_state){0};
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, CT_CKPT_STATE);
-    FILE *f = fopen(path, "rb");
-    if (!f) return ct_error_set(CT_ERR_FORMAT, "checkpoint '%s': cannot open %s: %s", dir, CT_CKPT_STATE, strerror(errno));
     char *text = NULL;
-    long len = -1;
-    ct_status st = CT_OK;
-    if (fseek(f, 0, SEEK_END) || (len = ftell(f)) < 0 || len > (16L << 20) || fseek(f, 0, SEEK_SET) ||
-        !(text = malloc((size_t)len + 1)) || fread(text, 1, (size_t)len, f) != (size_t)len)
-        st = ct_error_set(CT_ERR_IO, "cannot read '%s'", path);
-    fclose(f);
-    cJSON *root = st ? NULL : cJSON_ParseWithLength(text, (size_t)len);
+    size_t len = 0;
+    const int e = cti_ckpt_read_text(path, 16u << 20, &text, &len);
+    if (e > 0) return ct_error_set(CT_ERR_FORMAT, "checkpoint '%s': cannot open %s: %s", dir, CT_CKPT_STATE, strerror(e));
+    ct_status st = e ? ct_error_set(CT_ERR_IO, "cannot read '%s'", path) : CT_OK;
+    cJSON *root = st ? NULL : cJSON_ParseWithLength(text, len);
     if (!st && !cJSON_IsObject(root)) st = ct_error_set(CT_ERR_FORMAT, "%s: not a JSON object", path);
     reader r = {path, st};
     if (!st) parse(&r, root, s);

@@ -583,6 +583,12 @@ ct_status cti_ckpt_write_parts(const char *dir, const cti_ckpt_parts_file *w)
 
 ct_status cti_model_shards_save(ct_accelerator *acc, ct_module *model, const char *dir)
 {
+    return cti_model_shards_save_hashed(acc, model, dir, NULL, NULL);
+}
+
+ct_status cti_model_shards_save_hashed(ct_accelerator *acc, ct_module *model, const char *dir, uint64_t *xxh3,
+                                       int64_t *bytes)
+{
     ct_shard *s = ct_accelerator_shard(acc);
     if (!s || !model || !dir)
         return ct_error_set(CT_ERR_INVALID, "accelerator_save_model: %s", !s ? "no sharded strategy was prepared"
@@ -625,7 +631,9 @@ ct_status cti_model_shards_save(ct_accelerator *acc, ct_module *model, const cha
                                                                   .nlist = params.n,
                                                                   .whole_names = (const char *const *)all.names + params.n,
                                                                   .whole = all.tensors + params.n,
-                                                                  .nwhole = all.n - params.n});
+                                                                  .nwhole = all.n - params.n,
+                                                                  .xxh3 = xxh3,
+                                                                  .bytes = bytes});
         st = cti_ckpt_agree(acc, st);
     }
     ct_frame_pop();

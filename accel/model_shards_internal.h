@@ -114,5 +114,9 @@ ct_status cti_ckpt_agree(ct_accelerator *acc, ct_status st);
 
 /* ct_accelerator_save_model under a sharded strategy with SHARDED_STATE_DICT. */
 ct_status cti_model_shards_save(ct_accelerator *acc, ct_module *model, const char *dir);
+/* The same, and this rank's file's XXH3-64 and size as written (untouched on a rank
+ * that writes no file). */
+ct_status cti_model_shards_save_hashed(ct_accelerator *acc, ct_module *model, const char *dir, uint64_t *xxh3,
+                                       int64_t *bytes);
 
 #endif
