@@ -28,7 +28,8 @@ typedef struct accel_gpt {
     int rank;
 } accel_gpt;
 
-/* Takes acc; builds the model of cfg (block size T), the optimizer and this rank's token
+/* Takes acc; builds the model of cfg (block size T, or cfg's when larger: a position
+ * table kept whole, as GPT-2's 1024), the optimizer and this rank's token
  * stream (rank 0's is gpt_cpu.c's for the same seed), and prepares them. 0, or 2 after
  * printing what failed. accel_gpt_free in either case. */
 static inline int accel_gpt_init(accel_gpt *g, ct_accelerator *acc, const ct_gpt_config *cfg, int64_t B, int64_t T,
@@ -45,7 +46,7 @@ static inline int accel_gpt_init(accel_gpt *g, ct_accelerator *acc, const ct_gpt
         return 2;
     }
     ct_gpt_config c = *cfg;
-    c.block_size = T, c.dropout = 0.0, c.ln_eps = 1e-5;
+    c.block_size = cfg->block_size > T ? cfg->block_size : T, c.dropout = 0.0, c.ln_eps = 1e-5;
     if (!(g->model = ct_gpt_new(&c))) {
         fprintf(stderr, PROG " (rank %d): ct_gpt_new: %s\n", g->rank, ct_last_error());
         return 2;

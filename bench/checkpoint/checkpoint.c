@@ -273,40 +273,15 @@ static void sync_fs_of(const char *dir)
 
 /* ---- the model ---------------------------------------------------------------------- */
 
-/* gpt_accel.h's accel_gpt_init, but at GPT-2's block size 1024 (its position table is
- * part of the 124M) rather than block = T. Takes acc. 0, or 2 after printing what
- * failed; accel_gpt_free in either case. */
+/* GPT-2 124M at its block size 1024 (the position table is part of the 124M), fed
+ * o->batch x o->seq tokens. Takes acc. 0, or 2 after printing what failed;
+ * accel_gpt_free in either case. */
 static int model_init(accel_gpt *g, ct_accelerator *acc, const options *o)
 {
-    *g = (accel_gpt){.acc = acc, .B = o->batch, .T = o->seq, .vocab = VOCAB,
-                     .rank = ct_accelerator_process_index(acc)};
-    ct_set_seed(o->seed);
-    ct_rng_init(&g->rng, (o->seed ^ 0x70c3e5ULL) + 0x9e3779b97f4a7c15ULL * (uint64_t)g->rank);
-    g->raw = malloc((size_t)(g->B * (g->T + 1)) * sizeof *g->raw);
-    g->xb = malloc((size_t)(g->B * g->T) * sizeof *g->xb);
-    g->yb = malloc((size_t)(g->B * g->T) * sizeof *g->yb);
-    if (!g->raw || !g->xb || !g->yb) {
-        fprintf(stderr, PROG " (rank %d): out of memory for the token buffers\n", g->rank);
-        return 2;
-    }
-    ct_gpt_config c = {.vocab_size = VOCAB, .block_size = BLOCK, .n_layer = N_LAYER, .n_head = N_HEAD,
-                       .n_embd = N_EMBD, .dropout = 0.0, .ln_eps = 1e-5};
-    if (!(g->model = ct_gpt_new(&c))) {
-        fprintf(stderr, PROG " (rank %d): ct_gpt_new: %s\n", g->rank, ct_last_error());
-        return 2;
-    }
-    if (ct_module_named_tensors(&g->model->base, false, &g->params)) {
-        fprintf(stderr, PROG " (rank %d): ct_module_named_tensors: %s\n", g->rank, ct_last_error());
-        return 2;
-    }
-    g->have_params = true;
-    g->opt = make_optimizer(&g->params);
-    if (!g->opt || ct_accelerator_prepare(acc, &g->model->base, g->opt, NULL, NULL)) {
-        fprintf(stderr, PROG " (rank %d): %s: %s\n", g->rank, g->opt ? "ct_accelerator_prepare" : "AdamW",
-                ct_last_error());
-        return 2;
-    }
-    return 0;
+    return accel_gpt_init(g, acc,
+                          &(ct_gpt_config){.vocab_size = VOCAB, .block_size = BLOCK, .n_layer = N_LAYER,
+                                           .n_head = N_HEAD, .n_embd = N_EMBD},
+                          o->batch, o->seq, o->seed);
 }
 
 /* ---- across ranks --------------------------------------------------------------------- */
