@@ -66,6 +66,10 @@ ct_status cti_optim_adam_init_state(ct_optimizer *o, int i);
 ct_status cti_optim_sgd_update(ct_optimizer *o, int i, const ct_param_group *g, const ct_tensor *grad);
 ct_status cti_optim_adam_update(ct_optimizer *o, int i, const ct_param_group *g, const ct_tensor *grad);
 
+/* The state keys an optimizer of this kind and momentum keeps per stepped parameter
+ * (ct_optimizer_state_keys; optim/state.c asks it of a file's momentum). */
+int cti_optim_state_keys(ct_optim_kind kind, double momentum, const char *keys[2]);
+
 /* "parameter 3 'h.0.attn.weight' (f32[2, 3] cpu)" into buf; returns buf. */
 const char *cti_optim_param_label(const ct_tensor *p, int i, char *buf, int cap);
 

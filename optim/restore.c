@@ -19,15 +19,19 @@ ct_optimizer_hparams ct_optimizer_hparams_get(const ct_optimizer *o)
     return (ct_optimizer_hparams){.beta1 = h->beta1, .beta2 = h->beta2, .eps = h->eps};
 }
 
-int ct_optimizer_state_keys(const ct_optimizer *o, const char *keys[2])
+int cti_optim_state_keys(ct_optim_kind kind, double momentum, const char *keys[2])
 {
-    if (!o) return 0;
-    if (o->kind != CT_OPTIM_SGD) {
+    if (kind != CT_OPTIM_SGD) {
         keys[0] = "exp_avg", keys[1] = "exp_avg_sq";
         return 2;
     }
     keys[0] = "momentum_buffer";
-    return o->hyper.momentum != 0 ? 1 : 0;
+    return momentum != 0 ? 1 : 0;
+}
+
+int ct_optimizer_state_keys(const ct_optimizer *o, const char *keys[2])
+{
+    return o ? cti_optim_state_keys(o->kind, o->hyper.momentum, keys) : 0;
 }
 
 /* The values of r, checked against o. */

@@ -17,17 +17,6 @@
 #define STATE_FORMAT "ctrain-optimizer"
 #define STATE_VERSION "1"
 
-/* The state keys an optimizer of this kind and momentum keeps per stepped parameter. */
-static int state_keys(ct_optim_kind kind, double momentum, const char *keys[2])
-{
-    if (kind != CT_OPTIM_SGD) {
-        keys[0] = "exp_avg", keys[1] = "exp_avg_sq";
-        return 2;
-    }
-    keys[0] = "momentum_buffer";
-    return momentum != 0 ? 1 : 0;
-}
-
 static ct_tensor **state_slot(ct_param_state *s, const char *key)
 {
     if (!strcmp(key, "exp_avg")) return &s->exp_avg;
@@ -79,7 +68,7 @@ ct_status ct_optimizer_save(const ct_optimizer *o, const char *path)
     if (!o || !path)
         return ct_error_set(CT_ERR_INVALID, "optimizer_save: %s is NULL", o ? "path" : "optimizer");
     const char *skeys[2];
-    const int nkeys = state_keys(o->kind, o->hyper.momentum, skeys);
+    const int nkeys = cti_optim_state_keys(o->kind, o->hyper.momentum, skeys);
     strlist names = {0}, keys = {0}, vals = {0};
     ct_tensor **tensors = malloc((size_t)(o->nparams * nkeys + 1) * sizeof *tensors);
     int nt = 0;
@@ -269,7 +258,7 @@ static ct_status read_meta(const ct_optimizer *o, const loader *L, loaded *d)
 static ct_status check_names(const ct_optimizer *o, const loader *L, const loaded *d)
 {
     const char *keys[2];
-    const int nkeys = state_keys(o->kind, d->hyper.momentum, keys);
+    const int nkeys = cti_optim_state_keys(o->kind, d->hyper.momentum, keys);
     for (int t = 0; t < ct_safetensors_count(L->f); t++) {
         const char *name = ct_safetensors_name(L->f, t);
         const char *why = "is not a state tensor of this optimizer";
@@ -301,7 +290,7 @@ static ct_status check_names(const ct_optimizer *o, const loader *L, const loade
 static ct_status read_tensors(const ct_optimizer *o, const loader *L, loaded *d)
 {
     const char *keys[2];
-    const int nkeys = state_keys(o->kind, d->hyper.momentum, keys);
+    const int nkeys = cti_optim_state_keys(o->kind, d->hyper.momentum, keys);
     char name[64], lab[320], want[200], sh[200];
     for (int i = 0; i < o->nparams; i++) {
         if (d->state[i].step == 0) continue;
