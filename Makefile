@@ -10,6 +10,10 @@
 #   make api-doc    regenerates docs/api.md from the public headers (tools/api_doc.py)
 #
 # PORTABLE=1 builds for any x86-64 instead of -march=native.
+# CUDA: the CUDA backend is built whenever nvcc is found (CUDA=0 leaves it out;
+# CUDA_HOME is the toolkit, CUDA_ARCH the nvcc -gencode list). The binaries run
+# unchanged where there is no GPU or no driver: ctrain then uses the CPU.
+#   make test-gpu   the GPU conformance suite (tests/gpu/run.sh adds compute-sanitizer and the benchmark)
 
 PREFIX   ?= /usr/local
 DESTDIR  ?=
@@ -30,6 +34,27 @@ VERSION  := 0.1.0
 JOBS     := $(if $(findstring j,$(firstword -$(MAKEFLAGS))),,-j$(shell nproc 2>/dev/null || echo 2))
 LIB_DIRS := core kernels kernels/cpu precision autograd nn optim data dist parallel accel
 LIB_SRC  := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
+
+CUDA_HOME ?= /usr/local/cuda
+NVCC     ?= $(firstword $(wildcard $(CUDA_HOME)/bin/nvcc) $(shell command -v nvcc 2>/dev/null))
+CUDA     ?= $(if $(NVCC),1,0)
+# a fat binary for Ampere, Hopper and Blackwell, plus PTX that later GPUs JIT-compile
+CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+             -gencode arch=compute_100,code=[sm_100,compute_100]
+ifeq ($(CUDA),1)
+LIB_CU    := $(wildcard core/*.cu kernels/cuda/*.cu)
+CUDA_DEFS := -DCT_HAVE_CUDA -I$(CUDA_HOME)/include
+# the runtime is linked statically (it loads the driver at run time, so a machine
+# without one still runs the binary); cuBLASLt from the toolkit's shared library
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcublasLt -lcudart_static -ldl -lrt
+NVCC_FLAGS = -std=c++17 $(OPT) $(CUDA_ARCH) -lineinfo -DCTRAIN_VERSION='"$(VERSION)"' $(CUDA_DEFS) -I. \
+             -Werror all-warnings -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-Werror,-Wno-unknown-pragmas \
+             -MMD -MP $(NVCCFLAGS)
+else
+LIB_CU    :=
+CUDA_DEFS :=
+CUDA_LIBS :=
+endif
 # the public headers: ctrain.h and what it includes (*_internal.h and kernels/cpu/ are private)
 LIB_HDR  := ctrain.h $(shell sed -n 's/^\#include "\(.*\)"/\1/p' ctrain.h)
 TEST_SRC := $(wildcard tests/*/*.c tests/*/*/*.c)
@@ -41,11 +66,11 @@ CLI_SRC  := $(wildcard tools/*.c)
 WARN     := -Wall -Wextra -Werror -Wno-unknown-pragmas
 SAN      ?=
 # -fvisibility=hidden: libctrain.so exports only what the public headers mark CT_API (core/api.h)
-ALL_CFLAGS  = -std=c11 -D_GNU_SOURCE -DCTRAIN_VERSION='"$(VERSION)"' $(OPT) $(ARCH) -g -fPIC -fvisibility=hidden -fopenmp $(WARN) -I. -MMD -MP $(SAN) $(CFLAGS)
+ALL_CFLAGS  = -std=c11 -D_GNU_SOURCE -DCTRAIN_VERSION='"$(VERSION)"' $(OPT) $(ARCH) -g -fPIC -fvisibility=hidden -fopenmp $(WARN) -I. $(CUDA_DEFS) -MMD -MP $(SAN) $(CFLAGS)
 ALL_LDFLAGS = -fopenmp $(SAN) $(LDFLAGS)
-LDLIBS   += -lopenblas -ldnnl -lcjson -luv -lxxhash -lm -lpthread
+LDLIBS   += -lopenblas -ldnnl -lcjson -luv -lxxhash $(CUDA_LIBS) -lm -lpthread
 
-LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(LIB_CU:%.cu=$(BUILD)/obj/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 SO       := $(BUILD)/lib/libctrain.so
@@ -55,7 +80,7 @@ TEST_BIN := $(BUILD)/tests/ctrain_tests
 CLI_BIN  := $(if $(CLI_SRC),$(BUILD)/bin/ctrain)
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all setup test asan api-doc memcheck fuzz bench bench-gpt bench-collectives bench-ddp bench-strategies bench-checkpoint install uninstall clean train
+.PHONY: all setup test test-gpu asan api-doc memcheck fuzz bench bench-gpt bench-collectives bench-ddp bench-strategies bench-checkpoint install uninstall clean train
 .DEFAULT_GOAL := all
 
 all: setup
@@ -67,6 +92,10 @@ setup:
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -c $< -o $@
 
 $(SO): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
@@ -93,6 +122,14 @@ test: setup
 	CTRAIN_BIN=$(abspath $(BUILD)/bin/ctrain) CTRAIN_EXAMPLES=$(abspath $(BUILD)/examples) \
 	CTRAIN_LIB=$(abspath $(SO)) CTRAIN_SRC=$(CURDIR) \
 	    $(TEST_BIN) --jobs $${CT_TEST_JOBS:-2}
+
+# The GPU conformance suite alone (suites named gpu_*): every op on the GPU against
+# the CPU reference. Without a GPU each test reports itself skipped, with the reason.
+test-gpu: setup
+	@$(MAKE) --no-print-directory $(JOBS) $(SO) $(TEST_BIN) $(CLI_BIN) $(GPT_BIN) $(QUICK_BIN)
+	CTRAIN_BIN=$(abspath $(BUILD)/bin/ctrain) CTRAIN_EXAMPLES=$(abspath $(BUILD)/examples) \
+	CTRAIN_LIB=$(abspath $(SO)) CTRAIN_SRC=$(CURDIR) \
+	    $(TEST_BIN) --filter 'gpu_*/*' --jobs 1 --verbose
 
 asan: setup
 	@$(MAKE) --no-print-directory $(JOBS) BUILD=build-asan OPT=-O1 build-asan/tests/ctrain_tests build-asan/lib/libctrain.so \

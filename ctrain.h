@@ -19,6 +19,7 @@
 
 #include "core/api.h"
 #include "core/convert.h"
+#include "core/cuda.h"
 #include "core/device.h"
 #include "core/dtype.h"
 #include "core/error.h"

@@ -30,6 +30,7 @@ const char *ct_status_str(ct_status st)
     case CT_ERR_INTERNAL: return "internal error";
     case CT_ERR_TIMEOUT: return "timed out";
     case CT_ERR_PEER: return "peer failure";
+    case CT_ERR_DEVICE: return "device error";
     }
     return "unknown status";
 }

@@ -25,6 +25,7 @@ typedef enum ct_status {
     CT_ERR_INTERNAL,    /* a library call failed unexpectedly */
     CT_ERR_TIMEOUT,     /* a peer, the store or a collective did not answer in time */
     CT_ERR_PEER,        /* another rank failed, disconnected or disagreed (desync) */
+    CT_ERR_DEVICE,      /* a GPU, its driver or a GPU library reported a failure */
 } ct_status;
 
 /* The message of the last failure on this thread; "" when none. Borrowed. */

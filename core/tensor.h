@@ -179,7 +179,8 @@ CT_API ct_tensor *ct_tensor_contiguous(ct_tensor *t);
 /* A contiguous copy of t with its own storage (new reference, current frame). */
 CT_API ct_tensor *ct_tensor_clone(const ct_tensor *t);
 /* Copies src into dst elementwise, broadcasting src to dst's shape and converting
- * dtype (round to nearest even; fp8 non-saturating). dst may be any strided view. */
+ * dtype (round to nearest even; fp8 non-saturating). dst may be any strided view;
+ * the two may be on different devices. */
 CT_API ct_status ct_tensor_copy_(ct_tensor *dst, const ct_tensor *src);
 /* New contiguous tensor of dtype dt; a copy even when dt is t's dtype. */
 CT_API ct_tensor *ct_tensor_cast(const ct_tensor *t, ct_dtype dt);
@@ -187,6 +188,11 @@ CT_API ct_tensor *ct_tensor_cast(const ct_tensor *t, ct_dtype dt);
 CT_API ct_tensor *ct_tensor_cast_saturate(const ct_tensor *t, ct_dtype dt);
 /* Sets every element of t to value, rounded to its dtype. */
 CT_API ct_status ct_tensor_fill_(ct_tensor *t, double value);
+/* t on device dev: t itself (new reference) when already there, else a contiguous
+ * copy on dev with t's dtype and shape (new reference, current frame). Host memory
+ * is staged through pinned buffers; a copy to the host returns once the values are
+ * there. No autograd edge: a leaf's copy is a new leaf (requires_grad copied). */
+CT_API ct_tensor *ct_tensor_to(const ct_tensor *t, ct_device dev);
 
 /* ---- elements and debugging ---------------------------------------------- */
 
