@@ -222,7 +222,7 @@ install: all
 	ln -sf libctrain.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/libctrain.so.0
 	ln -sf libctrain.so.0 $(DESTDIR)$(PREFIX)/lib/libctrain.so
 	@for h in $(LIB_HDR); do install -D -m 644 $$h $(DESTDIR)$(PREFIX)/include/ctrain/$$h; done
-	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' ctrain.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/ctrain.pc
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' -e 's|@CUDA_LIBS@|$(CUDA_LIBS)|' ctrain.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/ctrain.pc
 
 uninstall:
 	rm -rf $(DESTDIR)$(PREFIX)/include/ctrain $(DESTDIR)$(PREFIX)/lib/pkgconfig/ctrain.pc
