@@ -80,3 +80,34 @@ static void compare(const char *mp, double rtol)
 Test(gpu_examples, gpt_w1_f32_matches_the_cpu, .timeout = 1200) { compare("no", 1e-4); }
 Test(gpu_examples, gpt_w1_bf16_tracks_f32, .timeout = 1200) { compare("bf16", 0.02); }
 Test(gpu_examples, gpt_w1_fp8_tracks_f32, .timeout = 1200) { compare("fp8", 0.05); }
+
+/* The quickstart (examples/quickstart.c), unchanged, on the GPU: its printed per-epoch
+ * training losses against the CPU run's. 640 optimizer steps compound the f32
+ * rounding differences of two summation orders, so the bound is 1e-3 relative. */
+Test(gpu_examples, quickstart_matches_the_cpu, .timeout = 300)
+{
+    GPU_REQUIRE();
+    const char *ex = bin_or_skip("CTRAIN_EXAMPLES");
+    char cmd[2048];
+    double cpu[10], gpu[10];
+    for (int pass = 0; pass < 2; pass++) {
+        char *out = pass ? out_gpu : out_cpu;
+        snprintf(cmd, sizeof cmd, "env %s timeout 200 %s/quickstart 2>&1", pass ? "" : "CTRAIN_USE_CPU=1", ex);
+        FILE *p = popen(cmd, "r");
+        cr_assert_not_null(p);
+        size_t n = fread(out, 1, sizeof out_cpu - 1, p);
+        out[n] = 0;
+        int st = pclose(p);
+        cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s:\n%s", cmd, out);
+        cr_assert(strstr(out, pass ? "on cuda:0" : "on cpu"), "%s", out);
+        for (int e = 0; e < 10; e++) {
+            char key[32];
+            snprintf(key, sizeof key, "epoch %d: train mse ", e);
+            const char *at = strstr(out, key);
+            cr_assert_not_null(at, "no '%s' in:\n%s", key, out);
+            (pass ? gpu : cpu)[e] = atof(at + strlen(key));
+        }
+    }
+    for (int e = 0; e < 10; e++)
+        cr_expect(fabs(gpu[e] - cpu[e]) <= 1e-3 * cpu[e], "epoch %d: GPU mse %.5f, CPU %.5f", e, gpu[e], cpu[e]);
+}
