@@ -287,7 +287,7 @@ ct_status ct_backward_with(ct_tensor *root, const ct_tensor *grad, const ct_back
                               ct_tensor_describe(root, d, sizeof d), (long long)ct_tensor_numel(root));
             goto out;
         }
-        seed = ct_tensor_ones(root->dtype, root->ndim, root->shape);
+        seed = ct_tensor_full_on(root->device, root->dtype, root->ndim, root->shape, 1.0);
     } else {
         if (!ct_tensor_same_shape(grad, root) || grad->dtype != root->dtype) {
             st = ct_error_set(CT_ERR_INVALID, "backward: upstream gradient %s does not match the root %s",

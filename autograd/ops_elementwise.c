@@ -26,7 +26,7 @@ static ct_tensor *sum_to_input(ct_tensor *g, const ct_tensor *meta)
     return ct_kernel_sum_to_shape(g, meta->ndim, meta->shape);
 }
 
-static ct_tensor *scalar_like(const ct_tensor *t, double v) { return ct_tensor_scalar(t->dtype, v); }
+static ct_tensor *scalar_like(const ct_tensor *t, double v) { return ct_tensor_full_on(t->device, t->dtype, 0, NULL, v); }
 
 static ct_status status_of(const ct_tensor *t) { return t ? CT_OK : ct_last_status(); }
 
@@ -167,7 +167,7 @@ static ct_status scalar_backward(ct_node *n, ct_tensor *gy, ct_tensor **gx)
     case SC_POW:
         /* dx = g p x^(p-1); p == 0 is flat everywhere (x^0 = 1, even at 0) */
         if (c->s == 0.0) {
-            gx[0] = ct_tensor_zeros(gy->dtype, gy->ndim, gy->shape);
+            gx[0] = ct_tensor_zeros_on(gy->device, gy->dtype, gy->ndim, gy->shape);
         } else {
             ct_tensor *t = ct_kernel_binary_scalar(CT_BINARY_POW, x, c->s - 1.0);
             gx[0] = ct_kernel_binary(CT_BINARY_MUL, gy, ct_kernel_binary_scalar(CT_BINARY_MUL, t, c->s));

@@ -79,7 +79,7 @@ static ct_tensor *matmul_operand_grad(const ct_tensor *mx, ct_tensor *gy, ct_ten
         return g ? ct_tensor_reshape(g, mx->ndim, mx->shape) : NULL;
     }
     /* general broadcast: accumulate entry by entry (beta = 1), in a fixed order */
-    ct_tensor *g = ct_tensor_zeros(mx->dtype, mx->ndim, mx->shape);
+    ct_tensor *g = ct_tensor_zeros_on(mx->device, mx->dtype, mx->ndim, mx->shape);
     ct_status st = g ? CT_OK : ct_last_status();
     for (int64_t i = 0; i < nc && !st; i++) {
         ct_frame_push();

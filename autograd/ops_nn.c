@@ -175,7 +175,7 @@ static bool grad_dtype(ct_dtype dt)
 static ct_status embedding_backward(ct_node *n, ct_tensor *gy, ct_tensor **gx)
 {
     const ct_tensor *m = ct_node_input_meta(n, 0);
-    ct_tensor *dw = ct_tensor_zeros(m->dtype, m->ndim, m->shape);
+    ct_tensor *dw = ct_tensor_zeros_on(m->device, m->dtype, m->ndim, m->shape);
     if (!dw) return ct_last_status();
     ct_status st = ct_kernel_embedding_backward(dw, gy, ct_node_saved(n, 0));
     if (st) return st;

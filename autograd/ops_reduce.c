@@ -153,8 +153,10 @@ static ct_status extreme_backward(ct_node *n, ct_tensor *gy, ct_tensor **gx)
         inv[c->perm[d]] = d;
     }
     int64_t R = reduced_count(m, c->mask);
-    ct_tensor *hit = ct_kernel_binary(CT_BINARY_EQ, ct_tensor_arange(CT_DTYPE_I64, 0, (double)R, 1), idx);
-    ct_tensor *g = ct_kernel_where(hit, ct_tensor_reshape(gy, idx->ndim, idx->shape), ct_tensor_scalar(gy->dtype, 0));
+    ct_tensor *hit = ct_kernel_binary(CT_BINARY_EQ, ct_tensor_to(ct_tensor_arange(CT_DTYPE_I64, 0, (double)R, 1), idx->device),
+                                      idx);
+    ct_tensor *g = ct_kernel_where(hit, ct_tensor_reshape(gy, idx->ndim, idx->shape),
+                                   ct_tensor_full_on(gy->device, gy->dtype, 0, NULL, 0.0));
     g = ct_tensor_permute(ct_tensor_reshape(g, m->ndim, pshape), inv);
     gx[0] = ct_tensor_contiguous(g);
     return gx[0] ? CT_OK : ct_last_status();

@@ -111,7 +111,7 @@ static ct_tensor *sub_view(ct_tensor *t, const sub_ctx *c)
 static ct_status sub_backward(ct_node *n, ct_tensor *gy, ct_tensor **gx)
 {
     const ct_tensor *m = ct_node_input_meta(n, 0);
-    ct_tensor *g = ct_tensor_zeros(m->dtype, m->ndim, m->shape);
+    ct_tensor *g = ct_tensor_zeros_on(m->device, m->dtype, m->ndim, m->shape);
     ct_tensor *v = g ? sub_view(g, ct_node_ctx(n)) : NULL;
     if (!v || ct_tensor_copy_(v, gy)) return ct_last_status();
     gx[0] = g;

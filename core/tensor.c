@@ -229,12 +229,22 @@ ct_tensor *ct_tensor_ones(ct_dtype dt, int ndim, const int64_t *shape)
     return ct_tensor_full(dt, ndim, shape, 1.0);
 }
 
+ct_tensor *ct_tensor_zeros_on(ct_device dev, ct_dtype dt, int ndim, const int64_t *shape)
+{
+    if (dev.type == CT_DEVICE_CPU) return ct_tensor_zeros(dt, ndim, shape);
+    return ct_tensor_full_on(dev, dt, ndim, shape, 0.0);
+}
+
+ct_tensor *ct_tensor_full_on(ct_device dev, ct_dtype dt, int ndim, const int64_t *shape, double value)
+{
+    ct_tensor *t = ct_tensor_empty_on(dev, dt, ndim, shape);
+    return t && ct_tensor_fill_(t, value) == CT_OK ? t : NULL;
+}
+
 ct_tensor *ct_tensor_zeros_like(const ct_tensor *t)
 {
     if (!t) return NULL;
-    if (t->device.type == CT_DEVICE_CPU) return ct_tensor_zeros(t->dtype, t->ndim, t->shape);
-    ct_tensor *z = ct_tensor_empty_on(t->device, t->dtype, t->ndim, t->shape);
-    return z && ct_tensor_fill_(z, 0.0) == CT_OK ? z : NULL;
+    return ct_tensor_zeros_on(t->device, t->dtype, t->ndim, t->shape);
 }
 
 ct_tensor *ct_tensor_scalar(ct_dtype dt, double value) { return ct_tensor_full(dt, 0, NULL, value); }

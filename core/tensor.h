@@ -118,6 +118,9 @@ CT_API ct_tensor *ct_tensor_ones(ct_dtype dt, int ndim, const int64_t *shape);
 CT_API ct_tensor *ct_tensor_full(ct_dtype dt, int ndim, const int64_t *shape, double value);
 /* A contiguous tensor of zeros with t's dtype, device and shape (new reference, current frame). */
 CT_API ct_tensor *ct_tensor_zeros_like(const ct_tensor *t);
+/* Zeros, or every element value, on device dev (new reference, current frame). */
+CT_API ct_tensor *ct_tensor_zeros_on(ct_device dev, ct_dtype dt, int ndim, const int64_t *shape);
+CT_API ct_tensor *ct_tensor_full_on(ct_device dev, ct_dtype dt, int ndim, const int64_t *shape, double value);
 /* 1-D [start, start+step, ...) below end (above end for negative step). */
 CT_API ct_tensor *ct_tensor_arange(ct_dtype dt, double start, double end, double step);
 /* Uniform [lo, hi) and normal(mean, std) from the process generator (ct_set_seed);

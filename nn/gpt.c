@@ -147,7 +147,7 @@ ct_tensor *ct_gpt_forward(ct_gpt *m, ct_tensor *idx)
     }
     if (ct_module_forward_begin(&m->base)) return NULL;
     int64_t T = idx->shape[1];
-    ct_tensor *pos = ct_tensor_arange(CT_DTYPE_I64, 0, (double)T, 1);
+    ct_tensor *pos = ct_tensor_to(ct_tensor_arange(CT_DTYPE_I64, 0, (double)T, 1), idx->device);
     ct_tensor *x = ct_add(ct_embedding_layer_forward(m->wte, idx), ct_embedding_layer_forward(m->wpe, pos));
     x = ct_dropout_layer_forward(m->drop, x);
     for (int64_t i = 0; i < m->cfg.n_layer; i++) x = ct_gpt_block_forward(m->blocks[i], x);
