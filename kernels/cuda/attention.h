@@ -18,11 +18,11 @@
 
 #include <stdbool.h>
 
-#include "core/tensor.h"
-
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+#include "core/tensor.h"
 
 ct_status cti_cuda_attention(const ct_tensor *q, const ct_tensor *k, const ct_tensor *v, bool causal,
                              double scale, ct_tensor *out, ct_tensor *lse);

@@ -12,8 +12,8 @@
 
 #include <math.h>
 
-#include "kernels/cuda/attention.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/attention.h"
 
 struct cti_attn_op {
     void *p;
