@@ -285,8 +285,9 @@ Test(gpu_attention, empty_sizes)
 {
     GPU_REQUIRE();
     CT_FRAME {
-        ct_tensor *q0 = gpu_of(ct_tensor_zeros(CT_DTYPE_F32, CT_SHAPE(1, 2, 0, 8)));
+        ct_tensor *q0 = ct_tensor_empty_on(CT_CUDA(0), CT_DTYPE_F32, CT_SHAPE(1, 2, 0, 8));
         ct_tensor *k = gpu_of(ct_tensor_ones(CT_DTYPE_F32, CT_SHAPE(1, 2, 5, 8)));
+        cr_assert(q0 && k, "%s", ct_last_error());
         ct_tensor *lse = NULL, *out = ct_kernel_attention(q0, k, k, true, 0, &lse);
         cr_assert_not_null(out, "%s", ct_last_error());
         cr_assert_eq(ct_tensor_numel(out), 0);
@@ -297,7 +298,8 @@ Test(gpu_attention, empty_sizes)
         gpu_expect_equal(dv, ct_tensor_zeros(CT_DTYPE_F32, CT_SHAPE(1, 2, 5, 8)), "dv with no query");
 
         ct_tensor *q = gpu_of(ct_tensor_ones(CT_DTYPE_F32, CT_SHAPE(1, 2, 3, 8)));
-        ct_tensor *k0 = gpu_of(ct_tensor_zeros(CT_DTYPE_F32, CT_SHAPE(1, 2, 0, 8)));
+        ct_tensor *k0 = ct_tensor_empty_on(CT_CUDA(0), CT_DTYPE_F32, CT_SHAPE(1, 2, 0, 8));
+        cr_assert(q && k0, "%s", ct_last_error());
         out = ct_kernel_attention(q, k0, k0, false, 0, &lse);
         cr_assert_not_null(out, "%s", ct_last_error());
         gpu_expect_equal(out, ct_tensor_zeros(CT_DTYPE_F32, CT_SHAPE(1, 2, 3, 8)), "out with no key");
