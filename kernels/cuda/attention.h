@@ -1,7 +1,9 @@
 /* ctrain — CUDA attention (see kernels/attention.h for the math and shapes).
  *
  * cti_cuda_attention / cti_cuda_attention_backward: flash-attention style tiled
- * kernels (kernels/cuda/attention_fwd.cu, attention_bwd.cu): no T x S tensor in
+ * kernels (kernels/cuda/attention_fwd.cu, attention_bwd.cu; the bf16/f16 forward on
+ * tensor cores in attention_fwd_tc.cu, with P rounded to the dtype before P V, as
+ * the CPU's bf16 dot-product kernels do): no T x S tensor in
  * memory, the forward saves the row logsumexp, the backward recomputes the
  * probabilities from it and runs without atomics (dK, dV in one pass over key
  * tiles, dQ in another over query tiles), so results are deterministic.

@@ -13,9 +13,10 @@
  * of size T x S exists: shared memory holds Q (OWN x D), K (SPAN x D), V (SPAN x Dv)
  * and the tile's probabilities (OWN x SPAN).
  *
- * f32, bf16 and f16 compute in f32 (16-bit inputs widened as loaded), f64 in f64.
- * Head dims up to 128 take these kernels; wider heads (or a device without the shared
- * memory) take the plain kernels of attention_ref.cu.
+ * f32 computes in f32, f64 in f64; bf16 and f16 take the tensor-core kernel of
+ * attention_fwd_tc.cu, and these kernels (16-bit inputs widened to f32 as loaded)
+ * only where it cannot run. Head dims up to 128 take these kernels; wider heads (or
+ * a device without the shared memory) take the plain kernels of attention_ref.cu.
  */
 #include "kernels/cuda/attention_tile.cuh"
 
@@ -153,8 +154,9 @@ extern "C" ct_status cti_cuda_attention(const ct_tensor *q, const ct_tensor *k, 
     if (B * H * T == 0) return CT_OK; /* nothing to write (S = 0 still writes out = 0, lse = -inf) */
     if (D > CTI_ATTN_MAX_DIM || Dv > CTI_ATTN_MAX_DIM) return cti_cuda_attention_ref(q, k, v, causal, scale, out, lse);
     const cti_attn_args a = cti_attn_args_of(q, k, v, out, lse, NULL, NULL, NULL, NULL, causal, scale);
-    const bool wide = D > 64 || Dv > 64;
     bool done = false;
+    if ((st = cti_attn_fwd_tc(a, out, q->dtype, &done)) || done) return st;
+    const bool wide = D > 64 || Dv > 64;
     CTI_CU_DISPATCH_FLOAT(q->dtype, T_, {
         st = wide ? cti_attn_fwd_launch<T_, 4>(a, out, &done) : cti_attn_fwd_launch<T_, 2>(a, out, &done);
     })

@@ -155,4 +155,9 @@ static inline ct_status cti_attn_smem(const void *kernel, size_t bytes, int dev,
     return CT_OK;
 }
 
+/* The forward of bf16 and f16 on tensor cores (attention_fwd_tc.cu): *done false (and
+ * CT_OK) when it does not take the problem (other dtypes, head dims past 128, a device
+ * without the shared memory), so the caller runs the f32-math kernels. */
+ct_status cti_attn_fwd_tc(const cti_attn_args &a, const ct_tensor *out, ct_dtype dt, bool *done);
+
 #endif

@@ -1,6 +1,7 @@
 /* GPU conformance tests for attention (kernels/attention.c on cuda:0: the tiled kernels
  * of kernels/cuda/attention_fwd.cu and attention_bwd.cu, and the plain CUDA reference
- * kernels of attention_ref.cu), each against the CPU's double reference kernels
+ * kernels of attention_ref.cu; bf16 and f16 forwards run on tensor cores in
+ * attention_fwd_tc.cu), each against the CPU's double reference kernels
  * (cti_cpu_attention_ref, cti_cpu_attention_backward_ref) on the same inputs.
  *
  * Shapes: sequence lengths that are not multiples of the 64-row tiles (1, 7, 63, 65,
@@ -17,9 +18,10 @@
 
 /* The backward's bound for f32, bf16 and f16: two roundings of the result dtype. The
  * fast kernels take rowsum(dO * O) from the forward's out, already rounded to the
- * dtype, and recompute P from the forward's f32 lse, then round the gradient; the
- * reference recomputes the softmax in double from q, k, v and rounds once. (f32 also
- * sums up to 1024 products per element in f32.) */
+ * dtype (and for bf16/f16 made on tensor cores from P rounded to the dtype), and
+ * recompute P from the forward's f32 lse, then round the gradient; the reference
+ * recomputes the softmax in double from q, k, v and rounds once. (f32 also sums up to
+ * 1024 products per element in f32.) */
 static gpu_tolerance bwd_tol(ct_dtype dt) { return dt == CT_DTYPE_F64 ? gpu_tolerance_of(dt) : gpu_tolerance_chain(dt, 2); }
 
 static ct_dtype stat_dtype(ct_dtype dt) { return dt == CT_DTYPE_F64 ? CT_DTYPE_F64 : CT_DTYPE_F32; }
