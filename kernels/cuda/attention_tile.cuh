@@ -1,5 +1,5 @@
 /* ctrain — what the CUDA attention files share (kernels/cuda/attention_fwd.cu,
- * attention_bwd.cu, attention_ref.cu): the operand and problem descriptions, the
+ * attention_fwd_tc.cu, attention_bwd.cu, attention_ref.cu): the operand and problem descriptions, the
  * causal rule, the tile geometry and the cooperative tile loads. Not installed.
  *
  * Operands are strided views: element (b,h,t,d) of an operand lives at
@@ -9,8 +9,6 @@
  */
 #ifndef CT_KERNELS_CUDA_ATTENTION_TILE_CUH
 #define CT_KERNELS_CUDA_ATTENTION_TILE_CUH
-
-#include <math.h>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/attention.h"
