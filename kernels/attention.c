@@ -4,10 +4,21 @@
 
 #include "kernels/cpu/attention.h"
 #include "kernels/dispatch_internal.h"
+#ifdef CT_HAVE_CUDA
+#include "kernels/cuda/attention.h"
+#endif
 
-static const ct_attention_fn attention_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = cti_cpu_attention};
+static const ct_attention_fn attention_impl[CT_DEVICE_TYPE_COUNT] = {
+    [CT_DEVICE_CPU] = cti_cpu_attention,
+#ifdef CT_HAVE_CUDA
+    [CT_DEVICE_CUDA] = cti_cuda_attention,
+#endif
+};
 static const ct_attention_backward_fn attention_backward_impl[CT_DEVICE_TYPE_COUNT] = {
     [CT_DEVICE_CPU] = cti_cpu_attention_backward,
+#ifdef CT_HAVE_CUDA
+    [CT_DEVICE_CUDA] = cti_cuda_attention_backward,
+#endif
 };
 
 /* Checks q (B,H,T,D), k (B,H,S,D), v (B,H,S,Dv): ranks, matching dims, one float dtype,
