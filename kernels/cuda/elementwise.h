@@ -18,11 +18,12 @@
 #ifndef CT_KERNELS_CUDA_ELEMENTWISE_H
 #define CT_KERNELS_CUDA_ELEMENTWISE_H
 
-#include "kernels/elementwise.h"
-
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* kernels/elementwise.h has no C++ guards of its own */
+#include "kernels/elementwise.h"
 
 /* out = a op b; out is a's dtype, or BOOL for comparisons. */
 ct_status cti_cuda_binary(ct_binary_op op, ct_tensor *out, const ct_tensor *a, const ct_tensor *b);

@@ -20,11 +20,12 @@
 
 #include <stdint.h>
 
-#include "kernels/reduce.h"
-
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* kernels/reduce.h has no C++ guards of its own */
+#include "kernels/reduce.h"
 
 ct_status cti_cuda_reduce(ct_reduce_op op, ct_tensor *out, const ct_tensor *x, uint32_t mask);
 ct_status cti_cuda_reduce_ref(ct_reduce_op op, ct_tensor *out, const ct_tensor *x, uint32_t mask);
