@@ -126,6 +126,13 @@ static inline bool cti_ew_geom_flat(const cti_ew_geom *g, int nops)
     return true;
 }
 
+/* i / d for i >= 0, d > 0: in 32 bits when both fit (a 64-bit division is a long
+ * software sequence on the GPU, and most tensors index below 2^32). */
+__device__ __forceinline__ int64_t cti_ew_div(int64_t i, int64_t d)
+{
+    return ((uint64_t)(i | d) >> 32) == 0 ? (int64_t)((uint32_t)i / (uint32_t)d) : i / d;
+}
+
 /* off[k] = operand k's element offset for output flat index i. The dims are
  * walked with constant indices so the geometry stays in parameter space. */
 template <int NOPS> __device__ __forceinline__ void cti_ew_offsets(const cti_ew_geom &g, int64_t i, int64_t *off)
@@ -135,7 +142,7 @@ template <int NOPS> __device__ __forceinline__ void cti_ew_offsets(const cti_ew_
 #pragma unroll
     for (int d = CT_MAX_DIMS - 1; d >= 0; d--) {
         if (d < g.ndim) {
-            const int64_t q = i / g.shape[d], r = i - q * g.shape[d];
+            const int64_t q = cti_ew_div(i, g.shape[d]), r = i - q * g.shape[d];
             i = q;
 #pragma unroll
             for (int k = 0; k < NOPS; k++) off[k] += r * g.st[k][d];

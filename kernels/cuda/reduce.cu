@@ -5,9 +5,10 @@
  * As on the CPU (kernels/cpu/reduce.c) the dims are split into a kept and a
  * reduced list (size-1 dims dropped, each list coalesced where strides allow), so
  * a reduction is "nout outputs, each over nred elements", in one of two layouts:
- *   inner  each output's elements are read by one warp (nred <= 2048) or one block
- *          of 256 threads, strided by the lane, then combined by shuffles and
- *          shared memory: rows of a contiguous tensor, any strided view;
+ *   inner  each output's elements are read by one thread (nred <= 16), one warp
+ *          (nred <= 2048) or one block of 256 threads, strided by the lane, then
+ *          combined by shuffles and shared memory: rows of a contiguous tensor,
+ *          any strided view;
  *   outer  the kept dims end in a contiguous run of at least 16 outputs and the
  *          reduced dims do not (column sums of an (N, C) matrix): a block of
  *          32 x 8 threads takes 32 neighbouring outputs (coalesced loads across
@@ -37,7 +38,8 @@
 #include <limits.h>
 
 enum { M_SUM, M_MAX, M_MIN, M_SQDEV }; /* MEAN is SUM, then a division */
-enum { RED_THREADS = 256, RED_WARP_MAX = 2048, OUTER_X = 32, OUTER_Y = 8, OUTER_MIN_RUN = 16 };
+enum { RED_THREADS = 256, RED_THREAD_MAX = 16, RED_WARP_MAX = 2048, OUTER_X = 32, OUTER_Y = 8, OUTER_MIN_RUN = 16 };
+enum { GROUP_THREAD, GROUP_WARP, GROUP_BLOCK }; /* who reduces one item of the inner layout */
 
 /* ---- plan ------------------------------------------------------------------------------------ */
 
@@ -81,7 +83,7 @@ __device__ __forceinline__ int64_t plan_offset(int n, const int64_t *shape, cons
 #pragma unroll
     for (int d = CT_MAX_DIMS - 1; d >= 0; d--) {
         if (d < n) {
-            const int64_t q = i / shape[d];
+            const int64_t q = cti_ew_div(i, shape[d]);
             off += (i - q * shape[d]) * stride[d];
             i = q;
         }
@@ -213,17 +215,21 @@ __device__ __forceinline__ void red_store(const red_out &r, int64_t o, long long
  * mean: per-output means for M_SQDEV, else NULL. */
 template <typename T, typename A>
 __global__ void reduce_inner_kernel(red_plan p, int m, const T *x, const double *mean, int64_t nsplit, int64_t chunk,
-                                    bool warp_mode, A *part, red_out out)
+                                    int group, A *part, red_out out)
 {
     __shared__ A scratch[32];
     const int64_t items = p.nout * nsplit;
     const A id = red_identity(m, (A)0);
     const int lane = threadIdx.x & 31;
-    /* warp mode: each warp is a group; block mode: the block is one group */
-    const int64_t gsize = warp_mode ? 32 : blockDim.x, gid = warp_mode ? lane : threadIdx.x;
-    const int64_t groups = warp_mode ? (int64_t)gridDim.x * (blockDim.x >> 5) : gridDim.x;
-    const int64_t first = warp_mode ? (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5) : blockIdx.x;
-    /* every thread of a block runs the same number of block-mode iterations (first
+    /* the threads that share an item: one (GROUP_THREAD), a warp, or the block */
+    const int64_t gsize = group == GROUP_THREAD ? 1 : group == GROUP_WARP ? 32 : blockDim.x;
+    const int64_t gid = group == GROUP_THREAD ? 0 : group == GROUP_WARP ? lane : threadIdx.x;
+    const int64_t groups = group == GROUP_THREAD ? (int64_t)gridDim.x * blockDim.x
+                           : group == GROUP_WARP ? (int64_t)gridDim.x * (blockDim.x >> 5) : gridDim.x;
+    const int64_t first = group == GROUP_THREAD ? (int64_t)blockIdx.x * blockDim.x + threadIdx.x
+                          : group == GROUP_WARP ? (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)
+                                                : blockIdx.x;
+    /* every thread of a block runs the same number of GROUP_BLOCK iterations (first
      * and groups are per block there), so red_block's barriers are reached by all */
     for (int64_t it = first; it < items; it += groups) {
         const int64_t o = it / nsplit, s = it - o * nsplit;
@@ -233,9 +239,9 @@ __global__ void reduce_inner_kernel(red_plan p, int m, const T *x, const double 
         A acc = id;
         for (int64_t j = j0 + gid; j < j1; j += gsize)
             acc = red_combine(m, acc, red_elem(m, (A)cti_ew_ld(base + plan_roff(p, j)), mo));
-        const bool leader = warp_mode ? lane == 0 : threadIdx.x == 0;
-        acc = warp_mode ? red_warp(m, acc) : red_block(m, acc, scratch);
-        if (leader) {
+        if (group == GROUP_WARP) acc = red_warp(m, acc);
+        else if (group == GROUP_BLOCK) acc = red_block(m, acc, scratch);
+        if (gid == 0) {
             if (nsplit == 1) red_store(out, o, acc);
             else part[o * nsplit + s] = acc;
         }
@@ -310,18 +316,20 @@ static ct_status reduce_pass(const char *name, int m, const ct_tensor *x, const 
     const bool integer = !ct_dtype_is_float(x->dtype);
     const bool outer = pl->nk > 0 && pl->kstride[pl->nk - 1] == 1 && pl->kshape[pl->nk - 1] >= OUTER_MIN_RUN &&
                        pl->nr > 0 && pl->rstride[pl->nr - 1] != 1;
-    const bool warp_mode = !outer && pl->nred <= RED_WARP_MAX;
+    const int group = outer ? GROUP_BLOCK
+                      : pl->nred <= RED_THREAD_MAX ? GROUP_THREAD
+                      : pl->nred <= RED_WARP_MAX ? GROUP_WARP : GROUP_BLOCK;
     int64_t nsplit = 1, chunk = pl->nred, J = 0, ntile = 0;
     if (outer) {
         J = pl->kshape[pl->nk - 1];
         ntile = ceil_div(J, OUTER_X);
         const int64_t tiles = pl->nout / J * ntile;
         split_of(pl->nred, tiles >= 512 ? 1 : ceil_div(512, tiles), 256, &nsplit, &chunk);
-    } else if (!warp_mode) {
+    } else if (group == GROUP_BLOCK) {
         split_of(pl->nred, pl->nout >= 1024 ? 1 : ceil_div(1024, pl->nout), 8192, &nsplit, &chunk);
     }
     const int64_t items = outer ? pl->nout / J * ntile * nsplit : pl->nout * nsplit;
-    const int64_t per_block = warp_mode ? RED_THREADS / 32 : 1;
+    const int64_t per_block = outer || group == GROUP_BLOCK ? 1 : group == GROUP_WARP ? RED_THREADS / 32 : RED_THREADS;
     const unsigned blocks = cti_cu_blocks(items, (int)per_block);
     ct_tensor *part = NULL;
     if (nsplit > 1) {
@@ -338,7 +346,7 @@ static ct_status reduce_pass(const char *name, int m, const ct_tensor *x, const 
                 *pl, m, cti_cu_ptr<T>(x), mean, J, ntile, nsplit, chunk, pp, out);                            \
         else                                                                                                  \
             reduce_inner_kernel<T, A><<<blocks, RED_THREADS, 0, stream>>>(*pl, m, cti_cu_ptr<T>(x), mean,     \
-                                                                         nsplit, chunk, warp_mode, pp, out);  \
+                                                                         nsplit, chunk, group, pp, out);      \
         if (part) {                                                                                           \
             if (cti_cuda_launched(name, x)) return ct_last_status();                                          \
             reduce_finish_kernel<A><<<cti_cu_blocks(pl->nout, RED_THREADS), RED_THREADS, 0, stream>>>(         \

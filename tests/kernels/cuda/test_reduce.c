@@ -162,7 +162,9 @@ static const red_case cases[] = {
     {2, {20000, 40}, 1, {0}, "columns, outer, chunks"},
     {3, {6, 300, 20}, 1, {1}, "middle dim, outer with kept dims outside"},
     {2, {1000, 5}, 1, {0}, "columns of a narrow matrix"},
-    {3, {9, 17, 33}, 1, {1}, "middle dim, strided rows"},
+    {3, {9, 17, 33}, 1, {1}, "middle dim, outer"},
+    {2, {5000, 3}, 1, {1}, "short rows, a thread each"},
+    {3, {40, 50, 3}, 2, {0, 2}, "two strided dims, a warp each"},
 };
 #define NCASES (sizeof cases / sizeof cases[0])
 
