@@ -1,7 +1,7 @@
-/* ctrain — what the CUDA elementwise files share (kernels/cuda/binary.cu, unary.cu):
- * element access for every dtype the elementwise ops take, the dtype switch over
- * them, and the index calculator that maps an output's flat index to each
- * operand's element offset.
+/* ctrain — what the CUDA elementwise files share (kernels/cuda/binary.cu, unary.cu;
+ * reduce.cu uses the element access and the dtype switch too): element access for
+ * every dtype the elementwise ops take, the dtype switch over them, and the index
+ * calculator that maps an output's flat index to each operand's element offset.
  *
  * Index calculator. An op over operands 0..nops (0 is the output) is described by
  * the output's shape and each operand's strides broadcast to it (0 on stretched
