@@ -76,27 +76,58 @@ template <typename C> __device__ __forceinline__ uint8_t ew_cmp(int op, C x, C y
 
 /* ---- fast kernels ------------------------------------------------------------------------- */
 
+/* The output's storage type: BOOL (uint8_t) for comparisons. */
+template <typename T, bool CMP> struct ew_out { typedef T type; };
+template <typename T> struct ew_out<T, true> { typedef uint8_t type; };
+
 /* Where the scalar of binary_scalar goes: none (a op b), right (a op s), left (s op a). */
 enum { EW_TENSORS = 0, EW_SCALAR_RIGHT = 1, EW_SCALAR_LEFT = 2 };
 
-/* Operands: 0 out, 1 a (the tensor of a scalar op), 2 b (unused with a scalar).
- * CMP: out is BOOL (uint8_t) instead of T. */
-template <typename T, bool CMP>
-__global__ void binary_kernel(int op, int mode, cti_ew_geom g, bool flat, int64_t n, void *out, const T *a,
-                              const T *b, typename cti_ew_c<T>::type s)
+template <typename T, bool CMP> __device__ __forceinline__ void ew_binary_one(int op, int mode, const T *pa, const T *pb,
+                                                                           typename cti_ew_c<T>::type s, void *po)
 {
     typedef typename cti_ew_c<T>::type C;
+    const C u = cti_ew_ld(pa);
+    C x = u, y = s;
+    if (mode == EW_TENSORS) y = cti_ew_ld(pb);
+    else if (mode == EW_SCALAR_LEFT) x = s, y = u;
+    if constexpr (CMP) *(uint8_t *)po = ew_cmp(op, x, y);
+    else cti_ew_st((T *)po, ew_bin(op, x, y));
+}
+
+/* Operands: 0 out, 1 a (the tensor of a scalar op), 2 b (unused with a scalar).
+ * CMP: out is BOOL (uint8_t) instead of T. vec: flat, and every operand aligned
+ * for vectors of cti_ew_width<T> elements: those go as vectors, the tail (fewer
+ * than a vector's worth) element by element. */
+template <typename T, bool CMP>
+__global__ void binary_kernel(int op, int mode, cti_ew_geom g, bool flat, bool vec, int64_t n, void *out,
+                              const T *a, const T *b, typename cti_ew_c<T>::type s)
+{
+    typedef typename cti_ew_c<T>::type C;
+    typedef typename ew_out<T, CMP>::type TO;
     const int64_t step = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
+    int64_t start = 0;
+    if (vec) {
+        constexpr int V = cti_ew_width<T>::value;
+        typedef cti_ew_vec<T, V> VT;
+        typedef cti_ew_vec<TO, V> VO;
+        const int64_t nv = n / V;
+        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < nv; i += step) {
+            const VT va = ((const VT *)a)[i];
+            const VT vb = mode == EW_TENSORS ? ((const VT *)b)[i] : va;
+            VO vo;
+#pragma unroll
+            for (int k = 0; k < V; k++) ew_binary_one<T, CMP>(op, mode, &va.v[k], &vb.v[k], s, &vo.v[k]);
+            ((VO *)out)[i] = vo;
+        }
+        start = nv * V;
+    }
+    for (int64_t i = start + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
         int64_t off[3];
         if (flat) off[0] = off[1] = off[2] = i;
         else cti_ew_offsets<3>(g, i, off);
-        const C u = cti_ew_ld(a + off[1]);
-        C x = u, y = s;
-        if (mode == EW_TENSORS) y = cti_ew_ld(b + off[2]);
-        else if (mode == EW_SCALAR_LEFT) x = s, y = u;
-        if constexpr (CMP) ((uint8_t *)out)[off[0]] = ew_cmp(op, x, y);
-        else cti_ew_st((T *)out + off[0], ew_bin(op, x, y));
+        const T *pa = a + off[1], *pb = mode == EW_TENSORS ? b + off[2] : pa;
+        ew_binary_one<T, CMP>(op, mode, pa, pb, s, (TO *)out + off[0]);
     }
 }
 
@@ -136,7 +167,6 @@ static ct_status binary_launch(ct_binary_op op, ct_tensor *out, const ct_tensor 
     const ct_tensor *in[2] = {a, b};
     const bool flat = ew_geom(&g, out, in, mode == EW_TENSORS ? 2 : 1);
     const bool cmp = ct_binary_op_is_comparison(op);
-    const unsigned blocks = cti_cu_blocks(n, CTI_EW_THREADS);
     cudaStream_t stream = cti_cu_stream(out);
     void *o = ct_tensor_data(out);
     CTI_EW_DISPATCH(a->dtype, T, {
@@ -144,8 +174,12 @@ static ct_status binary_launch(ct_binary_op op, ct_tensor *out, const ct_tensor 
         const T *pa = cti_cu_ptr<T>(a), *pb = mode == EW_TENSORS ? cti_cu_ptr<T>(b) : (const T *)0;
         /* the scalar takes the compute type's precision, as on the CPU (kernels/elementwise.h) */
         const C sc = (C)s;
-        if (cmp) binary_kernel<T, true><<<blocks, CTI_EW_THREADS, 0, stream>>>(op, mode, g, flat, n, o, pa, pb, sc);
-        else binary_kernel<T, false><<<blocks, CTI_EW_THREADS, 0, stream>>>(op, mode, g, flat, n, o, pa, pb, sc);
+        const int V = cti_ew_width<T>::value;
+        const bool vec = flat && cti_ew_aligned(pa, V, sizeof(T)) && (!pb || cti_ew_aligned(pb, V, sizeof(T))) &&
+                         cti_ew_aligned(o, V, cmp ? 1 : sizeof(T));
+        const unsigned blocks = cti_cu_blocks(vec ? n / V + 1 : n, CTI_EW_THREADS);
+        if (cmp) binary_kernel<T, true><<<blocks, CTI_EW_THREADS, 0, stream>>>(op, mode, g, flat, vec, n, o, pa, pb, sc);
+        else binary_kernel<T, false><<<blocks, CTI_EW_THREADS, 0, stream>>>(op, mode, g, flat, vec, n, o, pa, pb, sc);
     })
     else return cti_kernel_unsupported_dtype(name, a);
     return cti_cuda_launched(name, out);

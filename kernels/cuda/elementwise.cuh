@@ -75,6 +75,19 @@ __device__ __forceinline__ void cti_ew_st_f64(cti_f16 *p, double v) { p->bits = 
         __VA_ARGS__                                                            \
     }
 
+/* ---- vector access for contiguous operands ----------------------------------------------- */
+
+/* V consecutive elements of T moved as one aligned access (16 bytes for the
+ * inputs: 4 f32, 8 bf16, 16 u8; a comparison's BOOL output gets V bytes). */
+template <typename T, int V> struct alignas(sizeof(T) * V) cti_ew_vec { T v[V]; };
+template <typename T> struct cti_ew_width { static const int value = 16 / (int)sizeof(T); };
+
+/* p is aligned for vectors of V elements of `size` bytes. */
+static inline bool cti_ew_aligned(const void *p, int V, size_t size)
+{
+    return (uintptr_t)p % ((uintptr_t)V * size) == 0;
+}
+
 /* ---- the fast kernels' index calculator ------------------------------------------------- */
 
 enum { CTI_EW_MAX_OPS = 4, CTI_EW_THREADS = 256 };

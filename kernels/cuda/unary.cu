@@ -148,12 +148,27 @@ template <typename C> __device__ __forceinline__ C ew_backward(int op, C g, C x,
 
 /* ---- fast kernels ---------------------------------------------------------------------------- */
 
-/* Operands: 0 out, 1 x. */
+/* Operands: 0 out, 1 x. vec: flat, and both aligned for vectors of cti_ew_width<T>
+ * elements: those go as vectors, the tail element by element. */
 template <typename T>
-__global__ void unary_kernel(int op, cti_ew_geom g, bool flat, int64_t n, T *out, const T *x)
+__global__ void unary_kernel(int op, cti_ew_geom g, bool flat, bool vec, int64_t n, T *out, const T *x)
 {
     const int64_t step = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
+    int64_t start = 0;
+    if (vec) {
+        constexpr int V = cti_ew_width<T>::value;
+        typedef cti_ew_vec<T, V> VT;
+        const int64_t nv = n / V;
+        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < nv; i += step) {
+            const VT vx = ((const VT *)x)[i];
+            VT vo;
+#pragma unroll
+            for (int k = 0; k < V; k++) cti_ew_st(&vo.v[k], ew_unary(op, cti_ew_ld(&vx.v[k])));
+            ((VT *)out)[i] = vo;
+        }
+        start = nv * V;
+    }
+    for (int64_t i = start + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
         int64_t off[2];
         if (flat) off[0] = off[1] = i;
         else cti_ew_offsets<2>(g, i, off);
@@ -205,10 +220,14 @@ ct_status cti_cuda_unary(ct_unary_op op, ct_tensor *out, const ct_tensor *x)
     cti_ew_geom g;
     const ct_tensor *ts[2] = {out, x};
     const bool flat = ew_same_shape_geom(&g, ts, 2);
-    const unsigned blocks = cti_cu_blocks(n, CTI_EW_THREADS);
     cudaStream_t stream = cti_cu_stream(out);
     CTI_EW_DISPATCH(x->dtype, T, {
-        unary_kernel<T><<<blocks, CTI_EW_THREADS, 0, stream>>>(op, g, flat, n, cti_cu_ptr<T>(out), cti_cu_ptr<T>(x));
+        const int V = cti_ew_width<T>::value;
+        T *po = cti_cu_ptr<T>(out);
+        const T *px = cti_cu_ptr<T>(x);
+        const bool vec = flat && cti_ew_aligned(po, V, sizeof(T)) && cti_ew_aligned(px, V, sizeof(T));
+        const unsigned blocks = cti_cu_blocks(vec ? n / V + 1 : n, CTI_EW_THREADS);
+        unary_kernel<T><<<blocks, CTI_EW_THREADS, 0, stream>>>(op, g, flat, vec, n, po, px);
     })
     else return cti_kernel_unsupported_dtype(name, x);
     return cti_cuda_launched(name, out);
