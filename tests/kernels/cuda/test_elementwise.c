@@ -112,6 +112,8 @@ static const ct_binary_op int_ops[] = {CT_BINARY_ADD, CT_BINARY_SUB, CT_BINARY_M
 static const ct_binary_op cmp_ops[] = {CT_BINARY_EQ, CT_BINARY_NE, CT_BINARY_LT,
                                        CT_BINARY_LE, CT_BINARY_GT, CT_BINARY_GE};
 
+static void check_unary(ct_unary_op op, both x, const char *ctx);
+
 /* ---- binary ---------------------------------------------------------------------------------- */
 
 Test(gpu_elementwise, binary_float_broadcast)
@@ -303,6 +305,32 @@ Test(gpu_elementwise, binary_out_in_place_and_views)
                                               ct_tensor_narrow(x.gpu, 0, 0, 40), b.gpu), CT_OK, "%s", ct_last_error());
             gpu_expect_close(ct_tensor_narrow(x.gpu, 0, 1, 40), want, "add into an overlapping view");
         }
+}
+
+/* Contiguous views that start one element into their storage: flat, but not
+ * aligned for the vector path, so they go element by element; and lengths that
+ * leave a tail after the vectors. */
+Test(gpu_elementwise, contiguous_offsets_and_tails)
+{
+    GPU_REQUIRE();
+    const ct_dtype dts[7] = {CT_DTYPE_F32, CT_DTYPE_F64, CT_DTYPE_BF16, CT_DTYPE_F16,
+                             CT_DTYPE_I32, CT_DTYPE_I64, CT_DTYPE_U8};
+    const int64_t lens[4] = {1, 15, 17, 4099};
+    for (int d = 0; d < 7; d++)
+        for (int l = 0; l < 4; l++)
+            for (int shift = 0; shift < 3; shift++) CT_FRAME {
+                    const int64_t n[1] = {lens[l] + 2};
+                    both a = make(dts[d], 1, n, 0, 950 + l, 0.5, 4), b = make(dts[d], 1, n, 0, 960 + l, 0.5, 4);
+                    /* shift 0: both aligned; 1: a one element in; 2: both */
+                    both va = {ct_tensor_narrow(a.cpu, 0, shift ? 1 : 0, lens[l]), ct_tensor_narrow(a.gpu, 0, shift ? 1 : 0, lens[l])};
+                    both vb = {ct_tensor_narrow(b.cpu, 0, shift == 2 ? 1 : 0, lens[l]), ct_tensor_narrow(b.gpu, 0, shift == 2 ? 1 : 0, lens[l])};
+                    char ctx[48];
+                    snprintf(ctx, sizeof ctx, "length %lld, shift %d", (long long)lens[l], shift);
+                    check_binary(CT_BINARY_MUL, va, vb, ctx);
+                    check_binary(CT_BINARY_GE, va, vb, ctx);
+                    check_unary(CT_UNARY_NEG, va, ctx);
+                    if (ct_dtype_is_float(dts[d])) check_unary(CT_UNARY_SQRT, va, ctx);
+                }
 }
 
 /* ---- where ------------------------------------------------------------------------------------- */
