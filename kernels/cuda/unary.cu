@@ -176,14 +176,35 @@ __global__ void unary_kernel(int op, cti_ew_geom g, bool flat, bool vec, int64_t
     }
 }
 
-/* Operands: 0 gin, 1 gout, 2 x (NULL: unused), 3 y (NULL: unused). */
+/* Operands: 0 gin, 1 gout, 2 x (NULL: unused), 3 y (NULL: unused). vec as in
+ * unary_kernel, over the operands present. */
 template <typename T>
-__global__ void unary_backward_kernel(int op, cti_ew_geom g, bool flat, int64_t n, T *gin, const T *gout,
+__global__ void unary_backward_kernel(int op, cti_ew_geom g, bool flat, bool vec, int64_t n, T *gin, const T *gout,
                                       const T *x, const T *y)
 {
     typedef typename cti_ew_c<T>::type C;
     const int64_t step = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
+    int64_t start = 0;
+    if (vec) {
+        constexpr int V = cti_ew_width<T>::value;
+        typedef cti_ew_vec<T, V> VT;
+        const int64_t nv = n / V;
+        for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < nv; i += step) {
+            const VT vg = ((const VT *)gout)[i];
+            const VT vx = x ? ((const VT *)x)[i] : vg;
+            const VT vy = y ? ((const VT *)y)[i] : vg;
+            VT vo;
+#pragma unroll
+            for (int k = 0; k < V; k++) {
+                const C xv = x ? cti_ew_ld(&vx.v[k]) : (C)0;
+                const C yv = y ? cti_ew_ld(&vy.v[k]) : (C)0;
+                cti_ew_st(&vo.v[k], ew_backward(op, cti_ew_ld(&vg.v[k]), xv, yv, y != NULL));
+            }
+            ((VT *)gin)[i] = vo;
+        }
+        start = nv * V;
+    }
+    for (int64_t i = start + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
         int64_t off[4];
         if (flat) off[0] = off[1] = off[2] = off[3] = i;
         else cti_ew_offsets<4>(g, i, off);
@@ -244,12 +265,16 @@ ct_status cti_cuda_unary_backward(ct_unary_op op, ct_tensor *gin, const ct_tenso
     cti_ew_geom g;
     const ct_tensor *ts[4] = {gin, gout, x, y};
     const bool flat = ew_same_shape_geom(&g, ts, 4);
-    const unsigned blocks = cti_cu_blocks(n, CTI_EW_THREADS);
     cudaStream_t stream = cti_cu_stream(gin);
     CTI_CU_DISPATCH_FLOAT(gin->dtype, T, {
-        unary_backward_kernel<T><<<blocks, CTI_EW_THREADS, 0, stream>>>(
-            op, g, flat, n, cti_cu_ptr<T>(gin), cti_cu_ptr<T>(gout), x ? cti_cu_ptr<T>(x) : (const T *)0,
-            y ? cti_cu_ptr<T>(y) : (const T *)0);
+        const int V = cti_ew_width<T>::value;
+        T *pgi = cti_cu_ptr<T>(gin);
+        const T *pg = cti_cu_ptr<T>(gout), *px = x ? cti_cu_ptr<T>(x) : (const T *)0;
+        const T *py = y ? cti_cu_ptr<T>(y) : (const T *)0;
+        const bool vec = flat && cti_ew_aligned(pgi, V, sizeof(T)) && cti_ew_aligned(pg, V, sizeof(T)) &&
+                         (!px || cti_ew_aligned(px, V, sizeof(T))) && (!py || cti_ew_aligned(py, V, sizeof(T)));
+        const unsigned blocks = cti_cu_blocks(vec ? n / V + 1 : n, CTI_EW_THREADS);
+        unary_backward_kernel<T><<<blocks, CTI_EW_THREADS, 0, stream>>>(op, g, flat, vec, n, pgi, pg, px, py);
     })
     else return cti_kernel_unsupported_dtype(name, gin);
     return cti_cuda_launched(name, gin);

@@ -329,7 +329,12 @@ Test(gpu_elementwise, contiguous_offsets_and_tails)
                     check_binary(CT_BINARY_MUL, va, vb, ctx);
                     check_binary(CT_BINARY_GE, va, vb, ctx);
                     check_unary(CT_UNARY_NEG, va, ctx);
-                    if (ct_dtype_is_float(dts[d])) check_unary(CT_UNARY_SQRT, va, ctx);
+                    if (!ct_dtype_is_float(dts[d])) continue;
+                    check_unary(CT_UNARY_SQRT, va, ctx);
+                    char what[96];
+                    snprintf(what, sizeof what, "silu backward %s (%s)", ct_dtype_name(dts[d]), ctx);
+                    gpu_expect_close(ct_kernel_unary_backward(CT_UNARY_SILU, va.gpu, vb.gpu, NULL),
+                                     ct_kernel_unary_backward(CT_UNARY_SILU, va.cpu, vb.cpu, NULL), what);
                 }
 }
 
