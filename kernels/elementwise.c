@@ -7,6 +7,9 @@
 #include "core/frame.h"
 #include "core/threads_internal.h"
 #include "kernels/cpu/elementwise.h"
+#ifdef CT_HAVE_CUDA
+#include "kernels/cuda/elementwise.h"
+#endif
 #include "kernels/dispatch_internal.h"
 
 typedef ct_status (*binary_fn)(ct_binary_op, ct_tensor *, const ct_tensor *, const ct_tensor *);
@@ -16,12 +19,23 @@ typedef ct_status (*unary_backward_fn)(ct_unary_op, ct_tensor *, const ct_tensor
                                        const ct_tensor *);
 typedef ct_status (*where_fn)(ct_tensor *, const ct_tensor *, const ct_tensor *, const ct_tensor *);
 
-static const binary_fn binary_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = cti_cpu_binary};
-static const binary_scalar_fn binary_scalar_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = cti_cpu_binary_scalar};
-static const unary_fn unary_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = cti_cpu_unary};
-static const unary_backward_fn unary_backward_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] =
-                                                                                cti_cpu_unary_backward};
-static const where_fn where_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = cti_cpu_where};
+#ifdef CT_HAVE_CUDA
+#define CUDA_SLOT(fn) , [CT_DEVICE_CUDA] = fn
+#else
+#define CUDA_SLOT(fn)
+#endif
+
+static const binary_fn binary_impl[CT_DEVICE_TYPE_COUNT] = {
+    [CT_DEVICE_CPU] = cti_cpu_binary CUDA_SLOT(cti_cuda_binary)};
+static const binary_scalar_fn binary_scalar_impl[CT_DEVICE_TYPE_COUNT] = {
+    [CT_DEVICE_CPU] = cti_cpu_binary_scalar CUDA_SLOT(cti_cuda_binary_scalar)};
+static const unary_fn unary_impl[CT_DEVICE_TYPE_COUNT] = {
+    [CT_DEVICE_CPU] = cti_cpu_unary CUDA_SLOT(cti_cuda_unary)};
+static const unary_backward_fn unary_backward_impl[CT_DEVICE_TYPE_COUNT] = {
+    [CT_DEVICE_CPU] = cti_cpu_unary_backward CUDA_SLOT(cti_cuda_unary_backward)};
+static const where_fn where_impl[CT_DEVICE_TYPE_COUNT] = {
+    [CT_DEVICE_CPU] = cti_cpu_where CUDA_SLOT(cti_cuda_where)};
+#undef CUDA_SLOT
 
 static const char *const binary_names[CT_BINARY_OP_COUNT] = {
     "add", "sub", "mul", "div", "pow", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge"};

@@ -6,15 +6,24 @@
 
 #include "core/threads_internal.h"
 #include "kernels/cpu/reduce.h"
+#ifdef CT_HAVE_CUDA
+#include "kernels/cuda/reduce.h"
+#endif
 #include "kernels/dispatch_internal.h"
 
 typedef ct_status (*reduce_fn)(ct_reduce_op, ct_tensor *, const ct_tensor *, uint32_t);
 typedef ct_status (*var_fn)(ct_tensor *, const ct_tensor *, uint32_t, int64_t);
 typedef ct_status (*argmax_fn)(ct_tensor *, const ct_tensor *, int);
 
-static const reduce_fn reduce_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = cti_cpu_reduce};
-static const var_fn var_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = cti_cpu_var};
-static const argmax_fn argmax_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = cti_cpu_argmax};
+#ifdef CT_HAVE_CUDA
+#define CUDA_SLOT(fn) , [CT_DEVICE_CUDA] = fn
+#else
+#define CUDA_SLOT(fn)
+#endif
+static const reduce_fn reduce_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = cti_cpu_reduce CUDA_SLOT(cti_cuda_reduce)};
+static const var_fn var_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = cti_cpu_var CUDA_SLOT(cti_cuda_var)};
+static const argmax_fn argmax_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = cti_cpu_argmax CUDA_SLOT(cti_cuda_argmax)};
+#undef CUDA_SLOT
 
 static const char *const reduce_names[CT_REDUCE_OP_COUNT] = {"sum", "mean", "max", "min"};
 

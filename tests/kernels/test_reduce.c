@@ -9,6 +9,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "core/cuda.h"
 #include "core/frame.h"
 #include "core/philox.h"
 #include "core/tensor.h"
@@ -465,12 +466,14 @@ Test(reduce, errors_name_op_dims_and_shape)
         ERROR_HAS("f8_e5m2[4]", "cast");
         cr_assert_null(ct_kernel_argmax(x, 5, false));
         ERROR_HAS("argmax", "dim 5");
-        ct_tensor fake = *x; /* a header relabelled as cuda:0: no CUDA kernels in this build */
-        fake.device = CT_CUDA(0);
-        cr_assert_null(ct_kernel_sum(&fake, NULL, 0, false));
-        ERROR_HAS("sum", "cuda:0");
-        cr_assert_null(ct_kernel_argmax(&fake, 0, false));
-        ERROR_HAS("argmax", "cuda:0");
+        if (!ct_cuda_built()) { /* a header relabelled as cuda:0: no CUDA kernels in this build */
+            ct_tensor fake = *x;
+            fake.device = CT_CUDA(0);
+            cr_assert_null(ct_kernel_sum(&fake, NULL, 0, false));
+            ERROR_HAS("sum", "cuda:0");
+            cr_assert_null(ct_kernel_argmax(&fake, 0, false));
+            ERROR_HAS("argmax", "cuda:0");
+        }
         ct_error_set(CT_ERR_INVALID, "earlier failure");
         cr_assert_null(ct_kernel_sum(NULL, NULL, 0, false));
         cr_assert_null(ct_kernel_var(NULL, NULL, 0, 1, false));
