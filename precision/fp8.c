@@ -129,8 +129,8 @@ static bool quant_args(const ct_tensor *x, ct_dtype dt, float scale, const char 
     }
     bool src_ok = x->dtype == CT_DTYPE_F32 || x->dtype == CT_DTYPE_BF16 || x->dtype == CT_DTYPE_F16;
     if (!src_ok || (dt != CT_DTYPE_F8_E4M3 && dt != CT_DTYPE_F8_E5M2) || !device_ok(x)) {
-        ct_error_set(CT_ERR_INVALID, "%s: x %s to %s: want an f32, bf16 or f16 tensor (CPU, or GPU in a CUDA build) "
-                     "and f8_e4m3 or f8_e5m2", op,
+        ct_error_set(CT_ERR_INVALID, "%s: x %s to %s: want an f32, bf16 or f16 CPU tensor and f8_e4m3 or f8_e5m2 (or a GPU "
+                     "tensor in a CUDA build)", op,
                      ct_tensor_describe(x, d, sizeof d), ct_dtype_name(dt));
         return false;
     }
@@ -275,8 +275,8 @@ static bool gemm_args(const ct_tensor *a, const ct_tensor *b, bool ta, bool tb, 
     }
     if (!ok)
         ct_error_set(CT_ERR_INVALID,
-                     "%s: a %s (scale %g)%s, b %s (scale %g)%s: want 2-D fp8 tensors (CPU, or GPU in a CUDA build) "
-                     "with positive scales and matching inner sizes",
+                     "%s: a %s (scale %g)%s, b %s (scale %g)%s: want 2-D fp8 CPU tensors with positive scales and "
+                     "matching inner sizes (or GPU tensors in a CUDA build)",
                      op, ct_tensor_describe(a, da, sizeof da), (double)a->scale, ta ? " transposed" : "",
                      ct_tensor_describe(b, db, sizeof db), (double)b->scale, tb ? " transposed" : "");
     return ok;
