@@ -155,19 +155,16 @@ static void mm_describe(char *w, size_t cap, const ct_tensor *out, const ct_tens
              ct_tensor_describe(b, db, sizeof db), tb ? " (transposed)" : "", ct_tensor_describe(out, d0, sizeof d0));
 }
 
-/* out = alpha op(a) op(b) + beta out with an epilogue (bias: out's last dim long).
- * Inside a frame of the caller: contiguous copies and workspaces die with it. */
-static ct_status mm_run(ct_tensor *out, const ct_tensor *a, const ct_tensor *b, bool ta, bool tb, double alpha,
-                        double beta, cublasLtEpilogue_t epi, const ct_tensor *bias, const char *op)
+/* Queues the cuBLASLt calls of out = alpha op(a) op(b) + beta out (+ epilogue);
+ * *queued counts the calls queued before a failure. */
+static ct_status mm_queue(ct_tensor *out, const ct_tensor *a, const ct_tensor *b, bool ta, bool tb, double alpha,
+                          double beta, cublasLtEpilogue_t epi, const ct_tensor *bias, const char *op,
+                          const char *what, int64_t *queued)
 {
     const int dev = out->device.index;
-    ct_status st = cti_cuda_enter(dev, op);
-    if (st) return st;
+    ct_status st = CT_OK;
     mm_geom g;
     geom_init(&g, out, a, b, ta, tb);
-    if (epi == CUBLASLT_EPILOGUE_DEFAULT && mm_trivial(out, &g, beta, &st)) return st;
-    char what[700];
-    mm_describe(what, sizeof what, out, a, b, ta, tb);
     bool at, bt;
     int64_t lda, ldb;
     if (!blas_layout(g.M, g.K, g.ars, g.acs, &at, &lda)) {
@@ -229,9 +226,33 @@ static ct_status mm_run(ct_tensor *out, const ct_tensor *a, const ct_tensor *b, 
             char *D = op_ + (size_t)((o * inner + c) * g.M * g.N) * es_out;
             st = cti_lt_matmul(dev, s, &lg, pa, A, B, pb, D, op, what);
             if (st) return st;
+            (*queued)++;
         }
     }
     return CT_OK;
+}
+
+/* out = alpha op(a) op(b) + beta out with an epilogue (bias: out's last dim long).
+ * Inside a frame of the caller: contiguous copies and workspaces die with it. */
+static ct_status mm_run(ct_tensor *out, const ct_tensor *a, const ct_tensor *b, bool ta, bool tb, double alpha,
+                        double beta, cublasLtEpilogue_t epi, const ct_tensor *bias, const char *op)
+{
+    ct_status st = cti_cuda_enter(out->device.index, op);
+    if (st) return st;
+    mm_geom g;
+    geom_init(&g, out, a, b, ta, tb);
+    if (epi == CUBLASLT_EPILOGUE_DEFAULT && mm_trivial(out, &g, beta, &st)) return st;
+    char what[700];
+    mm_describe(what, sizeof what, out, a, b, ta, tb);
+    int64_t queued = 0;
+    st = mm_queue(out, a, b, ta, tb, alpha, beta, epi, bias, op, what, &queued);
+    if (st != CT_ERR_UNSUPPORTED || queued > 0 || epi != CUBLASLT_EPILOGUE_DEFAULT) return st;
+    /* no algorithm for these pointers' alignment or strides: once more on fresh
+     * (256-byte aligned, contiguous) copies of both operands; nothing was queued yet */
+    ct_error_clear();
+    const ct_tensor *a2 = ct_tensor_clone(a), *b2 = a2 ? ct_tensor_clone(b) : NULL;
+    if (!b2) return ct_last_status();
+    return mm_queue(out, a2, b2, ta, tb, alpha, beta, epi, bias, op, what, &queued);
 }
 
 extern "C" ct_status cti_cuda_matmul(ct_tensor *out, const ct_tensor *a, const ct_tensor *b, bool trans_a,
