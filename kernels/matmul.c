@@ -1,5 +1,6 @@
-/* Tensor-level matmul: argument checks, output allocation, device dispatch.
- * The math and the library calls live in kernels/cpu/matmul.c. */
+/* Tensor-level matmul and linear: argument checks, output allocation, device
+ * dispatch. The math and the library calls live in kernels/cpu/matmul.c (OpenBLAS,
+ * oneDNN) and kernels/cuda/matmul.cu (cuBLASLt). */
 #include "kernels/matmul.h"
 
 #include <string.h>
@@ -164,7 +165,7 @@ ct_tensor *ct_kernel_linear(const ct_tensor *x, const ct_tensor *w, const ct_ten
     ct_tensor *y2 = ct_tensor_empty_on(x->device, x->dtype, CT_SHAPE(x2->shape[0], out));
     if (!y2) return NULL;
     if (fn(y2, x2, w, bc, gelu)) {
-        ct_error_prefix("linear: ");
+        if (strncmp(ct_last_error(), "linear", 6) != 0) ct_error_prefix("linear: ");
         return NULL;
     }
     int64_t shape[CT_MAX_DIMS];
