@@ -6,6 +6,7 @@
 #   make bench-gpt  GPT training vs PyTorch CPU     make bench-collectives  allreduce vs OpenMPI, gloo
 #   make bench-ddp  2-process GPT vs PyTorch DDP, Accelerate
 #   make bench-checkpoint  save_state / load_state vs Accelerate and the disk
+#   make bench-gpu  GPT-2 124M on one GPU vs PyTorch eager and torch.compile, kernels vs peak
 #   make train      the README's main job            make clean
 #   make api-doc    regenerates docs/api.md from the public headers (tools/api_doc.py)
 #
@@ -80,7 +81,7 @@ TEST_BIN := $(BUILD)/tests/ctrain_tests
 CLI_BIN  := $(if $(CLI_SRC),$(BUILD)/bin/ctrain)
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all setup test test-gpu asan api-doc memcheck fuzz bench bench-gpt bench-collectives bench-ddp bench-strategies bench-checkpoint install uninstall clean train
+.PHONY: all setup test test-gpu asan api-doc memcheck fuzz bench bench-gpt bench-gpu bench-collectives bench-ddp bench-strategies bench-checkpoint install uninstall clean train
 .DEFAULT_GOAL := all
 
 all: setup
@@ -192,6 +193,10 @@ bench-strategies: setup
 bench-checkpoint: setup
 	bench/checkpoint/run.sh --out $(BUILD)/bench/checkpoint.md
 
+# GPT-2 124M training on one GPU beside PyTorch, and each kernel against the device's peak (bench/gpt_gpu/run.sh)
+bench-gpu: setup
+	bench/gpt_gpu/run.sh --out $(BUILD)/bench/gpt_gpu.md
+
 # The README's main job: train the bundled GPT on its default data.
 GPT_BIN := $(BUILD)/examples/gpt_train
 TRAIN_ARGS ?=
@@ -217,7 +222,7 @@ install: all
 	ln -sf libctrain.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/libctrain.so.0
 	ln -sf libctrain.so.0 $(DESTDIR)$(PREFIX)/lib/libctrain.so
 	@for h in $(LIB_HDR); do install -D -m 644 $$h $(DESTDIR)$(PREFIX)/include/ctrain/$$h; done
-	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' ctrain.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/ctrain.pc
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' -e 's|@CUDA_LIBS@|$(CUDA_LIBS)|' ctrain.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/ctrain.pc
 
 uninstall:
 	rm -rf $(DESTDIR)$(PREFIX)/include/ctrain $(DESTDIR)$(PREFIX)/lib/pkgconfig/ctrain.pc

@@ -3,6 +3,8 @@
 
 #include "autograd/node.h"
 #include "autograd/ops_fp8.h"
+
+#include "kernels/elementwise.h"
 #include "kernels/reduce.h"
 #include "precision/autocast.h"
 
@@ -102,7 +104,9 @@ ct_tensor *ct_fp8_linear(ct_fp8_state *st, ct_tensor *x, ct_tensor *w, ct_tensor
     if (b) {
         ct_tensor *b32 = as_f32(b);
         if (!b32) return NULL;
-        add_bias_rows(y2, b32);
+        /* on a GPU the broadcasting add kernel does the same f32 additions */
+        if (y2->device.type == CT_DEVICE_CPU) add_bias_rows(y2, b32);
+        else if (!(y2 = ct_kernel_binary(CT_BINARY_ADD, y2, b32))) return NULL;
     }
     ct_dtype odt = ct_autocast_enabled() ? ct_autocast_dtype() : CT_DTYPE_F32;
     if (odt != CT_DTYPE_F32 && !(y2 = ct_tensor_cast(y2, odt))) return NULL;

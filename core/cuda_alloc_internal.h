@@ -15,6 +15,10 @@
 #ifndef CT_CORE_CUDA_ALLOC_INTERNAL_H
 #define CT_CORE_CUDA_ALLOC_INTERNAL_H
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -59,5 +63,9 @@ void cti_devmem_free(cti_devmem *a, int dev, void *p);
 ct_status cti_devmem_empty_cache(cti_devmem *a);
 void cti_devmem_stats(cti_devmem *a, int dev, ct_cuda_memory_stats *out);
 void cti_devmem_peak_reset(cti_devmem *a, int dev);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

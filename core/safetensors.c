@@ -651,9 +651,6 @@ static ct_status check_save_args(const char *path, int n, const char *const *nam
                                 "safetensors_save '%s': tensor %d: name '%.200s' is reserved or not valid UTF-8 text", path,
                                 i, nm);
         if (!t) return ct_error_set(CT_ERR_INVALID, "safetensors_save '%s': tensor '%.200s' is NULL", path, nm);
-        if (t->device.type != CT_DEVICE_CPU)
-            return ct_error_set(CT_ERR_UNSUPPORTED, "safetensors_save '%s': tensor '%.200s' is %s; copy it to the cpu first",
-                                path, nm, ct_tensor_describe(t, desc, sizeof desc));
         if (!ct_dtype_is_valid(t->dtype) || t->ndim < 0 || t->ndim > CT_MAX_DIMS)
             return ct_error_set(CT_ERR_INVALID, "safetensors_save '%s': tensor '%.200s' has dtype %d, %d dims", path, nm,
                                 (int)t->dtype, t->ndim);
@@ -733,7 +730,9 @@ static ct_status write_tensors(sink *o, const char *tmp, int n, const char *cons
     ct_status st = CT_OK;
     for (int i = 0; i < n && !st; i++) {
         ct_frame_push();
+        /* a GPU tensor is copied to the host one tensor at a time */
         ct_tensor *c = ct_tensor_contiguous(tensors[i]);
+        if (c && c->device.type != CT_DEVICE_CPU) c = ct_tensor_to(c, CT_CPU);
         if (!c) {
             st = ct_error_prefix("safetensors_save '%s': tensor '%.200s': ", tmp, names[i]);
         } else if (ct_tensor_nbytes(c) > 0) {

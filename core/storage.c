@@ -174,6 +174,8 @@ static void *device_alloc(ct_device dev, size_t nbytes, size_t *cap, const char 
 #ifdef CT_HAVE_CUDA
     if (dev.type == CT_DEVICE_CUDA) return cti_cuda_malloc(dev.index, nbytes, NULL, cap, op);
 #endif
+    (void)nbytes;
+    (void)cap;
     char buf[32];
     if (dev.type == CT_DEVICE_CUDA)
         ct_error_set(CT_ERR_UNSUPPORTED, "%s: %s is not available: %s", op, ct_device_str(dev, buf, sizeof buf),

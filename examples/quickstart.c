@@ -112,8 +112,10 @@ int main(void)
         fprintf(stderr, "quickstart: %s\n", ct_last_error());
         return 1;
     }
-    ct_accelerator_print(acc, "quickstart: %d process(es), %lld batches per epoch each\n",
-                         ct_accelerator_num_processes(acc), (long long)ct_loader_num_batches(loader));
+    char dev[32];
+    ct_accelerator_print(acc, "quickstart: %d process(es) on %s, %lld batches per epoch each\n",
+                         ct_accelerator_num_processes(acc), ct_device_str(ct_accelerator_device(acc), dev, sizeof dev),
+                         (long long)ct_loader_num_batches(loader));
     int status = 0;
     for (int epoch = 0; epoch < epochs && !status; epoch++) {
         double sum = 0;

@@ -229,14 +229,18 @@ ct_status ct_gpt_generate(ct_gpt *m, const int64_t *prompt, int64_t n, const ct_
     ct_module_train(&m->base, false);
     bool prev = ct_grad_set_enabled(false);
     ct_status st = CT_OK;
+    const ct_tensor *w0 = ct_module_find(&m->base, "wte.weight");
+    const ct_device dev = w0 ? w0->device : CT_CPU;
     for (int64_t k = 0; k < cfg->max_new_tokens && !st; k++) {
         int64_t len = n + k, start = len > m->cfg.block_size ? len - m->cfg.block_size : 0;
         ct_frame_push();
-        ct_tensor *idx = ct_tensor_from_data(CT_DTYPE_I64, CT_SHAPE(1, len - start), out + start);
+        /* the context goes where the model is; the last row of logits comes back */
+        ct_tensor *idx = ct_tensor_to(ct_tensor_from_data(CT_DTYPE_I64, CT_SHAPE(1, len - start), out + start), dev);
         ct_tensor *logits = ct_gpt_forward(m, idx);
         ct_tensor *last = logits ? ct_tensor_contiguous(ct_tensor_select(ct_tensor_select(logits, 0, 0), 0, -1))
                                  : NULL;
         if (last && last->dtype != CT_DTYPE_F32) last = ct_tensor_cast(last, CT_DTYPE_F32);
+        if (last) last = ct_tensor_to(last, CT_CPU);
         if (!last) st = ct_last_status();
         else out[len] = sample_row(ct_tensor_data(last), V, cfg, rng, probs);
         ct_frame_pop();

@@ -170,26 +170,14 @@ static int parse_args(int argc, char **argv, options *o)
     return 0;
 }
 
-/* Parameters of the model as built (no allocation): N for the FLOP count and the
- * total for the report. Mirrors nn/gpt.h's layout. */
 static void count_params(const bench_config *c, double *n_matmul, double *n_total)
 {
-    double C = (double)c->n_embd, V = (double)c->vocab, L = (double)c->n_layer;
-    double per_layer = 2 * 2 * C                /* ln_1, ln_2 */
-                       + C * 3 * C + 3 * C      /* c_attn */
-                       + C * C + C              /* attn.c_proj */
-                       + C * 4 * C + 4 * C      /* mlp.c_fc */
-                       + 4 * C * C + C;         /* mlp.c_proj */
-    *n_matmul = V * C + L * per_layer + 2 * C; /* wte (tied head) + blocks + ln_f */
-    *n_total = *n_matmul + (double)c->block * C;
+    gpt_count_params(c->vocab, c->block, c->n_layer, c->n_embd, n_matmul, n_total);
 }
 
 static double step_flops(const bench_config *c)
 {
-    double n_matmul, n_total;
-    count_params(c, &n_matmul, &n_total);
-    double tokens = (double)(c->batch * c->seq);
-    return tokens * (6 * n_matmul + 6 * (double)c->n_layer * (double)c->seq * (double)c->n_embd);
+    return gpt_step_flops(c->vocab, c->block, c->n_layer, c->n_embd, c->batch, c->seq);
 }
 
 static void print_json(const char *impl, const options *o, double step_s, double gflops, double loss0, double params)

@@ -1,8 +1,14 @@
 #!/usr/bin/env python3
-"""GPT training throughput in PyTorch on the CPU, fp32: the twin of gpt_cpu.c.
+"""GPT training throughput in PyTorch: the twin of gpt_cpu.c (CPU) and gpt_gpu.c (GPU).
 
-    torch_gpt.py --config w1|124m --threads N [--steps S] [--warmup W] [--seed X]
-                 [--adamw auto|foreach|forloop|fused]
+    torch_gpt.py --config w1|124m|124m-gpu --threads N [--steps S] [--warmup W] [--seed X]
+                 [--adamw auto|foreach|forloop|fused] [--precision f32|bf16]
+                 [--device cpu|cuda] [--compile]
+
+--device cuda runs on the first GPU (the twin of bench/gpt_gpu/gpt_gpu.c, config
+124m-gpu: batch 16 x 1024): AdamW fused (PyTorch's fastest on a GPU), autocast on
+"cuda", the device synchronised before the clock starts and before it stops.
+--compile wraps the model in torch.compile (the warm-up steps absorb the compilation).
 
 The model is nanoGPT's GPT-2, written plainly: token + position embeddings, pre-LN blocks
 (LayerNorm eps 1e-5), fused qkv projection, causal attention, GELU (tanh), 4x MLP, final
@@ -46,6 +52,8 @@ CONFIGS = {
     # vocab, block, n_layer, n_head, n_embd, batch, seq, warmup, steps
     "w1": dict(vocab=256, block=256, n_layer=4, n_head=4, n_embd=256, batch=8, seq=256, warmup=3, steps=20),
     "124m": dict(vocab=50257, block=1024, n_layer=12, n_head=12, n_embd=768, batch=1, seq=256, warmup=2, steps=6),
+    "124m-gpu": dict(vocab=50257, block=1024, n_layer=12, n_head=12, n_embd=768, batch=16, seq=1024, warmup=3,
+                     steps=10),
 }
 
 
@@ -69,7 +77,9 @@ def parse_args():
     p.add_argument("--adamw", choices=["auto", "foreach", "forloop", "fused"], default="auto",
                    help="AdamW implementation; auto times them and keeps the fastest")
     p.add_argument("--precision", choices=["f32", "bf16"], default="f32",
-                   help="bf16: the forward and loss under torch.autocast('cpu', dtype=torch.bfloat16)")
+                   help="bf16: the forward and loss under torch.autocast(device, dtype=torch.bfloat16)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
     a = p.parse_args()
     if a.threads < 1:
         fail(f"--threads {a.threads}: expected an integer >= 1")
@@ -154,7 +164,7 @@ def build(torch, cfg):
 
         def forward(self, idx, targets):
             T = idx.shape[1]
-            pos = torch.arange(T, dtype=torch.long)
+            pos = torch.arange(T, dtype=torch.long, device=idx.device)
             x = self.wte(idx) + self.wpe(pos)
             for block in self.h:
                 x = block(x)
@@ -239,7 +249,14 @@ def main():
 
     model, has_sdpa = build(torch, cfg)
     model.train()
-    adamw_name, adamw_kw, timings = pick_adamw(torch, model, a.adamw)
+    cuda = a.device == "cuda"
+    if cuda:
+        if not torch.cuda.is_available():
+            fail(f"--device cuda: torch {torch.__version__} sees no GPU")
+        model = model.to("cuda")
+        adamw_name, adamw_kw, timings = "fused", dict(fused=True), {}
+    else:
+        adamw_name, adamw_kw, timings = pick_adamw(torch, model, a.adamw)
     print(f"torch_gpt: torch {torch.__version__}, {torch.get_num_threads()} threads, attention "
           f"{'scaled_dot_product_attention' if has_sdpa else 'matmul+mask+softmax'}, AdamW {adamw_name}"
           + (" (pre-check ms: " + ", ".join(f"{k} {1e3 * v:.1f}" for k, v in timings.items()) + ")"
@@ -251,20 +268,25 @@ def main():
 
     B, T, V = cfg["batch"], cfg["seq"], cfg["vocab"]
     gen = torch.Generator().manual_seed(a.seed ^ 0x70C3E5)
+    step_model = torch.compile(model) if a.compile else model
     times, loss0 = [], None
     for step in range(warmup + steps):
         w = torch.randint(0, V, (B, T + 1), generator=gen)
-        x, y = w[:, :-1].contiguous(), w[:, 1:].contiguous()
+        x, y = w[:, :-1].contiguous().to(a.device), w[:, 1:].contiguous().to(a.device)
+        if cuda:
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         if a.precision == "bf16":
-            with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
-                loss = model(x, y)
+            with torch.autocast(device_type=a.device, dtype=torch.bfloat16):
+                loss = step_model(x, y)
         else:
-            loss = model(x, y)
+            loss = step_model(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize()
         dt = time.perf_counter() - t0
         lv = loss.item()
         if not math.isfinite(lv):
@@ -278,7 +300,8 @@ def main():
     tokens = B * T
     flops = tokens * (6 * n_matmul + 6 * cfg["n_layer"] * T * cfg["n_embd"])
     out = {
-        "impl": f"torch-{torch.__version__}",
+        "impl": f"torch-{torch.__version__}" + ("-compile" if a.compile else ""),
+        "device": a.device,
         "config": a.config,
         "threads": a.threads,
         "precision": a.precision,

@@ -614,7 +614,9 @@ int main(int argc, char **argv)
                                                           .warmup_steps = o.warmup,
                                                           .total_steps = o.steps > o.warmup ? o.steps : o.warmup + 1})
                 : NULL;
-    if (!sched || ct_accelerator_prepare(acc, &model->base, opt, train, sched)) {
+    /* the validation batches go where prepare put the model (a GPU when there is one) */
+    if (!sched || ct_accelerator_prepare(acc, &model->base, opt, train, sched) ||
+        ct_loader_set_device(val, ct_accelerator_device(acc))) {
         fprintf(stderr, "gpt_train: %s\n", ct_last_error());
         goto out;
     }
@@ -644,12 +646,14 @@ int main(int argc, char **argv)
         fprintf(stderr, "gpt_train: %s: %s\n", csv_path, strerror(errno));
         goto out;
     }
+    char devname[32];
     ct_accelerator_print(acc,
                          "GPT: %lld parameters, %lld layers, %lld heads, width %lld, block %lld; %lld bytes of text "
-                         "(%lld train, %lld validation); %d process(es) x %d threads, batch %lld per process\n",
+                         "(%lld train, %lld validation); %d process(es) x %d threads on %s, batch %lld per process\n",
                          (long long)ct_module_num_params(&model->base), (long long)o.n_layer, (long long)o.n_head,
                          (long long)o.n_embd, (long long)o.block_size, (long long)ntok, (long long)split,
-                         (long long)nval, world, ct_get_num_threads(), (long long)o.batch_size);
+                         (long long)nval, world, ct_get_num_threads(),
+                         ct_device_str(ct_accelerator_device(acc), devname, sizeof devname), (long long)o.batch_size);
     bool tty = main_rank && isatty(STDERR_FILENO) && isatty(STDOUT_FILENO);
     const bool sharded = ct_accelerator_shard(acc) != NULL;
     double t0 = now();

@@ -49,10 +49,11 @@ Test(examples, quickstart_alone_and_under_launch, .timeout = 60)
     char cmd[2048];
     snprintf(cmd, sizeof cmd, "timeout 50 %s/quickstart", ex);
     cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
-    cr_assert(strstr(out, "1 process(es), 64 batches per epoch") && strstr(out, "epoch 9: train mse"), "%s", out);
+    cr_assert(strstr(out, "1 process(es) on ") && strstr(out, ", 64 batches per epoch") && strstr(out, "epoch 9: train mse"),
+              "%s", out);
     snprintf(cmd, sizeof cmd, "timeout 50 %s launch --num_processes 2 --main_process_port 0 %s/quickstart", ctrain, ex);
     cr_assert_eq(run(cmd, out, sizeof out), 0, "%s", out);
-    cr_assert(strstr(out, "[rank0] quickstart: 2 process(es), 32 batches per epoch") &&
+    cr_assert(strstr(out, "[rank0] quickstart: 2 process(es) on cpu, 32 batches per epoch") &&
                   strstr(out, "[rank0] epoch 9: train mse") && !strstr(out, "[rank1] epoch"),
               "%s", out);
 }
