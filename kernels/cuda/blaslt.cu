@@ -202,6 +202,13 @@ ct_status cti_lt_matmul(int dev, cudaStream_t s, const cti_lt_gemm *g, const voi
         LT_TRY(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_ws,
                                                     sizeof max_ws),
                "MAX_WORKSPACE_BYTES");
+        /* split-K only with its partial sums kept in the compute type: the in-place and
+         * output-type schemes store them in D's type, which would round a bf16/f16
+         * result more than once */
+        const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+        LT_TRY(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
+                                                    sizeof schemes),
+               "REDUCTION_SCHEME_MASK");
         LT_TRY(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key.align_a,
                                                     sizeof key.align_a),
                "MIN_ALIGNMENT_A_BYTES");
