@@ -23,8 +23,9 @@ static int lt_cc[LT_MAX_DEVICES]; /* 0: not asked yet */
 
 typedef struct lt_key {
     int dev;
-    cti_lt_gemm g; /* with bias replaced by NULL: only its alignment matters */
+    cti_lt_gemm g; /* with the pointers replaced by NULL: only the bias's alignment matters */
     uint32_t align_a, align_b, align_d, align_bias;
+    bool scaled_a, scaled_b;
 } lt_key;
 
 typedef struct lt_slot {
@@ -155,6 +156,14 @@ ct_status cti_lt_matmul(int dev, cudaStream_t s, const cti_lt_gemm *g, const voi
     LT_TRY(cublasLtMatmulDescCreate(&d.op, g->compute, g->scale_type), "cublasLtMatmulDescCreate");
     LT_TRY(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "TRANSA");
     LT_TRY(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "TRANSB");
+    if (g->a_scale)
+        LT_TRY(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g->a_scale,
+                                              sizeof g->a_scale),
+               "A_SCALE_POINTER");
+    if (g->b_scale)
+        LT_TRY(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g->b_scale,
+                                              sizeof g->b_scale),
+               "B_SCALE_POINTER");
     if (g->epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
         LT_TRY(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi), "EPILOGUE");
         if (g->bias) {
@@ -179,6 +188,9 @@ ct_status cti_lt_matmul(int dev, cudaStream_t s, const cti_lt_gemm *g, const voi
     key.dev = dev;
     memcpy(&key.g, g, sizeof *g); /* with its padding: callers zero the struct first */
     key.g.bias = NULL;
+    key.g.a_scale = key.g.b_scale = NULL;
+    key.scaled_a = g->a_scale != NULL;
+    key.scaled_b = g->b_scale != NULL;
     const int64_t bs = g->batch > 1;
     key.align_a = lt_align(A, g->lda * (int64_t)ea, bs * g->stride_a * (int64_t)ea);
     key.align_b = lt_align(B, g->ldb * (int64_t)eb, bs * g->stride_b * (int64_t)eb);

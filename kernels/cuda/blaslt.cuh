@@ -29,6 +29,7 @@ typedef struct cti_lt_gemm {
     int64_t stride_a, stride_b, stride_d; /* elements between batches */
     cublasLtEpilogue_t epilogue;          /* CUBLASLT_EPILOGUE_DEFAULT, _BIAS, _GELU, _GELU_BIAS */
     const void *bias;                     /* m values of D's type for the bias epilogues */
+    const float *a_scale, *b_scale;       /* fp8: device scalars multiplying A and B, or NULL */
 } cti_lt_gemm;
 
 /* Queues the GEMM on stream s of device dev (the current device). g is zeroed with

@@ -12,7 +12,9 @@
  * transposed, B not): for row-major out (M, N) = a' (M, K) @ b'^T, with a' = op(a)
  * and b' = op(b)^T stored (N, K), both contiguous, D = out^T = b' a'^T, i.e. cuBLAS
  * A = b' (K x N column-major, transposed) and B = a' (K x M column-major). The
- * scales go in as alpha = 1 / (a.scale * b.scale), the GEMM's only scaling.
+ * per-tensor scales go in as cuBLASLt's A and B scale pointers (device scalars
+ * 1 / scale), so the fp8 kernels dequantise on the accumulator; the fallback takes
+ * alpha = 1 / (a.scale * b.scale) instead.
  */
 #include "kernels/cuda/blaslt.cuh"
 #include "kernels/cuda/fp8.h"
@@ -216,6 +218,13 @@ static ct_status fp8_mm_lt(ct_tensor *out, const ct_tensor *a, const ct_tensor *
     ct_tensor *b2 = tb ? ct_tensor_contiguous((ct_tensor *)b)
                        : ct_tensor_contiguous(ct_tensor_transpose((ct_tensor *)b, 0, 1));
     if (!a2 || !b2) return ct_last_status() ? ct_last_status() : CT_ERR_INTERNAL;
+    /* the dequantising factors 1/scale as device scalars (filled on the stream, no host
+     * wait): cuBLASLt multiplies the f32 accumulator by a_scale * b_scale * alpha */
+    const int64_t one = 1;
+    ct_tensor *inv_a = ct_tensor_empty_on(out->device, CT_DTYPE_F32, 1, &one);
+    ct_tensor *inv_b = inv_a ? ct_tensor_empty_on(out->device, CT_DTYPE_F32, 1, &one) : NULL;
+    if (!inv_b || ct_tensor_fill_(inv_a, 1.0 / a->scale) || ct_tensor_fill_(inv_b, 1.0 / b->scale))
+        return ct_last_status() ? ct_last_status() : CT_ERR_INTERNAL;
     cti_lt_gemm g;
     memset(&g, 0, sizeof g);
     g.a_type = b->dtype == CT_DTYPE_F8_E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
@@ -233,7 +242,9 @@ static ct_status fp8_mm_lt(ct_tensor *out, const ct_tensor *a, const ct_tensor *
     g.ldd = N;
     g.batch = 1;
     g.epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-    const float alpha = (float)(1.0 / ((double)a->scale * b->scale)), beta = 0.0f;
+    g.a_scale = (const float *)ct_tensor_data(inv_b); /* cuBLAS A is b' */
+    g.b_scale = (const float *)ct_tensor_data(inv_a);
+    const float alpha = 1.0f, beta = 0.0f;
     char da[200], db[200], what[500];
     snprintf(what, sizeof what, "a %s%s @ b %s%s (fp8 GEMM)", ct_tensor_describe(a, da, sizeof da),
              ta ? " (transposed)" : "", ct_tensor_describe(b, db, sizeof db), tb ? " (transposed)" : "");
