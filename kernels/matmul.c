@@ -1,13 +1,45 @@
-/* Tensor-level matmul: argument checks, output allocation, device dispatch.
- * The math and the library calls live in kernels/cpu/matmul.c. */
+/* Tensor-level matmul and linear: argument checks, output allocation, device
+ * dispatch. The math and the library calls live in kernels/cpu/matmul.c (OpenBLAS,
+ * oneDNN) and kernels/cuda/matmul.cu (cuBLASLt). */
 #include "kernels/matmul.h"
+
+#include <string.h>
 
 #include "core/frame.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/dispatch_internal.h"
+#include "kernels/elementwise.h"
+#ifdef CT_HAVE_CUDA
+#include "kernels/cuda/matmul.h"
+#endif
 
 static const ct_matmul_fn matmul_impl[CT_DEVICE_TYPE_COUNT] = {
     [CT_DEVICE_CPU] = cti_cpu_matmul,
+#ifdef CT_HAVE_CUDA
+    [CT_DEVICE_CUDA] = cti_cuda_matmul,
+#endif
+};
+
+/* y (R, O) = x (R, I) @ w (I, O) + bias (O) [then GELU]; y contiguous, bias contiguous or NULL. */
+typedef ct_status (*ct_linear_fn)(ct_tensor *y, const ct_tensor *x, const ct_tensor *w, const ct_tensor *bias,
+                                  bool gelu);
+
+/* The CPU's linear: what ct_linear does (bias copied into y, y += x @ w inside the
+ * GEMM), then the GELU kernel in place. */
+static ct_status linear_compose(ct_tensor *y, const ct_tensor *x, const ct_tensor *w, const ct_tensor *bias,
+                                bool gelu)
+{
+    if (bias && ct_tensor_copy_(y, bias)) return ct_last_status();
+    ct_status st = ct_kernel_matmul_out(y, x, w, false, false, 1.0, bias ? 1.0 : 0.0);
+    if (st) return st;
+    return gelu ? ct_kernel_unary_out(CT_UNARY_GELU_TANH, y, y) : CT_OK;
+}
+
+static const ct_linear_fn linear_impl[CT_DEVICE_TYPE_COUNT] = {
+    [CT_DEVICE_CPU] = linear_compose,
+#ifdef CT_HAVE_CUDA
+    [CT_DEVICE_CUDA] = cti_cuda_linear,
+#endif
 };
 
 /* Checks a and b and writes the result's shape (bcast..., M, N) into *nd, shape. */
@@ -100,4 +132,44 @@ ct_status ct_kernel_matmul_out(ct_tensor *out, const ct_tensor *a, const ct_tens
                             ct_tensor_describe(out, d0, sizeof d0), ct_tensor_describe(a, da, sizeof da),
                             ct_tensor_describe(b, db, sizeof db));
     return matmul_run(out, a, b, trans_a, trans_b, alpha, beta);
+}
+
+ct_tensor *ct_kernel_linear(const ct_tensor *x, const ct_tensor *w, const ct_tensor *bias, bool gelu)
+{
+    if (!x || !w) {
+        cti_kernel_null_input("linear", x ? "w" : "x");
+        return NULL;
+    }
+    char dx[200], dw[200], db[200];
+    const ct_tensor *ts[3] = {x, w, bias};
+    if (cti_kernel_same_device("linear", ts, 3)) return NULL;
+    if (!cti_kernel_is_float(x->dtype) || x->ndim < 1 || w->ndim != 2 || x->shape[x->ndim - 1] != w->shape[0] ||
+        (bias && (bias->ndim != 1 || bias->shape[0] != w->shape[1])) || x->dtype != w->dtype ||
+        (bias && bias->dtype != w->dtype)) {
+        ct_error_set(CT_ERR_INVALID,
+                     "linear: x %s, w %s, bias %s: need x (..., in), w (in, out), bias (out) or NULL, one dtype of "
+                     "f32, f64, bf16 or f16",
+                     ct_tensor_describe(x, dx, sizeof dx), ct_tensor_describe(w, dw, sizeof dw),
+                     bias ? ct_tensor_describe(bias, db, sizeof db) : "NULL");
+        return NULL;
+    }
+    ct_linear_fn fn = linear_impl[x->device.type];
+    if (!fn) {
+        cti_kernel_unavailable("linear", x->device);
+        return NULL;
+    }
+    const int64_t in = w->shape[0], out = w->shape[1];
+    ct_tensor *x2 = ct_tensor_reshape((ct_tensor *)x, CT_SHAPE(-1, in));
+    const ct_tensor *bc = bias ? cti_kernel_contiguous(bias) : NULL;
+    if (!x2 || (bias && !bc)) return NULL;
+    ct_tensor *y2 = ct_tensor_empty_on(x->device, x->dtype, CT_SHAPE(x2->shape[0], out));
+    if (!y2) return NULL;
+    if (fn(y2, x2, w, bc, gelu)) {
+        if (strncmp(ct_last_error(), "linear", 6) != 0) ct_error_prefix("linear: ");
+        return NULL;
+    }
+    int64_t shape[CT_MAX_DIMS];
+    memcpy(shape, x->shape, sizeof shape);
+    shape[x->ndim - 1] = out;
+    return ct_tensor_view(y2, x->ndim, shape);
 }

@@ -29,4 +29,14 @@ CT_API ct_tensor *ct_kernel_matmul(const ct_tensor *a, const ct_tensor *b, bool 
 CT_API ct_status ct_kernel_matmul_out(ct_tensor *out, const ct_tensor *a, const ct_tensor *b, bool trans_a,
                                       bool trans_b, double alpha, double beta);
 
+/* y (..., out) = x (..., in) @ w (in, out) + bias (out), then GPT-2's tanh-GELU
+ * (CT_UNARY_GELU_TANH) when gelu: the layout of ct_linear (w stored (in, out), the
+ * HuggingFace Conv1D one); bias may be NULL. x, w, bias: one float dtype, one
+ * device; x may be strided. On the CPU the existing kernels compose it (bias copied
+ * into y, the GEMM adds x @ w with beta = 1, then the GELU); on a GPU cuBLASLt's
+ * bias / bias+GELU epilogues fuse it into the GEMM (kernels/cuda/matmul.h), so a
+ * bf16/f16 result is rounded once instead of up to three times. New reference, owned
+ * by the current frame; NULL and an error naming the operands otherwise. */
+CT_API ct_tensor *ct_kernel_linear(const ct_tensor *x, const ct_tensor *w, const ct_tensor *bias, bool gelu);
+
 #endif

@@ -5,9 +5,22 @@
 
 #include "kernels/cpu/optim.h"
 #include "kernels/dispatch_internal.h"
+#ifdef CT_HAVE_CUDA
+#include "kernels/cuda/optim.h"
+#endif
 
-static const ct_adamw_fn adamw_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = cti_cpu_adamw};
-static const ct_sgd_fn sgd_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = cti_cpu_sgd};
+static const ct_adamw_fn adamw_impl[CT_DEVICE_TYPE_COUNT] = {
+    [CT_DEVICE_CPU] = cti_cpu_adamw,
+#ifdef CT_HAVE_CUDA
+    [CT_DEVICE_CUDA] = cti_cuda_adamw,
+#endif
+};
+static const ct_sgd_fn sgd_impl[CT_DEVICE_TYPE_COUNT] = {
+    [CT_DEVICE_CPU] = cti_cpu_sgd,
+#ifdef CT_HAVE_CUDA
+    [CT_DEVICE_CUDA] = cti_cuda_sgd,
+#endif
+};
 
 /* The state tensors ts[1..n) must match ts[0] (the parameter): shape, dtype f32/f64,
  * contiguity, device. names[i] labels ts[i] in the message. */
@@ -78,6 +91,13 @@ ct_status ct_kernel_adamw_list(int n, ct_tensor *const *params, const ct_tensor 
         if (st) return st;
         if (!adamw_impl[params[i]->device.type]) return cti_kernel_unavailable(op, params[i]->device);
     }
+#ifdef CT_HAVE_CUDA
+    /* a list on one GPU: one launch per group of tensors instead of one per tensor */
+    bool one_gpu = n > 0;
+    for (int i = 0; i < n && one_gpu; i++)
+        one_gpu = params[i]->device.type == CT_DEVICE_CUDA && params[i]->device.index == params[0]->device.index;
+    if (one_gpu) return cti_cuda_adamw_list(n, params, grads, m, v, h);
+#endif
     for (int i = 0; i < n; i++) {
         ct_status st = adamw_impl[params[i]->device.type](params[i], grads[i], m[i], v[i], h);
         if (st) return st;

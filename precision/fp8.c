@@ -1,5 +1,6 @@
 /* fp8 recipe, delayed scaling, quantisation and the CPU fp8 GEMM; the rules are in
- * precision/fp8.h. */
+ * precision/fp8.h. GPU tensors go to kernels/cuda/fp8.cu (cuBLASLt's fp8 GEMM on
+ * sm_89 and later). */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -8,8 +9,26 @@
 
 #include "core/convert.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/dispatch_internal.h"
 #include "kernels/matmul.h"
 #include "precision/fp8.h"
+#ifdef CT_HAVE_CUDA
+#include "kernels/cuda/fp8.h"
+#endif
+
+/* Tensors on a GPU go to kernels/cuda/fp8.cu (in a build with CUDA). */
+static bool on_gpu(const ct_tensor *t)
+{
+#ifdef CT_HAVE_CUDA
+    return t->device.type == CT_DEVICE_CUDA;
+#else
+    (void)t;
+    return false;
+#endif
+}
+
+/* CPU tensors, and GPU tensors where the build has CUDA */
+static bool device_ok(const ct_tensor *t) { return t->device.type == CT_DEVICE_CPU || on_gpu(t); }
 
 ct_status ct_fp8_recipe_resolve(const ct_fp8_recipe *in, ct_fp8_recipe *out)
 {
@@ -109,8 +128,9 @@ static bool quant_args(const ct_tensor *x, ct_dtype dt, float scale, const char 
         return false;
     }
     bool src_ok = x->dtype == CT_DTYPE_F32 || x->dtype == CT_DTYPE_BF16 || x->dtype == CT_DTYPE_F16;
-    if (!src_ok || (dt != CT_DTYPE_F8_E4M3 && dt != CT_DTYPE_F8_E5M2) || x->device.type != CT_DEVICE_CPU) {
-        ct_error_set(CT_ERR_INVALID, "%s: x %s to %s: want an f32, bf16 or f16 CPU tensor and f8_e4m3 or f8_e5m2", op,
+    if (!src_ok || (dt != CT_DTYPE_F8_E4M3 && dt != CT_DTYPE_F8_E5M2) || !device_ok(x)) {
+        ct_error_set(CT_ERR_INVALID, "%s: x %s to %s: want an f32, bf16 or f16 CPU tensor and f8_e4m3 or f8_e5m2 (or a GPU "
+                     "tensor in a CUDA build)", op,
                      ct_tensor_describe(x, d, sizeof d), ct_dtype_name(dt));
         return false;
     }
@@ -157,8 +177,18 @@ ct_tensor *ct_fp8_quantize(const ct_tensor *x, ct_dtype dt, float scale, float *
 {
     if (!quant_args(x, dt, scale, "fp8_quantize")) return NULL;
     ct_tensor *xc = ct_tensor_contiguous((ct_tensor *)x);
-    ct_tensor *out = xc ? ct_tensor_empty(dt, x->ndim, x->shape) : NULL;
+    ct_tensor *out = xc ? ct_tensor_empty_on(x->device, dt, x->ndim, x->shape) : NULL;
     if (!out) return NULL;
+#ifdef CT_HAVE_CUDA
+    if (on_gpu(x)) {
+        float ga = 0.0f;
+        if (cti_cuda_fp8_quantize(out, xc, scale, &ga)) return NULL;
+        out->scale = scale;
+        out->amax = ga;
+        if (amax) *amax = ga;
+        return out;
+    }
+#endif
     const char *p = ct_tensor_data(xc);
     uint8_t *q = ct_tensor_data(out);
     int64_t n = ct_tensor_numel(x), nblocks = (n + QBLOCK - 1) / QBLOCK;
@@ -181,8 +211,19 @@ ct_tensor *ct_fp8_quantize(const ct_tensor *x, ct_dtype dt, float scale, float *
 ct_tensor *ct_fp8_quantize_ref(const ct_tensor *x, ct_dtype dt, float scale, float *amax)
 {
     if (!quant_args(x, dt, scale, "fp8_quantize_ref")) return NULL;
-    ct_tensor *out = ct_tensor_empty(dt, x->ndim, x->shape);
+    ct_tensor *out = ct_tensor_empty_on(x->device, dt, x->ndim, x->shape);
     if (!out) return NULL;
+#ifdef CT_HAVE_CUDA
+    if (on_gpu(x)) {
+        float ga = 0.0f;
+        ct_tensor *xc = ct_tensor_contiguous((ct_tensor *)x);
+        if (!xc || cti_cuda_fp8_quantize_ref(out, xc, scale, &ga)) return NULL;
+        out->scale = scale;
+        out->amax = ga;
+        if (amax) *amax = ga;
+        return out;
+    }
+#endif
     uint8_t *q = ct_tensor_data(out);
     const char *base = ct_tensor_data(x);
     size_t es = ct_dtype_size(x->dtype);
@@ -220,9 +261,11 @@ static bool gemm_args(const ct_tensor *a, const ct_tensor *b, bool ta, bool tb, 
         if (!ct_last_status()) ct_error_set(CT_ERR_INVALID, "%s: %s is NULL", op, a ? "b" : "a");
         return false;
     }
+    const ct_tensor *ts[2] = {a, b};
+    if (cti_kernel_same_device(op, ts, 2)) return false;
     int64_t k2 = 0;
-    bool ok = a->ndim == 2 && b->ndim == 2 && is_fp8(a->dtype) && is_fp8(b->dtype) && a->device.type == CT_DEVICE_CPU &&
-              b->device.type == CT_DEVICE_CPU && a->scale > 0 && b->scale > 0;
+    bool ok = a->ndim == 2 && b->ndim == 2 && is_fp8(a->dtype) && is_fp8(b->dtype) && device_ok(a) && a->scale > 0 &&
+              b->scale > 0;
     if (ok) {
         *M = ta ? a->shape[1] : a->shape[0];
         *K = ta ? a->shape[0] : a->shape[1];
@@ -233,7 +276,7 @@ static bool gemm_args(const ct_tensor *a, const ct_tensor *b, bool ta, bool tb, 
     if (!ok)
         ct_error_set(CT_ERR_INVALID,
                      "%s: a %s (scale %g)%s, b %s (scale %g)%s: want 2-D fp8 CPU tensors with positive scales and "
-                     "matching inner sizes",
+                     "matching inner sizes (or GPU tensors in a CUDA build)",
                      op, ct_tensor_describe(a, da, sizeof da), (double)a->scale, ta ? " transposed" : "",
                      ct_tensor_describe(b, db, sizeof db), (double)b->scale, tb ? " transposed" : "");
     return ok;
@@ -282,6 +325,12 @@ ct_tensor *ct_fp8_matmul(const ct_tensor *a, const ct_tensor *b, bool trans_a, b
 {
     int64_t M, N, K;
     if (!gemm_args(a, b, trans_a, trans_b, "fp8_matmul", &M, &N, &K)) return NULL;
+#ifdef CT_HAVE_CUDA
+    if (on_gpu(a)) {
+        ct_tensor *g = ct_tensor_empty_on(a->device, CT_DTYPE_F32, CT_SHAPE(M, N));
+        return g && !cti_cuda_fp8_matmul(g, a, b, trans_a, trans_b) ? g : NULL;
+    }
+#endif
     pthread_once(&lut_once, lut_init);
     /* exact widening, then a GEMM that sums the (exact) products in f32: bf16 where
      * the CPU multiplies bf16 natively, else f32. The scales come out as alpha. */
@@ -300,8 +349,11 @@ ct_tensor *ct_fp8_matmul_ref(const ct_tensor *a, const ct_tensor *b, bool trans_
 {
     int64_t M, N, K;
     if (!gemm_args(a, b, trans_a, trans_b, "fp8_matmul_ref", &M, &N, &K)) return NULL;
-    ct_tensor *out = ct_tensor_empty(CT_DTYPE_F32, CT_SHAPE(M, N));
+    ct_tensor *out = ct_tensor_empty_on(a->device, CT_DTYPE_F32, CT_SHAPE(M, N));
     if (!out) return NULL;
+#ifdef CT_HAVE_CUDA
+    if (on_gpu(a)) return cti_cuda_fp8_matmul_ref(out, a, b, trans_a, trans_b) ? NULL : out;
+#endif
     const uint8_t *pa = ct_tensor_data(a), *pb = ct_tensor_data(b);
     float *o = ct_tensor_data(out), inv = 1.0f / (a->scale * b->scale);
     for (int64_t i = 0; i < M; i++)

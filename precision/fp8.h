@@ -90,7 +90,9 @@ CT_API void ct_fp8_meta_step(ct_fp8_meta *m);
  * format's finite range (f32, bf16 or f16 x, any strides; x * scale is the f32
  * product of x's exact f32 value); out->scale = scale and out->amax =
  * max |x| (NaN if x has one), which *amax receives too when not NULL. NULL with
- * the error set for a bad dtype or shape. The reference below is the plain loop. */
+ * the error set for a bad dtype or shape. The reference below is the plain loop.
+ * On a GPU (x a CUDA tensor, out on its device) the bits of out and amax are the
+ * CPU's; the call waits for the GPU, as amax comes back to the host. */
 CT_API ct_tensor *ct_fp8_quantize(const ct_tensor *x, ct_dtype dt, float scale, float *amax);
 CT_API ct_tensor *ct_fp8_quantize_ref(const ct_tensor *x, ct_dtype dt, float scale, float *amax);
 
@@ -98,7 +100,9 @@ CT_API ct_tensor *ct_fp8_quantize_ref(const ct_tensor *x, ct_dtype dt, float sca
  * products summed in f32: the fp8 values widen exactly (to bf16 where the CPU
  * multiplies bf16 natively, else to f32) and every product of two of them is exact
  * in f32, so the result is what quantise -> f32 GEMM gives; the scales are the
- * GEMM's alpha.
+ * GEMM's alpha. a and b on one device; on a GPU of compute capability 8.9 or later
+ * cuBLASLt's fp8 GEMM runs it (f32 accumulation; M, N, K multiples of 16, not
+ * e5m2 x e5m2), else the same exact widening to bf16 and a bf16 GEMM.
  * NULL with the error set for bad dtypes or shapes. */
 CT_API ct_tensor *ct_fp8_matmul(const ct_tensor *a, const ct_tensor *b, bool trans_a, bool trans_b);
 /* Reference: the triple loop, summing in f32 in k order. */

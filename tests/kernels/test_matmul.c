@@ -536,3 +536,49 @@ Test(cpu_features, agrees_with_compiler_builtin)
     cr_assert(!f->avx2 || strstr(buf, "avx2"), "%s", buf);
     cr_assert(cti_cpu_has_bf16_gemm() == (f->avx512_bf16 || (f->amx_tile && f->amx_bf16)));
 }
+
+/* ct_kernel_linear on the CPU (the composition of copy, GEMM and GELU) against the
+ * formula in double: y = gelu?(x @ w + bias), w stored (in, out). */
+static void linear_case(ct_dtype dt, int nd, const int64_t *xshape, int64_t O, bool bias, bool gelu, double tol)
+{
+    CT_FRAME {
+        const int64_t IN = xshape[nd - 1];
+        ct_tensor *x = ct_tensor_randn(dt, nd, xshape, 0, 1);
+        ct_tensor *w = ct_tensor_randn(dt, CT_SHAPE(IN, O), 0, 0.3);
+        ct_tensor *b = bias ? ct_tensor_randn(dt, CT_SHAPE(O), 0, 1) : NULL;
+        ct_tensor *y = ct_kernel_linear(x, w, b, gelu);
+        cr_assert_not_null(y, "%s", ct_last_error());
+        cr_assert_eq(y->ndim, nd);
+        cr_assert_eq(y->shape[nd - 1], O);
+        const double *xp = f64_data(x), *wp = f64_data(w), *bp = bias ? f64_data(b) : NULL;
+        const int64_t R = ct_tensor_numel(x) / IN;
+        double *want = malloc((size_t)(R * O) * sizeof *want);
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t o = 0; o < O; o++) {
+                double v = bp ? bp[o] : 0;
+                for (int64_t k = 0; k < IN; k++) v += xp[r * IN + k] * wp[k * O + o];
+                if (gelu) v = 0.5 * v * (1 + tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+                want[r * O + o] = v;
+            }
+        double e = rel_err_n(f64_data(y), want, R * O, false);
+        free(want);
+        cr_assert(e <= tol, "linear %s bias=%d gelu=%d: rel err %.3g > %.1g", ct_dtype_name(dt), bias, gelu, e, tol);
+    }
+}
+
+Test(matmul, linear_bias_gelu_composition)
+{
+    for (int f = 0; f < 4; f++) {
+        const bool bias = f & 1, gelu = f >> 1;
+        linear_case(CT_DTYPE_F32, 2, (int64_t[]){9, 17}, 11, bias, gelu, 1e-5);
+        linear_case(CT_DTYPE_F64, 3, (int64_t[]){2, 3, 8}, 5, bias, gelu, 1e-12);
+        linear_case(CT_DTYPE_BF16, 1, (int64_t[]){13}, 4, bias, gelu, 3e-2);
+    }
+    CT_FRAME {
+        ct_tensor *x = ct_tensor_randn(CT_DTYPE_F32, CT_SHAPE(3, 4), 0, 1);
+        ct_tensor *w = ct_tensor_randn(CT_DTYPE_F32, CT_SHAPE(5, 2), 0, 1);
+        cr_assert_null(ct_kernel_linear(x, w, NULL, false));
+        cr_assert(strstr(ct_last_error(), "need x (..., in), w (in, out)"), "%s", ct_last_error());
+        cr_assert_null(ct_kernel_linear(NULL, w, NULL, false));
+    }
+}
