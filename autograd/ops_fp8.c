@@ -73,11 +73,11 @@ ct_tensor *ct_fp8_linear(ct_fp8_state *st, ct_tensor *x, ct_tensor *w, ct_tensor
     int64_t in = w->ndim == 2 ? w->shape[trans_w ? 1 : 0] : -1, out = w->ndim == 2 ? w->shape[trans_w ? 0 : 1] : -1;
     const bool x_ok = x->ndim >= 1 && float_ok(x->dtype);
     if (!x_ok || w->ndim != 2 || !float_ok(w->dtype) || x->shape[x->ndim - 1] != in ||
-        (b && (b->ndim != 1 || b->shape[0] != out || !float_ok(b->dtype))) || x->device.type != CT_DEVICE_CPU ||
-        w->device.type != CT_DEVICE_CPU || (b && b->device.type != CT_DEVICE_CPU)) {
+        (b && (b->ndim != 1 || b->shape[0] != out || !float_ok(b->dtype))) ||
+        !ct_device_equal(x->device, w->device) || (b && !ct_device_equal(b->device, w->device))) {
         ct_error_set(CT_ERR_INVALID,
                      "fp8_linear: x %s, w %s%s, b %s: need x (..., in), w %s and b (out) or NULL, each "
-                     "f32/bf16/f16, on the CPU",
+                     "f32/bf16/f16, all on one device",
                      ct_tensor_describe(x, dx, sizeof dx), ct_tensor_describe(w, dw, sizeof dw),
                      trans_w ? " (transposed)" : "", b ? ct_tensor_describe(b, db, sizeof db) : "NULL",
                      trans_w ? "(out, in)" : "(in, out)");

@@ -112,8 +112,8 @@ ct_status ct_fp8_state_use(ct_fp8_state *s, ct_tensor *w, ct_fp8_use *u)
     char d[128];
     if (!s || !w || !u) return ct_error_set(CT_ERR_INVALID, "fp8 state: NULL state, weight or result");
     const bool float_ok = w->dtype == CT_DTYPE_F32 || w->dtype == CT_DTYPE_BF16 || w->dtype == CT_DTYPE_F16;
-    if (w->ndim != 2 || !float_ok || w->device.type != CT_DEVICE_CPU)
-        return ct_error_set(CT_ERR_INVALID, "fp8 state: weight %s: want a 2-D f32, bf16 or f16 CPU tensor",
+    if (w->ndim != 2 || !float_ok)
+        return ct_error_set(CT_ERR_INVALID, "fp8 state: weight %s: want a 2-D f32, bf16 or f16 tensor",
                             ct_tensor_describe(w, d, sizeof d));
     pthread_mutex_lock(&s->mu);
     int i = 0;
