@@ -46,7 +46,7 @@ LIB_CU    := $(wildcard core/*.cu kernels/cuda/*.cu)
 CUDA_DEFS := -DCT_HAVE_CUDA -I$(CUDA_HOME)/include
 # the runtime is linked statically (it loads the driver at run time, so a machine
 # without one still runs the binary); cuBLASLt from the toolkit's shared library
-CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcublasLt -lcudart_static -ldl -lrt
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcublasLt -lcudart_static -ldl -lrt -lstdc++
 NVCC_FLAGS = -std=c++17 $(OPT) $(CUDA_ARCH) -lineinfo -DCTRAIN_VERSION='"$(VERSION)"' $(CUDA_DEFS) -I. \
              -Werror all-warnings -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-Werror,-Wno-unknown-pragmas \
              -MMD -MP $(NVCCFLAGS)

@@ -34,6 +34,7 @@
 #include "kernels/dropout.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
+#include "kernels/foreach.h"
 #include "kernels/loss.h"
 #include "kernels/matmul.h"
 #include "kernels/norm.h"

@@ -17,6 +17,7 @@
 #include "core/threads.h"
 #include "dist/env.h"
 #include "optim/clip.h"
+#include "core/cuda.h"
 #include "precision/autocast.h"
 #include "precision/loss_scaler.h"
 
@@ -85,6 +86,33 @@ static ct_status settings(ct_accelerator *a, const ct_accelerator_config *cfg)
     return CT_OK;
 }
 
+/* ---- the device ------------------------------------------------------------------ */
+
+/* A GPU when one can be used, as Accelerate does: cuda:(local rank), unless the
+ * config's cpu flag or the launcher's --cpu (CTRAIN_USE_CPU) says otherwise. Training
+ * on GPUs with several processes needs the NCCL transport, and the sharding engine
+ * keeps its flat buffers on the host, so those runs stay on the CPU for now: rank 0
+ * says so once rather than fail. */
+static void choose_device(ct_accelerator *a)
+{
+    const char *env = getenv("CTRAIN_USE_CPU");
+    a->device = CT_CPU;
+    if (a->cfg.cpu || (env && *env && strcmp(env, "0") != 0) || !ct_cuda_is_available()) return;
+    int world = a->env.world_size > 0 ? a->env.world_size : 1;
+    const char *why = world > 1 ? "training on GPUs with several processes (NCCL) is not available yet"
+                      : a->cfg.shard.strategy != CT_SHARD_NO_SHARD ? "the sharding strategies run on the CPU so far"
+                                                                    : NULL;
+    if (why) {
+        if (a->env.rank == 0)
+            fprintf(stderr, "ctrain: %d GPU%s found, but %s: training on the CPU (--cpu silences this)\n",
+                    ct_cuda_device_count(), ct_cuda_device_count() == 1 ? "" : "s", why);
+        return;
+    }
+    a->device = CT_CUDA(a->env.local_rank % ct_cuda_device_count());
+}
+
+ct_device ct_accelerator_device(const ct_accelerator *acc) { return acc ? acc->device : CT_CPU; }
+
 ct_accelerator *ct_accelerator_new(const ct_accelerator_config *cfg)
 {
     ct_accelerator *a = calloc(1, sizeof *a);
@@ -102,6 +130,7 @@ ct_accelerator *ct_accelerator_new(const ct_accelerator_config *cfg)
     /* where this process stands first: the settings' warnings are rank 0's to print */
     ct_status st = ct_dist_env_detect(&a->env);
     if (!st) st = settings(a, cfg);
+    if (!st) choose_device(a);
     if (!st) {
         double timeout = a->cfg.timeout_s > 0 ? a->cfg.timeout_s : a->env.timeout_s;
         a->pg = ct_pg_new(&(ct_pg_config){.rank = a->env.rank,
@@ -261,7 +290,10 @@ ct_status ct_accelerator_prepare(ct_accelerator *acc, ct_module *model, ct_optim
     int rank = ct_pg_rank(acc->pg), world = ct_pg_size(acc->pg);
     if (model) {
         acc->model = model;
-        st = ct_module_named_tensors(model, false, &acc->params);
+        /* "no .to('cuda') needed": the parameters move to the device in place, so the
+         * optimizer's pointers stay valid and its state is made there */
+        if (acc->device.type != CT_DEVICE_CPU) st = ct_module_to(model, acc->device);
+        if (!st) st = ct_module_named_tensors(model, false, &acc->params);
         if (!st && acc->cfg.shard.strategy != CT_SHARD_NO_SHARD) {
             /* 16-bit parameters beside f32 masters under mixed precision, as FSDP under
              * Accelerate and DeepSpeed's bf16/fp16 modes, unless the config says otherwise */
@@ -302,6 +334,7 @@ ct_status ct_accelerator_prepare(ct_accelerator *acc, ct_module *model, ct_optim
     if (!st && loader) {
         acc->loader = loader;
         st = ct_loader_set_shard(loader, rank, world);
+        if (!st) st = ct_loader_set_device(loader, acc->device);
     }
     if (!st)
         st = ct_sharding_settings_check_ds(&acc->sharding, world, ct_loader_batch_size(loader), acc->K, acc->auto_clip,

@@ -79,7 +79,9 @@ typedef struct ct_accelerator_config {
     ct_fp8_recipe fp8;               /* fp8's recipe; a zero field reads the launcher's CTRAIN_FP8_*
                                       * variable, else its default (HYBRID, history 1024, margin 0,
                                       * max, embedding and head in bf16) */
-    bool cpu;                        /* run on the CPU (the only device of this build) */
+    bool cpu;                        /* run on the CPU even where a GPU can be used (also the
+                                      * launcher's --cpu: CTRAIN_USE_CPU=1); otherwise one
+                                      * process trains on cuda:(local rank) when a GPU exists */
     ct_ddp_config ddp;               /* bucket sizes, compression */
     ct_shard_config shard;           /* strategy NO_SHARD (default): replicated, DDP with several
                                       * ranks; OPTIMIZER, GRAD_OP, FULL, HYBRID: the sharding engine
@@ -110,6 +112,11 @@ CT_API ct_accelerator *ct_accelerator_new(const ct_accelerator_config *cfg);
  * stay the caller's and must outlive the handle. */
 CT_API ct_status ct_accelerator_prepare(ct_accelerator *acc, ct_module *model, ct_optimizer *opt, ct_loader *loader,
                                         ct_scheduler *sched);
+
+/* Where prepare puts the model, its gradients, the optimizer's state and the
+ * loader's batches: cuda:N when a GPU can be used (one process, no sharding: see
+ * cpu above), else the CPU. Tensors the loop makes itself go there with ct_tensor_to. */
+CT_API ct_device ct_accelerator_device(const ct_accelerator *acc);
 
 /* backward(loss / K). With DDP and sync on, the reductions start during it. */
 CT_API ct_status ct_accelerator_backward(ct_accelerator *acc, ct_tensor *loss);

@@ -23,6 +23,7 @@ struct ct_accelerator {
     int64_t micro;        /* micro-steps since the last synchronisation */
     bool sync;
     bool prepared;
+    ct_device device;     /* where prepare places the model, its gradients and the batches */
     ct_dtype mp;          /* mixed precision: f32 (no), bf16, f16; bf16 under fp8 */
     ct_fp8_state *fp8;    /* fp8: the per-weight scaling state */
     bool scaling;         /* fp16: the loss scaler is on */

@@ -27,6 +27,10 @@
 #ifndef CT_CORE_CONVERT_H
 #define CT_CORE_CONVERT_H
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -76,5 +80,9 @@ CT_API double ct_scalar_load(ct_dtype dt, const void *p);
 /* Writes v as one element of dtype dt at p, with the ct_convert_n rules (fp8
  * non-saturating). Invalid dtype: records an error and writes nothing. */
 CT_API void ct_scalar_store(ct_dtype dt, void *p, double v);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

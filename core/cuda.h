@@ -20,6 +20,10 @@
 #ifndef CT_CORE_CUDA_H
 #define CT_CORE_CUDA_H
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -115,5 +119,9 @@ CT_API void ct_cuda_memory_peak_reset(int dev);
 /* Returns every cached free block to the device (blocks with work still queued are
  * waited for first). Tensors keep their memory. */
 CT_API ct_status ct_cuda_empty_cache(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -2,6 +2,10 @@
 #ifndef CT_CORE_DEVICE_H
 #define CT_CORE_DEVICE_H
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #include <stdbool.h>
 
 #include "core/api.h"
@@ -20,5 +24,9 @@ typedef struct ct_device {
 CT_API bool ct_device_equal(ct_device a, ct_device b);
 /* "cpu" or "cuda:N", written into buf (cap >= 16); returns buf. */
 CT_API const char *ct_device_str(ct_device d, char *buf, int cap);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -10,6 +10,10 @@
 #ifndef CT_CORE_DTYPE_H
 #define CT_CORE_DTYPE_H
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -42,5 +46,9 @@ CT_API bool ct_dtype_parse(const char *name, ct_dtype *out);
 CT_API bool ct_dtype_is_valid(ct_dtype dt);
 /* True for f32, f64, f16, bf16 and the two fp8 formats. */
 CT_API bool ct_dtype_is_float(ct_dtype dt);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -10,6 +10,10 @@
 #ifndef CT_CORE_ERROR_H
 #define CT_CORE_ERROR_H
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -52,5 +56,9 @@ CT_API ct_status ct_error_prefix(const char *fmt, ...) __attribute__((format(pri
             abort();                                                                      \
         }                                                                                 \
     } while (0)
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -15,6 +15,10 @@
 #ifndef CT_CORE_FRAME_H
 #define CT_CORE_FRAME_H
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #include "core/api.h"
 #include "core/tensor.h"
 
@@ -40,5 +44,9 @@ CT_API void ct_frame_reset_root(void);
     for (int CT_FRAME_CONCAT(ct_frame_once_, __LINE__) = (ct_frame_push(), 1);          \
          CT_FRAME_CONCAT(ct_frame_once_, __LINE__);                                     \
          CT_FRAME_CONCAT(ct_frame_once_, __LINE__) = 0, ct_frame_pop())
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -10,6 +10,10 @@
 #ifndef CT_CORE_ITER_INTERNAL_H
 #define CT_CORE_ITER_INTERNAL_H
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #include <stdint.h>
 
 #include "core/tensor.h"
@@ -31,5 +35,9 @@ void cti_iter_init(ct_iter *it, int ndim, const int64_t *shape, int nops,
                    const int64_t *const *strides);
 /* Element offsets (relative to each operand's first element) of row r's start. */
 void cti_iter_row(const ct_iter *it, int64_t row, int64_t *offs);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

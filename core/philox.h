@@ -31,6 +31,10 @@
 #ifndef CT_CORE_PHILOX_H
 #define CT_CORE_PHILOX_H
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #include <stdint.h>
 
 #include "core/api.h"
@@ -84,5 +88,9 @@ CT_API uint64_t ct_rng_below(ct_rng *r, uint64_t n);
 CT_API void ct_set_seed(uint64_t seed);
 /* Borrowed; valid for the life of the process. */
 CT_API ct_rng *ct_rng_default(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/convert.h"
+#include "core/frame.h"
 #include "core/tensor_internal.h"
 
 #define EDGE 3 /* elements shown at each end of a dim longer than 2*EDGE */
@@ -78,11 +79,14 @@ char *ct_tensor_to_string(const ct_tensor *t)
     char desc[200];
     if (!t) {
         sb_printf(&b, "tensor(NULL)");
-    } else if (t->device.type != CT_DEVICE_CPU) {
-        sb_printf(&b, "tensor(%s, not on cpu)", ct_tensor_describe(t, desc, sizeof desc));
     } else {
+        /* a GPU tensor's values are copied to the host first (waiting for its work) */
+        ct_frame_push();
+        const ct_tensor *h = t->device.type == CT_DEVICE_CPU ? t : ct_tensor_to(t, CT_CPU);
         sb_printf(&b, "tensor(");
-        put_dim(&b, t, 0, t->offset, 7);
+        if (h) put_dim(&b, h, 0, h->offset, 7);
+        else sb_printf(&b, "<values unavailable: %s>", ct_last_error());
+        ct_frame_pop();
         sb_printf(&b, ", %s", ct_tensor_describe(t, desc, sizeof desc));
         if (t->dtype == CT_DTYPE_F8_E4M3 || t->dtype == CT_DTYPE_F8_E5M2)
             sb_printf(&b, ", scale=%g, amax=%g", t->scale, t->amax);

@@ -30,6 +30,10 @@
 #ifndef CT_CORE_SAFETENSORS_H
 #define CT_CORE_SAFETENSORS_H
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -107,5 +111,9 @@ CT_API ct_status ct_safetensors_save(const char *path, int n, const char *const 
 CT_API ct_status ct_safetensors_save_hashed(const char *path, int n, const char *const *names,
                                             ct_tensor *const *tensors, int nmeta, const char *const *meta_keys,
                                             const char *const *meta_values, uint64_t *xxh3, int64_t *bytes);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

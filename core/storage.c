@@ -21,6 +21,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/cuda_internal.h"
 #include "core/error.h"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -166,13 +167,55 @@ int64_t ct_storage_cache_bytes(void)
     return n;
 }
 
+/* GPU memory comes from the caching allocator (core/cuda_memory.c) for the
+ * calling thread's current stream on that device. */
+static void *device_alloc(ct_device dev, size_t nbytes, size_t *cap, const char *op)
+{
+#ifdef CT_HAVE_CUDA
+    if (dev.type == CT_DEVICE_CUDA) return cti_cuda_malloc(dev.index, nbytes, NULL, cap, op);
+#endif
+    (void)nbytes;
+    (void)cap;
+    char buf[32];
+    if (dev.type == CT_DEVICE_CUDA)
+        ct_error_set(CT_ERR_UNSUPPORTED, "%s: %s is not available: %s", op, ct_device_str(dev, buf, sizeof buf),
+                     ct_cuda_unavailable_reason());
+    else
+        ct_error_set(CT_ERR_UNSUPPORTED, "%s: device %s is not available in this build", op,
+                     ct_device_str(dev, buf, sizeof buf));
+    return NULL;
+}
+
+static void device_free(ct_device dev, void *p, size_t cap)
+{
+#ifdef CT_HAVE_CUDA
+    if (dev.type == CT_DEVICE_CUDA) cti_cuda_free(dev.index, p, cap);
+#else
+    (void)dev;
+    (void)p;
+    (void)cap;
+#endif
+}
+
 ct_storage *ct_storage_new(ct_device dev, size_t nbytes)
 {
     if (dev.type != CT_DEVICE_CPU) {
-        char buf[32];
-        ct_error_set(CT_ERR_UNSUPPORTED, "storage_new: device %s is not available in this build",
-                     ct_device_str(dev, buf, sizeof buf));
-        return NULL;
+        size_t cap = 0;
+        ct_storage *s = calloc(1, sizeof *s);
+        if (!s) {
+            ct_error_set(CT_ERR_NOMEM, "storage_new: out of host memory");
+            return NULL;
+        }
+        if (!(s->data = device_alloc(dev, nbytes, &cap, "storage_new"))) {
+            free(s);
+            return NULL;
+        }
+        s->refcount = 1;
+        s->owned = true;
+        s->nbytes = nbytes;
+        s->capacity = cap;
+        s->device = dev;
+        return s;
     }
     ct_storage *s = calloc(1, sizeof *s);
     size_t cap = 0;
@@ -220,6 +263,16 @@ ct_status ct_storage_resize(ct_storage *s, size_t nbytes)
         return ct_error_set(CT_ERR_INVALID, "storage_resize: %s", !s ? "storage is NULL"
                                                                       : "the storage wraps memory it does not own");
     if (nbytes == s->nbytes && (s->data || !nbytes)) return CT_OK;
+    if (s->device.type != CT_DEVICE_CPU) {
+        size_t cap = 0;
+        void *data = nbytes ? device_alloc(s->device, nbytes, &cap, "storage_resize") : NULL;
+        if (nbytes && !data) return ct_last_status();
+        if (s->data) device_free(s->device, s->data, s->capacity);
+        s->data = data;
+        s->capacity = cap;
+        s->nbytes = nbytes;
+        return CT_OK;
+    }
     void *data = NULL;
     size_t cap = 0;
     if (nbytes && !(data = block_alloc(nbytes, &cap)))
@@ -256,6 +309,8 @@ void ct_storage_release(ct_storage *s)
     if (__atomic_sub_fetch(&s->refcount, 1, __ATOMIC_ACQ_REL) != 0) return;
     if (s->release) {
         s->release(s->release_ctx, s->data, s->nbytes);
+    } else if (s->owned && s->data && s->device.type != CT_DEVICE_CPU) {
+        device_free(s->device, s->data, s->capacity);
     } else if (s->owned && s->data) {
         block_free(s->data, s->capacity);
         atomic_fetch_sub(&live_bytes, (int64_t)s->nbytes);

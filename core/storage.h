@@ -7,6 +7,10 @@
 #ifndef CT_CORE_STORAGE_H
 #define CT_CORE_STORAGE_H
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -90,5 +94,9 @@ CT_API void ct_storage_peak_reset(void);
 CT_API int64_t ct_storage_cache_bytes(void);
 /* Returns every cached free block to the system. */
 CT_API void ct_storage_cache_clear(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -232,7 +232,9 @@ ct_tensor *ct_tensor_ones(ct_dtype dt, int ndim, const int64_t *shape)
 ct_tensor *ct_tensor_zeros_like(const ct_tensor *t)
 {
     if (!t) return NULL;
-    return ct_tensor_zeros(t->dtype, t->ndim, t->shape);
+    if (t->device.type == CT_DEVICE_CPU) return ct_tensor_zeros(t->dtype, t->ndim, t->shape);
+    ct_tensor *z = ct_tensor_empty_on(t->device, t->dtype, t->ndim, t->shape);
+    return z && ct_tensor_fill_(z, 0.0) == CT_OK ? z : NULL;
 }
 
 ct_tensor *ct_tensor_scalar(ct_dtype dt, double value) { return ct_tensor_full(dt, 0, NULL, value); }

@@ -19,6 +19,10 @@
 #ifndef CT_CORE_TENSOR_H
 #define CT_CORE_TENSOR_H
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -208,5 +212,9 @@ CT_API void ct_tensor_print(const ct_tensor *t, FILE *f);
 CT_API char *ct_tensor_to_string(const ct_tensor *t);
 /* Owned copy of name; NULL clears. */
 CT_API ct_status ct_tensor_set_name(ct_tensor *t, const char *name);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -2,6 +2,10 @@
 #ifndef CT_CORE_TENSOR_INTERNAL_H
 #define CT_CORE_TENSOR_INTERNAL_H
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #include "core/tensor.h"
 
 /* Set by the autograd layer so that core can drop a tensor's graph node and
@@ -17,5 +21,9 @@ ct_tensor *cti_tensor_alias(const ct_tensor *t, int ndim, const int64_t *shape, 
                             int64_t offset);
 /* Normalises a possibly negative dim for an ndim-d tensor; false if out of range. */
 bool cti_dim_normalize(int *dim, int ndim);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

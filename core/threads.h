@@ -7,6 +7,10 @@
 #ifndef CT_CORE_THREADS_H
 #define CT_CORE_THREADS_H
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #include "core/api.h"
 
 /* n <= 0 restores the default. Applies to the calling thread at once and to
@@ -14,5 +18,9 @@
 CT_API void ct_set_num_threads(int n);
 /* The thread count the kernels use now. */
 CT_API int ct_get_num_threads(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -43,6 +43,7 @@ struct ct_loader {
     int64_t *order; /* shuffled order of order_epoch; NULL without shuffle */
     int64_t order_epoch;
 
+    ct_device device; /* where batches are handed out (ct_loader_set_device) */
     bool prefetch, quit;
     uv_thread_t thread;
     uv_mutex_t mu;
@@ -338,6 +339,15 @@ ct_loader_result ct_loader_next_slots(ct_loader *l, ct_tensor **out)
         }
     }
     if (!got && (alloc_batch(l, pos, t) || fill_batch(l, epoch, pos, t))) return CT_LOADER_ERROR;
+    if (l->device.type != CT_DEVICE_CPU) {
+        /* the batch is made on the host; one copy per slot puts it on the device */
+        for (int k = 0; k < ns; k++) {
+            if (t[k] && !(t[k] = ct_tensor_to(t[k], l->device))) {
+                ct_error_prefix("loader_next: batch (%lld, %lld): ", (long long)epoch, (long long)pos);
+                return CT_LOADER_ERROR;
+            }
+        }
+    }
     for (int k = 0; k < ns; k++) out[k] = t[k];
     l->last_padding = batch_padding(l, pos);
     l->pos++;
@@ -368,6 +378,16 @@ ct_loader_result ct_loader_next(ct_loader *l, ct_tensor **x, ct_tensor **y)
 }
 
 int64_t ct_loader_epoch(const ct_loader *l) { return l ? l->epoch : -1; }
+
+ct_status ct_loader_set_device(ct_loader *l, ct_device dev)
+{
+    if (!l) return ct_error_set(CT_ERR_INVALID, "loader_set_device: loader is NULL");
+    if (dev.type != CT_DEVICE_CPU && dev.type != CT_DEVICE_CUDA) return ct_error_set(CT_ERR_INVALID, "loader_set_device: unknown device type %d", (int)dev.type);
+    l->device = dev;
+    return CT_OK;
+}
+
+ct_device ct_loader_device(const ct_loader *l) { return l ? l->device : CT_CPU; }
 
 int64_t ct_loader_position(const ct_loader *l) { return l ? l->pos : -1; }
 

@@ -95,6 +95,11 @@ CT_API ct_loader_result ct_loader_next_slots(ct_loader *l, ct_tensor **out);
 
 /* The cursor: the epoch and the index within it of the next batch. -1 for NULL. */
 CT_API int64_t ct_loader_epoch(const ct_loader *l);
+/* Hands batches out on dev (a GPU: each batch is built on the host and copied
+ * over in ct_loader_next; ct_accelerator_prepare sets the Accelerator's device).
+ * The default is the CPU. */
+CT_API ct_status ct_loader_set_device(ct_loader *l, ct_device dev);
+CT_API ct_device ct_loader_device(const ct_loader *l);
 CT_API int64_t ct_loader_position(const ct_loader *l);
 /* Moves the cursor; 0 <= position <= ct_loader_num_batches (== means the epoch's
  * END comes next). CT_ERR_INVALID naming the values otherwise. */

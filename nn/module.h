@@ -107,6 +107,11 @@ CT_API int64_t ct_module_num_params(const ct_module *m);
 CT_API ct_tensor *ct_module_find(const ct_module *m, const char *name);
 /* Releases every parameter's .grad. */
 CT_API void ct_module_zero_grad(ct_module *m);
+/* Moves every parameter, buffer and gradient of the tree to dev in place: the
+ * tensors keep their identity (optimizers and callers keep their pointers), tied
+ * weights stay tied. Nothing moves when it fails. Sharded (prepared) models are
+ * refused: move a model before ct_accelerator_prepare, which does it itself. */
+CT_API ct_status ct_module_to(ct_module *m, ct_device dev);
 
 /* ---- state dicts as safetensors ------------------------------------------------ */
 

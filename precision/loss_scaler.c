@@ -4,6 +4,8 @@
 
 #include "precision/loss_scaler.h"
 
+#include "kernels/foreach.h"
+
 ct_status ct_loss_scaler_init(ct_loss_scaler *s, const ct_loss_scaler_config *cfg)
 {
     ct_loss_scaler_config c = cfg ? *cfg : (ct_loss_scaler_config){0};
@@ -44,27 +46,18 @@ ct_status ct_loss_scaler_unscale(ct_loss_scaler *s, int n, ct_tensor *const *gra
                             "step: unscale runs once per step)");
     for (int i = 0; i < n; i++) {
         const ct_tensor *g = grads[i];
-        if (g && (g->dtype != CT_DTYPE_F32 || g->device.type != CT_DEVICE_CPU || !ct_tensor_is_contiguous(g)))
-            return ct_error_set(CT_ERR_INVALID, "loss_scaler_unscale: gradient %d is %s; want f32, contiguous, CPU", i,
+        if (g && (g->dtype != CT_DTYPE_F32 || !ct_tensor_is_contiguous(g)))
+            return ct_error_set(CT_ERR_INVALID, "loss_scaler_unscale: gradient %d is %s; want f32, contiguous", i,
                                 ct_tensor_describe(g, d, sizeof d));
     }
     /* 1 / scale in f32: scales are powers of two unless configured otherwise, so this
      * is usually exact */
     float inv = (float)(1.0 / s->scale);
-    int bad = 0;
-    for (int i = 0; i < n; i++) {
-        if (!grads[i]) continue;
-        float *p = ct_tensor_data(grads[i]);
-        int64_t m = ct_tensor_numel(grads[i]);
-        #pragma omp parallel for reduction(| : bad) schedule(static) if (m > 65536)
-        for (int64_t j = 0; j < m; j++) {
-            float v = p[j] * inv;
-            p[j] = v;
-            bad |= !isfinite(v);
-        }
-    }
+    bool bad = false;
+    /* one pass per gradient on its device; a GPU list costs one host sync in all */
+    if (ct_kernel_unscale_(n, grads, inv, &bad)) return ct_error_prefix("loss_scaler_unscale: ");
     s->unscaled = true;
-    *found_inf = bad != 0;
+    *found_inf = bad;
     return CT_OK;
 }
 

@@ -16,6 +16,7 @@
 #include <uv.h>
 
 #include "core/convert.h"
+#include "core/cuda.h"
 #include "core/frame.h"
 #include "core/tensor.h"
 #include "core/threads.h"
@@ -105,7 +106,38 @@ static void libraries_section(void)
     row("oneDNN", "%d.%d.%d (%s)", v->major, v->minor, v->patch, v->hash);
     row("libuv", "%s", uv_version_string());
     row("cJSON", "%s", cJSON_Version());
-    row("CUDA", "not in this build: CPU tensors only");
+}
+
+/* ---- GPUs ------------------------------------------------------------------------------ */
+
+static void gpu_section(void)
+{
+    puts("gpu");
+    if (!ct_cuda_built()) {
+        row("CUDA", "not in this build (nvcc was not found, or make CUDA=0): CPU tensors only");
+        return;
+    }
+    int n = ct_cuda_device_count();
+    if (n == 0) {
+        row("CUDA", "built in, but no GPU can be used: %s", ct_cuda_unavailable_reason());
+        row("device", "training runs on the CPU");
+        return;
+    }
+    ct_cuda_device_props p;
+    for (int i = 0; i < n; i++) {
+        char key[32];
+        snprintf(key, sizeof key, "cuda:%d", i);
+        if (ct_cuda_device_props_get(i, &p)) {
+            row(key, "unusable: %s", ct_last_error());
+            continue;
+        }
+        row(key, "%s, compute capability %d.%d, %d SMs, %.1f GiB (%.1f GiB free)", p.name, p.major, p.minor,
+            p.multiprocessors, (double)p.total_memory / 1073741824.0, (double)p.free_memory / 1073741824.0);
+    }
+    if (ct_cuda_device_props_get(0, &p) == CT_OK)
+        row("CUDA", "driver %d.%d, runtime %d.%d; TF32 for f32 matmul %s; CTRAIN_CUDA_SYNC %s", p.driver_version / 1000,
+            p.driver_version % 1000 / 10, p.runtime_version / 1000, p.runtime_version % 1000 / 10,
+            ct_cuda_allow_tf32() ? "on" : "off (ct_cuda_set_allow_tf32)", getenv("CTRAIN_CUDA_SYNC") ? "set" : "unset");
 }
 
 /* ---- matmul per dtype ------------------------------------------------------------------ */
@@ -269,6 +301,7 @@ int ct_env_main(int argc, char **argv)
     printf("ctrain %s\n", CT_ENV_VERSION);
     system_section();
     libraries_section();
+    gpu_section();
     matmul_section(&p);
     attention_section(&p);
     threads_section();

@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 extern "C" {
+#include "core/convert.h"
 #include "core/convert_bits.h"
 #include "core/cuda_internal.h"
 #include "core/dtype.h"
