@@ -14,6 +14,22 @@
 
 static const ct_dtype dtypes[4] = {CT_DTYPE_F32, CT_DTYPE_F64, CT_DTYPE_BF16, CT_DTYPE_F16};
 
+/* The GPU's error message with every "cuda:0" read as "cpu" equals the CPU's. */
+static void expect_same_error(const char *gpu_msg, const char *cpu_msg)
+{
+    char buf[1024];
+    size_t o = 0;
+    for (const char *p = gpu_msg; *p && o + 4 < sizeof buf;) {
+        if (strncmp(p, "cuda:0", 6) == 0) {
+            memcpy(buf + o, "cpu", 3), o += 3, p += 6;
+        } else {
+            buf[o++] = *p++;
+        }
+    }
+    buf[o] = 0;
+    cr_assert_str_eq(buf, cpu_msg, "GPU: %s\nCPU: %s", gpu_msg, cpu_msg);
+}
+
 /* ids of shape (ndim, shape) in [0, V), i64 or i32. */
 static ct_tensor *make_ids(ct_dtype dt, int ndim, const int64_t *shape, int64_t V, uint64_t seed)
 {
@@ -198,6 +214,10 @@ Test(gpu_embedding, id_out_of_range)
         cr_assert(strstr(ct_last_error(), "embedding: id 12 at position [3] of ids") &&
                       strstr(ct_last_error(), "V = 10 rows of weight"),
                   "%s", ct_last_error());
+        char gpu_msg[1024];
+        snprintf(gpu_msg, sizeof gpu_msg, "%s", ct_last_error());
+        cr_assert_null(ct_kernel_embedding(w0, ct_tensor_from_data(CT_DTYPE_I64, 1, (int64_t[]){5}, idv)));
+        expect_same_error(gpu_msg, ct_last_error());
         /* the backward fails before writing: dweight keeps its values */
         ct_tensor *g = gpu_of(w0);
         ct_tensor *dout = gpu_of(gpu_rand_cpu(CT_DTYPE_F32, 2, (int64_t[]){5, 4}, 701, -1, 1));

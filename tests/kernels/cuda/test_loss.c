@@ -13,6 +13,22 @@
 
 static const ct_dtype dtypes[4] = {CT_DTYPE_F32, CT_DTYPE_F64, CT_DTYPE_BF16, CT_DTYPE_F16};
 
+/* The GPU's error message with every "cuda:0" read as "cpu" equals the CPU's. */
+static void expect_same_error(const char *gpu_msg, const char *cpu_msg)
+{
+    char buf[1024];
+    size_t o = 0;
+    for (const char *p = gpu_msg; *p && o + 4 < sizeof buf;) {
+        if (strncmp(p, "cuda:0", 6) == 0) {
+            memcpy(buf + o, "cpu", 3), o += 3, p += 6;
+        } else {
+            buf[o++] = *p++;
+        }
+    }
+    buf[o] = 0;
+    cr_assert_str_eq(buf, cpu_msg, "GPU: %s\nCPU: %s", gpu_msg, cpu_msg);
+}
+
 /* Targets of shape (ndim, shape) in [0, V), every `every`-th one (when > 0) set to
  * ignore; dtype i64 or i32. */
 static ct_tensor *make_targets(ct_dtype dt, int ndim, const int64_t *shape, int64_t V, uint64_t seed, int every,
@@ -157,6 +173,10 @@ Test(gpu_loss, target_out_of_range)
                       strstr(e, "cuda:0"),
                   "%s", e);
         cr_assert_null(lse);
+        char gpu_msg[1024];
+        snprintf(gpu_msg, sizeof gpu_msg, "%s", e);
+        cr_assert_null(ct_kernel_cross_entropy(logits, targets, -100, NULL));
+        expect_same_error(gpu_msg, ct_last_error());
         ct_tensor *dl = gpu_of(ct_tensor_scalar(CT_DTYPE_F32, 1));
         ct_tensor *glse = gpu_of(ct_tensor_zeros(CT_DTYPE_F32, 1, (int64_t[]){4}));
         cr_assert_null(ct_kernel_cross_entropy_backward(dl, gpu_of(logits), gpu_of(targets), glse, -100));
