@@ -52,15 +52,9 @@ __global__ void ce_forward_kernel(const T *__restrict__ x, const void *__restric
      * iteration together, as its reductions require */
     for (int64_t r = grp.first; r < rows; r += grp.step) {
         const T *xr = x + r * V;
-        A m = -INFINITY;
-        for (int64_t i = grp.rank; i < V; i += grp.size) {
-            A v = ld(xr + i);
-            m = v > m ? v : m;
-        }
-        m = group_max<BLOCK>(m, smax);
-        double s = 0;
-        for (int64_t i = grp.rank; i < V; i += grp.size) s += (double)cu_exp(ld(xr + i) - m);
-        s = group_sum<BLOCK>(s, ssum);
+        A m;
+        double s;
+        row_softmax_stats<BLOCK>(xr, V, grp, smax, ssum, &m, &s); /* one read of the row */
         if (grp.rank == 0) {
             double l = (double)m + log(s);
             if (lse) lse[r] = (A)l;

@@ -52,6 +52,38 @@ template <bool BLOCK> struct row_group {
     }
 };
 
+/* The softmax statistics of one row in a single read (online): m = max x (NaN never
+ * enters it, as on the CPU) and s = sum exp(x - m) in double, rescaled by
+ * exp(old - new) whenever a thread's max grows, then merged over the group. A row
+ * whose max is infinite (all -inf, or a +inf) gets s = NaN, which is what the
+ * two-pass formula gives there (exp(-inf - -inf), exp(inf - inf)); -inf entries of
+ * any other row add exactly 0. Every thread of the group gets m and s; contains
+ * the group's reductions (call from all its threads). */
+template <bool BLOCK, typename T>
+__device__ __forceinline__ void row_softmax_stats(const T *xr, int64_t C, const row_group<BLOCK> &grp,
+                                                  typename cti_acc<T>::type *smax, double *ssum,
+                                                  typename cti_acc<T>::type *m_out, double *s_out)
+{
+    typedef typename cti_acc<T>::type A;
+    A m = -INFINITY;
+    double s = 0;
+    for (int64_t i = grp.rank; i < C; i += grp.size) {
+        const A v = ld(xr + i);
+        if (v > m) {
+            s = s * (double)cu_exp(m - v) + 1.0; /* exp(-inf) = 0 for the first finite v */
+            m = v;
+        } else if (v != -INFINITY) {
+            s += (double)cu_exp(v - m); /* NaN v: NaN, as on the CPU */
+        }
+    }
+    const A M = group_max<BLOCK>(m, smax);
+    s = group_sum<BLOCK>(m == M ? s : s * (double)cu_exp(m - M), ssum);
+    /* no elements (C = 0) keep m = -inf, s = 0, as on the CPU */
+    if (C > 0 && isinf(M)) s = NAN;
+    *m_out = M;
+    *s_out = s;
+}
+
 /* Entry i of an i64 (i64 true) or i32 index buffer. */
 __device__ __forceinline__ int64_t cti_cu_index_at(const void *p, bool i64, int64_t i)
 {

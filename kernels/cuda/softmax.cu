@@ -5,11 +5,12 @@
  * - dim last, longer rows: one block of ROW_THREADS per row;
  * - another dim: one thread per (outer, inner) line, stepping through C with stride
  *   inner, so neighbouring threads read neighbouring addresses.
- * Each row is read in passes (max, then sum of exp(x - max), then the output), as
- * the CPU does: the max is exact, so every finite row stays finite and rows with
- * -inf, +inf or NaN give the CPU's results. Sums run in double (the CPU's f32 path
- * sums in double too), the elementwise math in f32 (f64 for f64); bf16/f16 are
- * loaded to f32 and rounded once on store.
+ * A row is read twice in the row kernels: once for its max and sum of exp(x - max)
+ * together (online, row_softmax_stats in kernels/cuda/rows.cuh), once for the
+ * output; the per-line kernel takes the CPU's three passes. Every finite row stays
+ * finite, and rows with -inf, +inf or NaN give the CPU's results. Sums run in
+ * double (the CPU's f32 path sums in double too), the elementwise math in f32 (f64
+ * for f64); bf16/f16 are loaded to f32 and rounded once on store.
  *
  *   softmax      y = exp(x - m) * (1 / s),  s = sum exp(x - m)
  *   log_softmax  y = (x - m) - log(s)
@@ -57,15 +58,9 @@ __global__ void softmax_rows_kernel(const T *__restrict__ x, T *__restrict__ y, 
     for (int64_t r = grp.first; r < rows; r += grp.step) {
         const T *xr = x + r * C;
         T *yr = y + r * C;
-        A m = -INFINITY;
-        for (int64_t i = grp.rank; i < C; i += grp.size) {
-            A v = ld(xr + i);
-            m = v > m ? v : m; /* NaN never enters m, as on the CPU */
-        }
-        m = group_max<BLOCK>(m, smax);
-        double s = 0;
-        for (int64_t i = grp.rank; i < C; i += grp.size) s += (double)cu_exp(ld(xr + i) - m);
-        s = group_sum<BLOCK>(s, ssum);
+        A m;
+        double s;
+        row_softmax_stats<BLOCK>(xr, C, grp, smax, ssum, &m, &s);
         if (lg) {
             A ls = (A)log(s);
             for (int64_t i = grp.rank; i < C; i += grp.size) st(yr + i, (ld(xr + i) - m) - ls);

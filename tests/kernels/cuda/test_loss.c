@@ -122,6 +122,24 @@ Test(gpu_loss, large_logits)
     check_all(2, (int64_t[]){8, 100}, 800, -1e4, 1e4);
 }
 
+Test(gpu_loss, masked_logits)
+{
+    GPU_REQUIRE();
+    for (int k = 0; k < 4; k++) CT_FRAME {
+            /* -inf logits (a masked vocabulary) add nothing to lse and get zero gradient;
+             * the rows are long enough for one block each */
+            const int64_t shape[2] = {6, 1500};
+            ct_tensor *logits = gpu_rand_cpu(CT_DTYPE_F64, 2, shape, 1300 + k, -3, 3);
+            double *p = ct_tensor_data(logits);
+            for (int64_t i = 0; i < 6 * 1500; i++)
+                if (i % 1500 < 40 || i % 3 == 0) p[i] = -INFINITY;
+            ct_tensor *targets = ct_tensor_empty(CT_DTYPE_I64, 1, shape);
+            int64_t *t = ct_tensor_data(targets);
+            for (int r = 0; r < 6; r++) t[r] = 40 + 3 * r + 1; /* finite logits */
+            check(ct_tensor_cast(logits, dtypes[k]), targets, -100, 1.0, "masked logits");
+        }
+}
+
 Test(gpu_loss, ignore_index_in_range_and_all_ignored)
 {
     GPU_REQUIRE();

@@ -122,12 +122,14 @@ Test(gpu_softmax, zero_d_and_empty)
 Test(gpu_softmax, large_logits_and_infinities)
 {
     GPU_REQUIRE();
-    /* logits of +-1e4 stay finite; -inf entries get probability 0; an all -inf row is
-     * NaN on both devices */
+    /* logits of +-1e4 stay finite; -inf entries get probability 0 */
     check_all(2, (int64_t[]){6, 40}, -1, 600, -1e4, 1e4);
     CT_FRAME {
-        double v[2 * 5] = {-INFINITY, 1, 2, -INFINITY, 0, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
-        ct_tensor *x = ct_tensor_from_data(CT_DTYPE_F64, 2, (int64_t[]){2, 5}, v);
+        /* rows: -inf first then finite values; all -inf; a +inf; a NaN (NaN everywhere on
+         * both devices for the last three) */
+        double v[4 * 5] = {-INFINITY, 1, 2, -INFINITY, 0, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY,
+                           1, INFINITY, 2, -INFINITY, 3, 0.5, 1, NAN, 2, -1};
+        ct_tensor *x = ct_tensor_from_data(CT_DTYPE_F64, 2, (int64_t[]){4, 5}, v);
         for (int k = 0; k < 4; k++)
             for (int lg = 0; lg < 2; lg++) {
                 ct_tensor *xd = ct_tensor_cast(x, dtypes[k]);
