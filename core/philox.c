@@ -1,15 +1,11 @@
 /* ctrain — Philox4x32-10 and the fills built on it. Stream layout: see core/philox.h. */
 #include "core/philox.h"
+#include "core/philox_bits.h"
 
 #include "core/error.h"
 
 #include <math.h>
 #include <pthread.h>
-
-#define PHILOX_M0 0xD2511F53u
-#define PHILOX_M1 0xCD9E8D57u
-#define PHILOX_W0 0x9E3779B9u /* golden ratio */
-#define PHILOX_W1 0xBB67AE85u /* sqrt(3) - 1 */
 
 /* Fills of at most this many blocks run on the calling thread: below it, starting an
  * OpenMP team costs more than the work. Only speed depends on it, never the bits. */
@@ -21,45 +17,10 @@
 #define PARALLEL_OVER_BLOCKS
 #endif
 
-/* One round: (hi0, lo0) = M0 * c0, (hi1, lo1) = M1 * c2 (32x32 -> 64-bit products);
- * c' = { hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0 }. */
-static inline void philox_round(uint32_t c[4], uint32_t k0, uint32_t k1)
-{
-    uint64_t p0 = (uint64_t)PHILOX_M0 * c[0];
-    uint64_t p1 = (uint64_t)PHILOX_M1 * c[2];
-    uint32_t hi0 = (uint32_t)(p0 >> 32), lo0 = (uint32_t)p0;
-    uint32_t hi1 = (uint32_t)(p1 >> 32), lo1 = (uint32_t)p1;
-    c[0] = hi1 ^ c[1] ^ k0;
-    c[1] = lo1;
-    c[2] = hi0 ^ c[3] ^ k1;
-    c[3] = lo0;
-}
+/* The block function lives in core/philox_bits.h, shared with the CUDA kernels. */
+void ct_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]) { cti_philox4x32_10(ctr, key, out); }
 
-/* 10 rounds; the key is bumped by (W0, W1) between rounds (Weyl sequence). */
-void ct_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4])
-{
-    uint32_t c[4] = {ctr[0], ctr[1], ctr[2], ctr[3]};
-    uint32_t k0 = key[0], k1 = key[1];
-    for (int round = 0; round < 10; round++) {
-        if (round > 0) {
-            k0 += PHILOX_W0;
-            k1 += PHILOX_W1;
-        }
-        philox_round(c, k0, k1);
-    }
-    out[0] = c[0];
-    out[1] = c[1];
-    out[2] = c[2];
-    out[3] = c[3];
-}
-
-/* The four words of block b of the stream keyed by seed. */
-static inline void stream_block(uint64_t seed, uint64_t b, uint32_t w[4])
-{
-    const uint32_t key[2] = {(uint32_t)seed, (uint32_t)(seed >> 32)};
-    const uint32_t ctr[4] = {(uint32_t)b, (uint32_t)(b >> 32), 0, 0};
-    ct_philox4x32_10(ctr, key, w);
-}
+static inline void stream_block(uint64_t seed, uint64_t b, uint32_t w[4]) { cti_philox_stream_block(seed, b, w); }
 
 /* ---- stream bookkeeping ------------------------------------------------------------ */
 
@@ -71,7 +32,7 @@ static void default_unlock(void) { CT_ASSERT(pthread_mutex_unlock(&g_default_mu)
 
 /* Reserves `blocks` whole blocks: returns the seed and first block to use and advances
  * the offset past them. The default generator is updated under its mutex. */
-static void reserve_blocks(ct_rng *r, uint64_t blocks, uint64_t *seed, uint64_t *first)
+void cti_rng_reserve_blocks(ct_rng *r, uint64_t blocks, uint64_t *seed, uint64_t *first)
 {
     int shared = (r == &g_default);
     if (shared)
@@ -163,7 +124,7 @@ void ct_rng_u32(ct_rng *r, uint32_t *out, int64_t n)
         return;
     int64_t nb = blocks_for(n, 4);
     uint64_t seed, first;
-    reserve_blocks(r, (uint64_t)nb, &seed, &first);
+    cti_rng_reserve_blocks(r, (uint64_t)nb, &seed, &first);
     PARALLEL_OVER_BLOCKS
     for (int64_t b = 0; b < nb; b++) {
         uint32_t w[4];
@@ -180,7 +141,7 @@ void ct_rng_uniform_f32(ct_rng *r, float *out, int64_t n, float lo, float hi)
         return;
     int64_t nb = blocks_for(n, 4);
     uint64_t seed, first;
-    reserve_blocks(r, (uint64_t)nb, &seed, &first);
+    cti_rng_reserve_blocks(r, (uint64_t)nb, &seed, &first);
     PARALLEL_OVER_BLOCKS
     for (int64_t b = 0; b < nb; b++) {
         uint32_t w[4];
@@ -197,7 +158,7 @@ void ct_rng_uniform_f64(ct_rng *r, double *out, int64_t n, double lo, double hi)
         return;
     int64_t nb = blocks_for(n, 2);
     uint64_t seed, first;
-    reserve_blocks(r, (uint64_t)nb, &seed, &first);
+    cti_rng_reserve_blocks(r, (uint64_t)nb, &seed, &first);
     PARALLEL_OVER_BLOCKS
     for (int64_t b = 0; b < nb; b++) {
         uint32_t w[4];
@@ -218,7 +179,7 @@ void ct_rng_normal_f32(ct_rng *r, float *out, int64_t n, float mean, float std)
     const float two_pi = 6.28318530717958647692f;
     int64_t nb = blocks_for(n, 4);
     uint64_t seed, first;
-    reserve_blocks(r, (uint64_t)nb, &seed, &first);
+    cti_rng_reserve_blocks(r, (uint64_t)nb, &seed, &first);
     PARALLEL_OVER_BLOCKS
     for (int64_t b = 0; b < nb; b++) {
         uint32_t w[4];
@@ -243,7 +204,7 @@ void ct_rng_normal_f64(ct_rng *r, double *out, int64_t n, double mean, double st
     const double two_pi = 6.28318530717958647692;
     int64_t nb = blocks_for(n, 2);
     uint64_t seed, first;
-    reserve_blocks(r, (uint64_t)nb, &seed, &first);
+    cti_rng_reserve_blocks(r, (uint64_t)nb, &seed, &first);
     PARALLEL_OVER_BLOCKS
     for (int64_t b = 0; b < nb; b++) {
         uint32_t w[4];
@@ -273,7 +234,7 @@ uint64_t ct_rng_below(ct_rng *r, uint64_t n)
     for (;;) {
         uint64_t seed, first;
         uint32_t w[4];
-        reserve_blocks(r, 1, &seed, &first);
+        cti_rng_reserve_blocks(r, 1, &seed, &first);
         stream_block(seed, first, w);
         for (int k = 0; k < 2; k++) {
             uint64_t x = ((uint64_t)w[2 * k + 1] << 32) | w[2 * k];

@@ -5,11 +5,18 @@
 #include "core/frame.h"
 #include "core/threads_internal.h"
 #include "kernels/cpu/dropout.h"
+#ifdef CT_HAVE_CUDA
+#include "kernels/cuda/dropout.h"
+#define CUDA_SLOT(fn) [CT_DEVICE_CUDA] = fn,
+#else
+#define CUDA_SLOT(fn)
+#endif
 #include "kernels/dispatch_internal.h"
 
-static const ct_dropout_fn dropout_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = cti_cpu_dropout};
+static const ct_dropout_fn dropout_impl[CT_DEVICE_TYPE_COUNT] = {
+    [CT_DEVICE_CPU] = cti_cpu_dropout, CUDA_SLOT(cti_cuda_dropout)};
 static const ct_dropout_backward_fn dropout_backward_impl[CT_DEVICE_TYPE_COUNT] = {
-    [CT_DEVICE_CPU] = cti_cpu_dropout_backward};
+    [CT_DEVICE_CPU] = cti_cpu_dropout_backward, CUDA_SLOT(cti_cuda_dropout_backward)};
 
 static bool check_p(const char *op, double p, const ct_tensor *t)
 {

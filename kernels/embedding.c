@@ -5,11 +5,18 @@
 #include "core/frame.h"
 #include "core/threads_internal.h"
 #include "kernels/cpu/embedding.h"
+#ifdef CT_HAVE_CUDA
+#include "kernels/cuda/embedding.h"
+#define CUDA_SLOT(fn) [CT_DEVICE_CUDA] = fn,
+#else
+#define CUDA_SLOT(fn)
+#endif
 #include "kernels/dispatch_internal.h"
 
-static const ct_embedding_fn embedding_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = cti_cpu_embedding};
+static const ct_embedding_fn embedding_impl[CT_DEVICE_TYPE_COUNT] = {
+    [CT_DEVICE_CPU] = cti_cpu_embedding, CUDA_SLOT(cti_cuda_embedding)};
 static const ct_embedding_backward_fn embedding_backward_impl[CT_DEVICE_TYPE_COUNT] = {
-    [CT_DEVICE_CPU] = cti_cpu_embedding_backward};
+    [CT_DEVICE_CPU] = cti_cpu_embedding_backward, CUDA_SLOT(cti_cuda_embedding_backward)};
 
 static ct_status check_ids(const char *op, const ct_tensor *ids, const ct_tensor *table)
 {

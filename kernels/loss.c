@@ -5,11 +5,18 @@
 #include "core/frame.h"
 #include "core/threads_internal.h"
 #include "kernels/cpu/loss.h"
+#ifdef CT_HAVE_CUDA
+#include "kernels/cuda/loss.h"
+#define CUDA_SLOT(fn) [CT_DEVICE_CUDA] = fn,
+#else
+#define CUDA_SLOT(fn)
+#endif
 #include "kernels/dispatch_internal.h"
 
-static const ct_cross_entropy_fn cross_entropy_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = cti_cpu_cross_entropy};
+static const ct_cross_entropy_fn cross_entropy_impl[CT_DEVICE_TYPE_COUNT] = {
+    [CT_DEVICE_CPU] = cti_cpu_cross_entropy, CUDA_SLOT(cti_cuda_cross_entropy)};
 static const ct_cross_entropy_backward_fn cross_entropy_backward_impl[CT_DEVICE_TYPE_COUNT] = {
-    [CT_DEVICE_CPU] = cti_cpu_cross_entropy_backward};
+    [CT_DEVICE_CPU] = cti_cpu_cross_entropy_backward, CUDA_SLOT(cti_cuda_cross_entropy_backward)};
 
 static ct_status check_logits_targets(const char *op, const ct_tensor *logits, const ct_tensor *targets)
 {

@@ -7,14 +7,22 @@
 #include "core/frame.h"
 #include "core/threads_internal.h"
 #include "kernels/cpu/norm.h"
+#ifdef CT_HAVE_CUDA
+#include "kernels/cuda/norm.h"
+#define CUDA_SLOT(fn) [CT_DEVICE_CUDA] = fn,
+#else
+#define CUDA_SLOT(fn)
+#endif
 #include "kernels/dispatch_internal.h"
 
-static const ct_layernorm_fn layernorm_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = cti_cpu_layernorm};
+static const ct_layernorm_fn layernorm_impl[CT_DEVICE_TYPE_COUNT] = {
+    [CT_DEVICE_CPU] = cti_cpu_layernorm, CUDA_SLOT(cti_cuda_layernorm)};
 static const ct_layernorm_backward_fn layernorm_backward_impl[CT_DEVICE_TYPE_COUNT] = {
-    [CT_DEVICE_CPU] = cti_cpu_layernorm_backward};
-static const ct_rmsnorm_fn rmsnorm_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = cti_cpu_rmsnorm};
+    [CT_DEVICE_CPU] = cti_cpu_layernorm_backward, CUDA_SLOT(cti_cuda_layernorm_backward)};
+static const ct_rmsnorm_fn rmsnorm_impl[CT_DEVICE_TYPE_COUNT] = {
+    [CT_DEVICE_CPU] = cti_cpu_rmsnorm, CUDA_SLOT(cti_cuda_rmsnorm)};
 static const ct_rmsnorm_backward_fn rmsnorm_backward_impl[CT_DEVICE_TYPE_COUNT] = {
-    [CT_DEVICE_CPU] = cti_cpu_rmsnorm_backward};
+    [CT_DEVICE_CPU] = cti_cpu_rmsnorm_backward, CUDA_SLOT(cti_cuda_rmsnorm_backward)};
 
 /* w or b: absent, or a float vector of x's last size. */
 static ct_status check_param(const char *op, const char *name, const ct_tensor *p, const ct_tensor *x)

@@ -5,14 +5,22 @@
 #include "core/frame.h"
 #include "core/threads_internal.h"
 #include "kernels/cpu/softmax.h"
+#ifdef CT_HAVE_CUDA
+#include "kernels/cuda/softmax.h"
+#define CUDA_SLOT(fn) [CT_DEVICE_CUDA] = fn,
+#else
+#define CUDA_SLOT(fn)
+#endif
 #include "kernels/dispatch_internal.h"
 
-static const ct_softmax_fn softmax_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = cti_cpu_softmax};
-static const ct_softmax_fn log_softmax_impl[CT_DEVICE_TYPE_COUNT] = {[CT_DEVICE_CPU] = cti_cpu_log_softmax};
+static const ct_softmax_fn softmax_impl[CT_DEVICE_TYPE_COUNT] = {
+    [CT_DEVICE_CPU] = cti_cpu_softmax, CUDA_SLOT(cti_cuda_softmax)};
+static const ct_softmax_fn log_softmax_impl[CT_DEVICE_TYPE_COUNT] = {
+    [CT_DEVICE_CPU] = cti_cpu_log_softmax, CUDA_SLOT(cti_cuda_log_softmax)};
 static const ct_softmax_backward_fn softmax_backward_impl[CT_DEVICE_TYPE_COUNT] = {
-    [CT_DEVICE_CPU] = cti_cpu_softmax_backward};
+    [CT_DEVICE_CPU] = cti_cpu_softmax_backward, CUDA_SLOT(cti_cuda_softmax_backward)};
 static const ct_softmax_backward_fn log_softmax_backward_impl[CT_DEVICE_TYPE_COUNT] = {
-    [CT_DEVICE_CPU] = cti_cpu_log_softmax_backward};
+    [CT_DEVICE_CPU] = cti_cpu_log_softmax_backward, CUDA_SLOT(cti_cuda_log_softmax_backward)};
 
 /* Checks t's dtype and normalises dim (a 0-d tensor has one dim of size 1). */
 static bool check_input(const char *op, const char *name, const ct_tensor *t, int *dim)
