@@ -254,7 +254,9 @@ Test(dist_pg, subgroups_run_collectives_at_once, .timeout = 30)
 static int subgroup_mismatch_main(rank_ctx *c)
 {
     ct_pg *world = rank_pg(c, 20, NULL);
-    if (!world) return 1;
+    /* a slow rank may still be in its init when the others have found the desync and
+     * failed the group: its init then reports that desync, which is the same outcome */
+    if (!world) return ct_last_status() == CT_ERR_PEER && strstr(ct_last_error(), "new_subgroup #1") ? 0 : 1;
     ct_pg *s = ct_pg_new_subgroup(world, c->rank == 1 ? (int[]){0, 2} : (int[]){0, 1}, 2);
     int rc = 0;
     if (s || ct_last_status() != CT_ERR_PEER || !strstr(ct_last_error(), "new_subgroup #1"))
