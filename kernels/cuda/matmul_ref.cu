@@ -15,6 +15,12 @@ typedef struct ref_geom {
     int64_t total; /* batches * M * N */
 } ref_geom;
 
+/* v rounded once from double to T (the bits ct_scalar_store gives): bf16/f16 straight
+ * from double, never through float, which would round twice. */
+template <typename T> __device__ __forceinline__ void st_f64(T *p, double v) { *p = (T)v; }
+template <> __device__ __forceinline__ void st_f64<cti_bf16>(cti_bf16 *p, double v) { p->bits = cti_f64_to_bf16_bits(v); }
+template <> __device__ __forceinline__ void st_f64<cti_f16>(cti_f16 *p, double v) { p->bits = cti_f64_to_f16_bits(v); }
+
 // out (B..., M, N) = alpha * sum_k op(a)[.., m, k] op(b)[.., k, n] + beta * out (beta = 0: out not read).
 template <typename TI, typename TO>
 __global__ void matmul_ref_kernel(TO *out, const TI *a, const TI *b, ref_geom g, double alpha, double beta)
@@ -36,7 +42,7 @@ __global__ void matmul_ref_kernel(TO *out, const TI *a, const TI *b, ref_geom g,
         TO *p = out + oo + m * g.o_m + n * g.o_n;
         double v = alpha * acc;
         if (beta != 0) v += beta * (double)ld<TO>(p);
-        st<TO>(p, (typename cti_acc<TO>::type)v);
+        st_f64<TO>(p, v);
     }
 }
 
@@ -101,7 +107,7 @@ __global__ void linear_ref_kernel(T *y, const T *x, const T *w, const T *bias, i
         for (int64_t k = 0; k < I; k++) v += (double)ld<T>(x + r * xs0 + k * xs1) * (double)ld<T>(w + k * ws0 + o * ws1);
         if (bias) v += (double)ld<T>(bias + o);
         if (gelu) v = 0.5 * v * (1.0 + tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
-        st<T>(y + i, (typename cti_acc<T>::type)v);
+        st_f64<T>(y + i, v);
     }
 }
 
