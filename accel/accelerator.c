@@ -302,8 +302,10 @@ ct_status ct_accelerator_prepare(ct_accelerator *acc, ct_module *model, ct_optim
             acc->shard = ct_shard_new(acc->pg, model, &sc);
             if (!acc->shard) st = ct_last_status();
         } else if (!st && world > 1) {
-            acc->ddp = ct_ddp_new(acc->pg, model, &acc->cfg.ddp);
-            if (!acc->ddp) st = ct_last_status();
+            /* the optimizer is checked before DDP broadcasts anything: a rank that
+             * refuses it then never leaves the others waiting in a collective */
+            if (opt) st = check_ddp_optimizer(acc, opt);
+            if (!st && !(acc->ddp = ct_ddp_new(acc->pg, model, &acc->cfg.ddp))) st = ct_last_status();
         }
     } else if (acc->cfg.shard.strategy != CT_SHARD_NO_SHARD) {
         st = ct_error_set(CT_ERR_INVALID, "strategy %s shards a model: prepare the model with the optimizer",
@@ -314,7 +316,7 @@ ct_status ct_accelerator_prepare(ct_accelerator *acc, ct_module *model, ct_optim
         if (acc->shard) {
             st = ct_shard_prepare_optimizer(acc->shard, opt);
         } else if (acc->ddp) {
-            st = check_ddp_optimizer(acc, opt);
+            /* checked above, before DDP was made */
         } else if (!model) { /* clip what the optimizer holds */
             int n = ct_optimizer_param_count(opt);
             acc->params.tensors = calloc((size_t)(n ? n : 1), sizeof(ct_tensor *));
