@@ -126,7 +126,7 @@ Test(gpu_elementwise, binary_float_broadcast)
                     ranges(float_ops[k], &alo, &ahi, &blo, &bhi);
                     both a = make(floats[d], pairs[p].na, pairs[p].a, 0, 100 + p, alo, ahi);
                     both b = make(floats[d], pairs[p].nb, pairs[p].b, 0, 200 + p, blo, bhi);
-                    char ctx[32];
+                    char ctx[64];
                     snprintf(ctx, sizeof ctx, "pair %zu", p);
                     check_binary(float_ops[k], a, b, ctx);
                 }
@@ -165,7 +165,7 @@ Test(gpu_elementwise, binary_compare_every_dtype)
                         b.cpu = ct_tensor_cast(ct_tensor_cast(b.cpu, CT_DTYPE_I64), dts[d]);
                         a.gpu = gpu_of(a.cpu), b.gpu = gpu_of(b.cpu);
                     }
-                    char ctx[32];
+                    char ctx[64];
                     snprintf(ctx, sizeof ctx, "pair %zu", p);
                     check_binary(cmp_ops[k], a, b, ctx);
                 }
@@ -182,7 +182,7 @@ Test(gpu_elementwise, binary_integer_wraps)
             for (size_t p = 0; p < NPAIRS; p++) CT_FRAME {
                     both a = make(ints[d], pairs[p].na, pairs[p].a, 0, 500 + p, lo, hi);
                     both b = make(ints[d], pairs[p].nb, pairs[p].b, 0, 600 + p, lo, hi);
-                    char ctx[32];
+                    char ctx[64];
                     snprintf(ctx, sizeof ctx, "pair %zu", p);
                     check_binary(int_ops[k], a, b, ctx);
                 }
@@ -409,7 +409,7 @@ Test(gpu_elementwise, unary_float)
                         unary_range((ct_unary_op)op, &lo, &hi);
                         /* 1-d shapes use the last entries of the row */
                         both x = make(floats[d], und[sh], ushapes[sh] + (3 - und[sh]), layout, 1100 + sh, lo, hi);
-                        char ctx[32];
+                        char ctx[64];
                         snprintf(ctx, sizeof ctx, "shape %d, layout %d", sh, layout);
                         check_unary((ct_unary_op)op, x, ctx);
                     }
