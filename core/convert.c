@@ -39,48 +39,6 @@ float ct_bf16_to_f32(uint16_t h) { return cti_bf16_bits_to_f32(h); }
 float ct_e4m3_to_f32(uint8_t v) { return cti_e4m3_bits_to_f32(v); }
 float ct_e5m2_to_f32(uint8_t v) { return cti_e5m2_bits_to_f32(v); }
 
-/* ---- integers -------------------------------------------------------------------- */
-
-/* Float -> int: truncate toward zero, saturate, NaN -> 0. The bounds are the
- * first values whose truncation leaves the range. */
-static inline int32_t f64_to_i32(double d)
-{
-    if (!(d > -2147483649.0)) return d != d ? 0 : INT32_MIN;
-    if (d >= 2147483648.0) return INT32_MAX;
-    return (int32_t)d;
-}
-
-static inline int64_t f64_to_i64(double d)
-{
-    if (!(d >= -0x1p63)) return d != d ? 0 : INT64_MIN;
-    if (d >= 0x1p63) return INT64_MAX;
-    return (int64_t)d;
-}
-
-static inline uint8_t f64_to_u8(double d)
-{
-    if (!(d > -1.0)) return 0; /* NaN too */
-    if (d >= 255.0) return 255;
-    return (uint8_t)d;
-}
-
-/* i64 -> f64 rounded to odd: truncate to 53 significant bits and set the last
- * kept bit if anything was dropped. Rounding that once more to nearest-even at
- * p <= 51 bits gives the same result as rounding the integer directly, so i64
- * reaches f32/f16/bf16/fp8 with a single rounding. */
-static double i64_to_f64_odd(int64_t v)
-{
-    uint64_t m = v < 0 ? 0u - (uint64_t)v : (uint64_t)v;
-    int s = 0;
-    while ((m >> s) >= (1ull << 53)) s++;
-    if (s) {
-        uint64_t lost = m & ((1ull << s) - 1u);
-        m = (m & ~((1ull << s) - 1u)) | (lost ? 1ull << s : 0u);
-    }
-    double d = (double)m; /* exact: at most 53 significant bits */
-    return v < 0 ? -d : d;
-}
-
 /* ---- bulk loops -------------------------------------------------------------------- */
 
 /* Loops from an f32 source (the hot paths for kernels). */

@@ -188,6 +188,48 @@ CTI_HD static inline uint32_t e4m3_widen_bits(uint32_t v)
     return sign | r;
 }
 
+/* ---- integers ------------------------------------------------------------------ */
+
+/* Float -> int: truncate toward zero, saturate, NaN -> 0. The bounds are the
+ * first values whose truncation leaves the range. */
+CTI_HD static inline int32_t f64_to_i32(double d)
+{
+    if (!(d > -2147483649.0)) return d != d ? 0 : INT32_MIN;
+    if (d >= 2147483648.0) return INT32_MAX;
+    return (int32_t)d;
+}
+
+CTI_HD static inline int64_t f64_to_i64(double d)
+{
+    if (!(d >= -0x1p63)) return d != d ? 0 : INT64_MIN;
+    if (d >= 0x1p63) return INT64_MAX;
+    return (int64_t)d;
+}
+
+CTI_HD static inline uint8_t f64_to_u8(double d)
+{
+    if (!(d > -1.0)) return 0; /* NaN too */
+    if (d >= 255.0) return 255;
+    return (uint8_t)d;
+}
+
+/* i64 -> f64 rounded to odd: truncate to 53 significant bits and set the last
+ * kept bit if anything was dropped. Rounding that once more to nearest-even at
+ * p <= 51 bits gives the same result as rounding the integer directly, so i64
+ * reaches f32/f16/bf16/fp8 with a single rounding. */
+CTI_HD static inline double i64_to_f64_odd(int64_t v)
+{
+    uint64_t m = v < 0 ? 0u - (uint64_t)v : (uint64_t)v;
+    int s = 0;
+    while ((m >> s) >= (1ull << 53)) s++;
+    if (s) {
+        uint64_t lost = m & ((1ull << s) - 1u);
+        m = (m & ~((1ull << s) - 1u)) | (lost ? 1ull << s : 0u);
+    }
+    double d = (double)m; /* exact: at most 53 significant bits */
+    return v < 0 ? -d : d;
+}
+
 /* The same narrowings and widenings by format name. */
 CTI_HD static inline uint16_t cti_f32_to_f16_bits(float f) { return (uint16_t)narrow_f32(f, FMT_F16, false); }
 CTI_HD static inline uint16_t cti_f32_to_bf16_bits(float f) { return bf16_narrow(f); }

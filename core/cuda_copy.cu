@@ -5,6 +5,7 @@
  *   float -> int    truncate toward zero, saturate, NaN -> 0;
  *   int -> int      two's complement wrap, as a C cast;
  *   int -> float    i64 through f64 rounded to odd (one rounding in all);
+ * (the scalar conversions are core/convert_bits.h's, the CPU's own);
  *   any -> bool     nonzero (NaN included) -> 1.
  * Same-dtype contiguous copies are plain cudaMemcpyAsync; everything else is one
  * kernel over the destination's elements with a per-element offset calculation
@@ -19,19 +20,6 @@ struct strided_geom {
     int64_t dst_strides[CT_MAX_DIMS];
     int64_t src_strides[CT_MAX_DIMS];
 };
-
-__device__ double i64_to_f64_odd(int64_t v)
-{
-    uint64_t m = v < 0 ? 0u - (uint64_t)v : (uint64_t)v;
-    int s = 0;
-    while ((m >> s) >= (1ull << 53)) s++;
-    if (s) {
-        uint64_t lost = m & ((1ull << s) - 1u);
-        m = (m & ~((1ull << s) - 1u)) | (lost ? 1ull << s : 0u);
-    }
-    double d = (double)m;
-    return v < 0 ? -d : d;
-}
 
 __device__ bool is_int(ct_dtype dt)
 {
@@ -77,27 +65,6 @@ __device__ double load_f64(ct_dtype dt, const char *p, ct_dtype target)
     }
     default: return (double)load_int(dt, p);
     }
-}
-
-__device__ int32_t f64_to_i32(double d)
-{
-    if (!(d > -2147483649.0)) return d != d ? 0 : INT32_MIN;
-    if (d >= 2147483648.0) return INT32_MAX;
-    return (int32_t)d;
-}
-
-__device__ int64_t f64_to_i64(double d)
-{
-    if (!(d >= -0x1p63)) return d != d ? 0 : INT64_MIN;
-    if (d >= 0x1p63) return INT64_MAX;
-    return (int64_t)d;
-}
-
-__device__ uint8_t f64_to_u8(double d)
-{
-    if (!(d > -1.0)) return 0;
-    if (d >= 255.0) return 255;
-    return (uint8_t)d;
 }
 
 __device__ void store_f64(ct_dtype dt, char *p, double v, bool sat)

@@ -29,6 +29,7 @@
  * each (see openblas_single_thread below; bench/README.md has the figures).
  */
 #include "kernels/cpu/matmul.h"
+#include "kernels/matmul_geom.h"
 
 #include <cblas.h>
 #include <dnnl.h>
@@ -55,90 +56,27 @@ int openblas_get_num_threads(void);
 
 /* ---- geometry -------------------------------------------------------------- */
 
-typedef struct mm_geom {
-    int nb; /* batch dims of out */
-    int64_t bshape[CT_MAX_DIMS];
-    int64_t nbatch, M, N, K;
-    int64_t as[CT_MAX_DIMS], bs[CT_MAX_DIMS]; /* batch strides aligned to out's, 0 where broadcast */
-    int64_t ars, acs, brs, bcs;               /* op(a) (M, K) and op(b) (K, N) element strides */
-} mm_geom;
-
-static void geom_init(mm_geom *g, const ct_tensor *out, const ct_tensor *a, const ct_tensor *b, bool ta, bool tb)
-{
-    g->nb = out->ndim - 2;
-    g->M = out->shape[g->nb];
-    g->N = out->shape[g->nb + 1];
-    g->K = a->shape[a->ndim - (ta ? 2 : 1)];
-    g->nbatch = 1;
-    for (int d = 0; d < g->nb; d++) {
-        g->bshape[d] = out->shape[d];
-        g->nbatch *= out->shape[d];
-        int da = d - (g->nb - (a->ndim - 2)), db = d - (g->nb - (b->ndim - 2));
-        g->as[d] = da >= 0 && a->shape[da] != 1 ? a->strides[da] : 0;
-        g->bs[d] = db >= 0 && b->shape[db] != 1 ? b->strides[db] : 0;
-    }
-    const int64_t *s = a->strides + a->ndim - 2;
-    g->ars = ta ? s[1] : s[0];
-    g->acs = ta ? s[0] : s[1];
-    s = b->strides + b->ndim - 2;
-    g->brs = tb ? s[1] : s[0];
-    g->bcs = tb ? s[0] : s[1];
-}
-
-/* Element offset of batch i (row-major over bshape) for batch strides bstr. */
-static int64_t batch_offset(const mm_geom *g, const int64_t *bstr, int64_t i)
-{
-    int64_t off = 0;
-    for (int d = g->nb - 1; d >= 0; d--) {
-        off += (i % g->bshape[d]) * bstr[d];
-        i /= g->bshape[d];
-    }
-    return off;
-}
-
-static int64_t max64(int64_t x, int64_t y) { return x > y ? x : y; }
-
-/* How a rows x cols matrix with element strides (rs, cs) goes to a row-major GEMM:
- * as is (trans = false, ld = row stride) or as the transpose of a row-major
- * (cols, rows) matrix (trans = true, ld = column stride). A stride along a dim of
- * size 1 is never used, so it does not matter. False when neither fits (column
- * slices with a step, expanded dims): the caller copies. */
-static bool blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, bool *trans, int64_t *ld)
-{
-    if ((cols <= 1 || cs == 1) && (rows <= 1 || rs >= max64(cols, 1))) {
-        *trans = false;
-        *ld = rows <= 1 ? max64(cols, 1) : rs;
-        return true;
-    }
-    if ((rows <= 1 || rs == 1) && (cols <= 1 || cs >= max64(rows, 1))) {
-        *trans = true;
-        *ld = cols <= 1 ? max64(rows, 1) : cs;
-        return true;
-    }
-    return false;
-}
-
 /* Both operands in a GEMM-ready layout: a or b replaced by a contiguous copy (in the
- * current frame) when blas_layout rejects it; g recomputed. */
-static ct_status gemm_operands(mm_geom *g, ct_tensor *out, const ct_tensor **a, const ct_tensor **b, bool ta,
+ * current frame) when cti_mm_blas_layout rejects it; g recomputed. */
+static ct_status gemm_operands(cti_mm_geom *g, ct_tensor *out, const ct_tensor **a, const ct_tensor **b, bool ta,
                                bool tb, bool *at, int64_t *lda, bool *bt, int64_t *ldb)
 {
-    if (!blas_layout(g->M, g->K, g->ars, g->acs, at, lda)) {
+    if (!cti_mm_blas_layout(g->M, g->K, g->ars, g->acs, at, lda)) {
         if (!(*a = ct_tensor_contiguous((ct_tensor *)*a))) return ct_last_status();
-        geom_init(g, out, *a, *b, ta, tb);
-        CT_ASSERT(blas_layout(g->M, g->K, g->ars, g->acs, at, lda));
+        cti_mm_geom_init(g, out, *a, *b, ta, tb);
+        CT_ASSERT(cti_mm_blas_layout(g->M, g->K, g->ars, g->acs, at, lda));
     }
-    if (!blas_layout(g->K, g->N, g->brs, g->bcs, bt, ldb)) {
+    if (!cti_mm_blas_layout(g->K, g->N, g->brs, g->bcs, bt, ldb)) {
         if (!(*b = ct_tensor_contiguous((ct_tensor *)*b))) return ct_last_status();
-        geom_init(g, out, *a, *b, ta, tb);
-        CT_ASSERT(blas_layout(g->K, g->N, g->brs, g->bcs, bt, ldb));
+        cti_mm_geom_init(g, out, *a, *b, ta, tb);
+        CT_ASSERT(cti_mm_blas_layout(g->K, g->N, g->brs, g->bcs, bt, ldb));
     }
     return CT_OK;
 }
 
 /* M = 0, N = 0 or an empty batch: nothing to do. K = 0: op(a) @ op(b) is all zeros,
  * so out = beta * out. Returns true when handled. */
-static bool matmul_trivial(ct_tensor *out, const mm_geom *g, double beta)
+static bool matmul_trivial(ct_tensor *out, const cti_mm_geom *g, double beta)
 {
     if (g->M == 0 || g->N == 0 || g->nbatch == 0) return true;
     if (g->K != 0) return false;
@@ -315,8 +253,8 @@ static void gemm_panels(ct_dtype dt, bool at, bool bt, int64_t M, int64_t N, int
 static ct_status gemm_batched(ct_tensor *out, const ct_tensor *a, const ct_tensor *b, bool ta, bool tb, double alpha,
                               double beta, ct_gemm_backend be)
 {
-    mm_geom g;
-    geom_init(&g, out, a, b, ta, tb);
+    cti_mm_geom g;
+    cti_mm_geom_init(&g, out, a, b, ta, tb);
     bool at, bt;
     int64_t lda, ldb;
     ct_status st = gemm_operands(&g, out, &a, &b, ta, tb, &at, &lda, &bt, &ldb);
@@ -336,8 +274,8 @@ static ct_status gemm_batched(ct_tensor *out, const ct_tensor *a, const ct_tenso
     if (nbatch > 1 && mnk <= SMALL_GEMM_MNK) {
         #pragma omp parallel for num_threads(ct_get_num_threads()) schedule(static) if (nbatch * mnk > 32768)
         for (int64_t i = 0; i < nbatch; i++) {
-            int s = gemm_one(dt, be, at, bt, g.M, g.N, g.K, alpha, ap + batch_offset(&g, g.as, i) * es, lda,
-                             bp + batch_offset(&g, g.bs, i) * es, ldb, beta, cp + i * g.M * g.N * es, g.N);
+            int s = gemm_one(dt, be, at, bt, g.M, g.N, g.K, alpha, ap + cti_mm_batch_offset(&g, g.as, i) * es, lda,
+                             bp + cti_mm_batch_offset(&g, g.bs, i) * es, ldb, beta, cp + i * g.M * g.N * es, g.N);
             if (s) {
                 #pragma omp atomic write
                 failed = s;
@@ -345,7 +283,7 @@ static ct_status gemm_batched(ct_tensor *out, const ct_tensor *a, const ct_tenso
         }
     } else {
         for (int64_t i = 0; i < nbatch && !failed; i++) {
-            const char *A = ap + batch_offset(&g, g.as, i) * es, *B = bp + batch_offset(&g, g.bs, i) * es;
+            const char *A = ap + cti_mm_batch_offset(&g, g.as, i) * es, *B = bp + cti_mm_batch_offset(&g, g.bs, i) * es;
             char *C = cp + i * g.M * g.N * es;
             if (be == CT_GEMM_OPENBLAS || dt == CT_DTYPE_F64)
                 gemm_panels(dt, at, bt, g.M, g.N, g.K, alpha, A, lda, B, ldb, beta, C, es);
@@ -609,7 +547,7 @@ static const char *onednn_isa_name(dnnl_cpu_isa_t isa)
 /* Fills one operand's dims/strides for the key: batch dims padded with 1s to out's
  * count, the matrix dims in the canonical BLAS layout, size-1 dims given the
  * outermost stride (oneDNN ignores them, but expects a plausible layout). */
-static void onednn_operand(const mm_geom *g, const ct_tensor *t, const int64_t *bstr, int64_t rows, int64_t cols,
+static void onednn_operand(const cti_mm_geom *g, const ct_tensor *t, const int64_t *bstr, int64_t rows, int64_t cols,
                            bool trans, int64_t ld, int64_t *dims, int64_t *strides)
 {
     int nb = g->nb;
@@ -617,18 +555,18 @@ static void onednn_operand(const mm_geom *g, const ct_tensor *t, const int64_t *
     dims[nb + 1] = cols;
     strides[nb] = trans ? 1 : ld;
     strides[nb + 1] = trans ? ld : 1;
-    int64_t span = max64(rows * strides[nb], cols * strides[nb + 1]);
+    int64_t span = cti_mm_max64(rows * strides[nb], cols * strides[nb + 1]);
     int lead = nb - (t ? t->ndim - 2 : nb);
     for (int d = 0; d < nb; d++) {
         dims[d] = d < lead ? 1 : t ? t->shape[d - lead] : g->bshape[d];
         strides[d] = t ? bstr[d] : 0;
-        if (dims[d] != 1) span = max64(span, dims[d] * strides[d]);
+        if (dims[d] != 1) span = cti_mm_max64(span, dims[d] * strides[d]);
     }
     for (int d = 0; d < nb; d++)
         if (dims[d] == 1) strides[d] = span;
 }
 
-static bool expanded_batch(const mm_geom *g, const ct_tensor *t, const int64_t *bstr)
+static bool expanded_batch(const cti_mm_geom *g, const ct_tensor *t, const int64_t *bstr)
 {
     int lead = g->nb - (t->ndim - 2);
     for (int d = lead; d < g->nb; d++)
@@ -652,15 +590,15 @@ static ct_status onednn_run(ct_tensor *out, const ct_tensor *a, const ct_tensor 
     if (onednn_engine_status)
         return ct_error_set(CT_ERR_INTERNAL, "matmul: oneDNN CPU engine creation failed (status %d)",
                             (int)onednn_engine_status);
-    mm_geom g;
-    geom_init(&g, out, a, b, ta, tb);
+    cti_mm_geom g;
+    cti_mm_geom_init(&g, out, a, b, ta, tb);
     bool at, bt;
     int64_t lda, ldb;
     /* a batch dim the caller expanded (size > 1, stride 0) is materialised first */
     if (expanded_batch(&g, a, g.as) || expanded_batch(&g, b, g.bs)) {
         if (!(a = ct_tensor_contiguous((ct_tensor *)a)) || !(b = ct_tensor_contiguous((ct_tensor *)b)))
             return ct_last_status();
-        geom_init(&g, out, a, b, ta, tb);
+        cti_mm_geom_init(&g, out, a, b, ta, tb);
     }
     ct_status st = gemm_operands(&g, out, &a, &b, ta, tb, &at, &lda, &bt, &ldb);
     if (st) return st;
@@ -720,8 +658,8 @@ static ct_status onednn_run(ct_tensor *out, const ct_tensor *a, const ct_tensor 
 ct_status cti_cpu_matmul_onednn(ct_tensor *out, const ct_tensor *a, const ct_tensor *b, bool trans_a, bool trans_b,
                                 double alpha, double beta)
 {
-    mm_geom g;
-    geom_init(&g, out, a, b, trans_a, trans_b);
+    cti_mm_geom g;
+    cti_mm_geom_init(&g, out, a, b, trans_a, trans_b);
     if (matmul_trivial(out, &g, beta)) return CT_OK;
     ct_frame_push();
     ct_status st = onednn_run(out, a, b, trans_a, trans_b, alpha, beta, true);
@@ -734,8 +672,8 @@ ct_status cti_cpu_matmul_onednn(ct_tensor *out, const ct_tensor *a, const ct_ten
 ct_status cti_cpu_matmul(ct_tensor *out, const ct_tensor *a, const ct_tensor *b, bool trans_a, bool trans_b,
                          double alpha, double beta)
 {
-    mm_geom g;
-    geom_init(&g, out, a, b, trans_a, trans_b);
+    cti_mm_geom g;
+    cti_mm_geom_init(&g, out, a, b, trans_a, trans_b);
     ct_gemm_backend be;
     bool forced;
     /* the inputs' dtype picks the library; 16-bit inputs may write an f32 out */

@@ -26,6 +26,7 @@
 #include "core/frame.h"
 #include "core/threads.h"
 #include "kernels/cpu/elementwise.h"
+#include "kernels/reduce_plan.h"
 
 /* RED_BLOCK: reduced elements per inner task; OUTER_COLS outputs per outer task,
  * which walks down OUTER_BLOCK elements' worth of rows. Fixed, so the blocks
@@ -34,38 +35,6 @@ enum { RED_BLOCK = 1 << 15, OUTER_COLS = 2048, OUTER_BLOCK = 1 << 18, PAR_MIN = 
 
 /* Internal modes: the public ops plus the second pass of var. MEAN is SUM here. */
 typedef enum { M_SUM, M_MAX, M_MIN, M_SQDEV } red_mode;
-
-typedef struct red_plan {
-    int nk, nr;
-    int64_t kshape[CT_MAX_DIMS], kstride[CT_MAX_DIMS]; /* kept dims, x's strides */
-    int64_t rshape[CT_MAX_DIMS], rstride[CT_MAX_DIMS]; /* reduced dims, x's strides */
-    int64_t nout, nred;
-} red_plan;
-
-static void plan_init(red_plan *pl, const ct_tensor *x, uint32_t mask)
-{
-    memset(pl, 0, sizeof *pl);
-    pl->nout = pl->nred = 1;
-    for (int d = 0; d < x->ndim; d++) {
-        const int64_t n = x->shape[d], s = x->strides[d];
-        const bool red = (mask >> d) & 1;
-        if (red) pl->nred *= n;
-        else pl->nout *= n;
-        if (n == 1) continue;
-        int *cnt = red ? &pl->nr : &pl->nk;
-        int64_t *sh = red ? pl->rshape : pl->kshape, *st = red ? pl->rstride : pl->kstride;
-        /* merging keeps the row-major order within each list, which is the
-         * output order (kept) and the accumulation order (reduced) */
-        if (*cnt > 0 && st[*cnt - 1] == s * n) {
-            sh[*cnt - 1] *= n;
-            st[*cnt - 1] = s;
-        } else {
-            sh[*cnt] = n;
-            st[*cnt] = s;
-            (*cnt)++;
-        }
-    }
-}
 
 /* Element offset of flat index i over a row-major (n, shape) with strides. */
 static int64_t flat_offset(int n, const int64_t *shape, const int64_t *stride, int64_t i, int64_t *idx)
@@ -196,7 +165,7 @@ static double seg_ext_half(ct_dtype dt, const half *p, int64_t s, int64_t n, boo
 
 #define DEF_TASKS(T, ROW)                                                                          \
     /* inner layout: output o over reduced flat range [j0, j1) */                                  \
-    static double inner_task_##T(const red_plan *pl, red_mode m, ct_dtype dt, const T *x, int64_t o, \
+    static double inner_task_##T(const cti_red_plan *pl, red_mode m, ct_dtype dt, const T *x, int64_t o, \
                                  int64_t j0, int64_t j1, double mean)                              \
     {                                                                                              \
         const int nr = pl->nr;                                                                     \
@@ -219,7 +188,7 @@ static double seg_ext_half(ct_dtype dt, const half *p, int64_t s, int64_t n, boo
                                                                                                    \
     /* outer layout: outputs [ko*J + c0, +nc) over reduced positions [r0, r1); dst[nc]. */         \
     /* Max starts at -inf and min at +inf, which NaN still overrides. */                           \
-    static void outer_task_##T(const red_plan *pl, red_mode m, ct_dtype dt, const T *x, int64_t ko, \
+    static void outer_task_##T(const cti_red_plan *pl, red_mode m, ct_dtype dt, const T *x, int64_t ko, \
                                int64_t c0, int64_t nc, int64_t r0, int64_t r1, const double *mean, \
                                double *dst)                                                        \
     {                                                                                              \
@@ -259,7 +228,7 @@ DEF_TASKS(double, ROW_NATIVE)
 DEF_TASKS(half, ROW_HALF)
 
 /* res[nout] = the reduction of x (f32, f64, f16, bf16) under plan; mean[nout] for M_SQDEV. */
-static ct_status reduce_float(red_mode m, const ct_tensor *x, const red_plan *pl, const double *mean, double *res)
+static ct_status reduce_float(red_mode m, const ct_tensor *x, const cti_red_plan *pl, const double *mean, double *res)
 {
     const ct_dtype dt = x->dtype;
     const void *xd = ct_tensor_data(x);
@@ -315,7 +284,7 @@ static ct_status reduce_float(red_mode m, const ct_tensor *x, const red_plan *pl
 /* ---- integer kernels: exact, so any order gives the same bits ----------------------------- */
 
 #define DEF_INT_KERNEL(NAME, T)                                                                    \
-    static int64_t NAME(const red_plan *pl, red_mode m, const T *x, int64_t o)                     \
+    static int64_t NAME(const cti_red_plan *pl, red_mode m, const T *x, int64_t o)                     \
     {                                                                                              \
         const int nr = pl->nr;                                                                     \
         const int64_t L = nr ? pl->rshape[nr - 1] : 1, ls = nr ? pl->rstride[nr - 1] : 0;          \
@@ -340,7 +309,7 @@ DEF_INT_KERNEL(int_task_i32, int32_t)
 DEF_INT_KERNEL(int_task_i64, int64_t)
 DEF_INT_KERNEL(int_task_u8, uint8_t)
 
-static void reduce_int(red_mode m, const ct_tensor *x, const red_plan *pl, int64_t *res)
+static void reduce_int(red_mode m, const ct_tensor *x, const cti_red_plan *pl, int64_t *res)
 {
     const void *xd = ct_tensor_data(x);
     const ct_dtype dt = x->dtype;
@@ -371,8 +340,8 @@ static const ct_tensor *widen(const ct_tensor *x)
 static ct_status reduce_core(red_mode m, const ct_tensor *x, uint32_t mask, const double *mean, double *res,
                              int64_t *ires)
 {
-    red_plan pl;
-    plan_init(&pl, x, mask);
+    cti_red_plan pl;
+    cti_red_plan_init(&pl, x, mask);
     if (pl.nout == 0) return CT_OK;
     if (pl.nred == 0) { /* only SUM gets here: the empty sum */
         if (ires) memset(ires, 0, (size_t)pl.nout * sizeof *ires);
@@ -473,8 +442,8 @@ ct_status cti_cpu_argmax(ct_tensor *out, const ct_tensor *x, int dim)
     if (!xw) {
         st = ct_last_status();
     } else {
-        red_plan pl;
-        plan_init(&pl, xw, x->ndim ? 1u << dim : 0u);
+        cti_red_plan pl;
+        cti_red_plan_init(&pl, xw, x->ndim ? 1u << dim : 0u);
         const int64_t n = pl.nr ? pl.rshape[0] : 1, s = pl.nr ? pl.rstride[0] : 0;
         const size_t es = ct_dtype_size(xw->dtype);
         const char *xd = ct_tensor_data(xw);

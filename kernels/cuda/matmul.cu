@@ -13,6 +13,7 @@
  */
 #include "kernels/cuda/blaslt.cuh"
 #include "kernels/cuda/matmul.h"
+#include "kernels/matmul_geom.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -20,59 +21,9 @@
 /* cuBLASLt's batch count is an int; smaller chunks keep every kernel's grid in range */
 #define MM_MAX_BATCH 65535
 
-typedef struct mm_geom {
-    int nb; /* batch dims of out */
-    int64_t bshape[CT_MAX_DIMS];
-    int64_t nbatch, M, N, K;
-    int64_t as[CT_MAX_DIMS], bs[CT_MAX_DIMS]; /* batch strides aligned to out's, 0 where broadcast */
-    int64_t ars, acs, brs, bcs;               /* op(a) (M, K) and op(b) (K, N) element strides */
-} mm_geom;
-
-static void geom_init(mm_geom *g, const ct_tensor *out, const ct_tensor *a, const ct_tensor *b, bool ta, bool tb)
-{
-    g->nb = out->ndim - 2;
-    g->M = out->shape[g->nb];
-    g->N = out->shape[g->nb + 1];
-    g->K = a->shape[a->ndim - (ta ? 2 : 1)];
-    g->nbatch = 1;
-    for (int d = 0; d < g->nb; d++) {
-        g->bshape[d] = out->shape[d];
-        g->nbatch *= out->shape[d];
-        int da = d - (g->nb - (a->ndim - 2)), db = d - (g->nb - (b->ndim - 2));
-        g->as[d] = da >= 0 && a->shape[da] != 1 ? a->strides[da] : 0;
-        g->bs[d] = db >= 0 && b->shape[db] != 1 ? b->strides[db] : 0;
-    }
-    const int64_t *s = a->strides + a->ndim - 2;
-    g->ars = ta ? s[1] : s[0];
-    g->acs = ta ? s[0] : s[1];
-    s = b->strides + b->ndim - 2;
-    g->brs = tb ? s[1] : s[0];
-    g->bcs = tb ? s[0] : s[1];
-}
-
-static int64_t max64(int64_t x, int64_t y) { return x > y ? x : y; }
-
-/* A rows x cols matrix with element strides (rs, cs) as a row-major GEMM operand: as
- * is (trans = false, ld = row stride) or the transpose of a row-major (cols, rows)
- * one (trans = true, ld = column stride); false when neither fits. */
-static bool blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, bool *trans, int64_t *ld)
-{
-    if ((cols <= 1 || cs == 1) && (rows <= 1 || rs >= max64(cols, 1))) {
-        *trans = false;
-        *ld = rows <= 1 ? max64(cols, 1) : rs;
-        return true;
-    }
-    if ((rows <= 1 || rs == 1) && (cols <= 1 || cs >= max64(rows, 1))) {
-        *trans = true;
-        *ld = cols <= 1 ? max64(rows, 1) : cs;
-        return true;
-    }
-    return false;
-}
-
 /* True when batch dims [k, nb) step through one operand by a single stride: batch i
  * of that range sits at i * *stride. */
-static bool suffix_uniform(const mm_geom *g, const int64_t *bstr, int k, int64_t *stride)
+static bool suffix_uniform(const cti_mm_geom *g, const int64_t *bstr, int k, int64_t *stride)
 {
     int64_t s = 0, after = 1; /* after: the number of batches of the dims inside d */
     bool have = false;
@@ -126,7 +77,7 @@ template <typename T> __global__ void mm_scale_kernel(T *p, int64_t n, double be
 
 /* M = 0, N = 0 or an empty batch: nothing to do. K = 0: op(a) @ op(b) is all zeros,
  * so out = beta * out. True when handled (*st set). */
-static bool mm_trivial(ct_tensor *out, const mm_geom *g, double beta, ct_status *st)
+static bool mm_trivial(ct_tensor *out, const cti_mm_geom *g, double beta, ct_status *st)
 {
     *st = CT_OK;
     if (g->M == 0 || g->N == 0 || g->nbatch == 0) return true;
@@ -163,19 +114,19 @@ static ct_status mm_queue(ct_tensor *out, const ct_tensor *a, const ct_tensor *b
 {
     const int dev = out->device.index;
     ct_status st = CT_OK;
-    mm_geom g;
-    geom_init(&g, out, a, b, ta, tb);
+    cti_mm_geom g;
+    cti_mm_geom_init(&g, out, a, b, ta, tb);
     bool at, bt;
     int64_t lda, ldb;
-    if (!blas_layout(g.M, g.K, g.ars, g.acs, &at, &lda)) {
+    if (!cti_mm_blas_layout(g.M, g.K, g.ars, g.acs, &at, &lda)) {
         if (!(a = ct_tensor_contiguous((ct_tensor *)a))) return ct_last_status();
-        geom_init(&g, out, a, b, ta, tb);
-        CT_ASSERT(blas_layout(g.M, g.K, g.ars, g.acs, &at, &lda));
+        cti_mm_geom_init(&g, out, a, b, ta, tb);
+        CT_ASSERT(cti_mm_blas_layout(g.M, g.K, g.ars, g.acs, &at, &lda));
     }
-    if (!blas_layout(g.K, g.N, g.brs, g.bcs, &bt, &ldb)) {
+    if (!cti_mm_blas_layout(g.K, g.N, g.brs, g.bcs, &bt, &ldb)) {
         if (!(b = ct_tensor_contiguous((ct_tensor *)b))) return ct_last_status();
-        geom_init(&g, out, a, b, ta, tb);
-        CT_ASSERT(blas_layout(g.K, g.N, g.brs, g.bcs, &bt, &ldb));
+        cti_mm_geom_init(&g, out, a, b, ta, tb);
+        CT_ASSERT(cti_mm_blas_layout(g.K, g.N, g.brs, g.bcs, &bt, &ldb));
     }
     cti_lt_gemm lg;
     memset(&lg, 0, sizeof lg);
@@ -239,8 +190,8 @@ static ct_status mm_run(ct_tensor *out, const ct_tensor *a, const ct_tensor *b, 
 {
     ct_status st = cti_cuda_enter(out->device.index, op);
     if (st) return st;
-    mm_geom g;
-    geom_init(&g, out, a, b, ta, tb);
+    cti_mm_geom g;
+    cti_mm_geom_init(&g, out, a, b, ta, tb);
     if (epi == CUBLASLT_EPILOGUE_DEFAULT && mm_trivial(out, &g, beta, &st)) return st;
     char what[700];
     mm_describe(what, sizeof what, out, a, b, ta, tb);

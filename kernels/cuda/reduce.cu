@@ -34,6 +34,7 @@
  * reduced elements in row-major order, a double (int64) accumulator. */
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/reduce.h"
+#include "kernels/reduce_plan.h"
 
 #include <limits.h>
 
@@ -42,38 +43,6 @@ enum { RED_THREADS = 256, RED_THREAD_MAX = 16, RED_WARP_MAX = 2048, OUTER_X = 32
 enum { GROUP_THREAD, GROUP_WARP, GROUP_BLOCK }; /* who reduces one item of the inner layout */
 
 /* ---- plan ------------------------------------------------------------------------------------ */
-
-typedef struct red_plan {
-    int nk, nr;
-    int64_t kshape[CT_MAX_DIMS], kstride[CT_MAX_DIMS]; /* kept dims, x's strides */
-    int64_t rshape[CT_MAX_DIMS], rstride[CT_MAX_DIMS]; /* reduced dims, x's strides */
-    int64_t nout, nred;
-} red_plan;
-
-static void plan_init(red_plan *pl, const ct_tensor *x, uint32_t mask)
-{
-    memset(pl, 0, sizeof *pl);
-    pl->nout = pl->nred = 1;
-    for (int d = 0; d < x->ndim; d++) {
-        const int64_t n = x->shape[d], s = x->strides[d];
-        const bool red = (mask >> d) & 1;
-        if (red) pl->nred *= n;
-        else pl->nout *= n;
-        if (n == 1) continue;
-        int *cnt = red ? &pl->nr : &pl->nk;
-        int64_t *sh = red ? pl->rshape : pl->kshape, *st = red ? pl->rstride : pl->kstride;
-        /* merging keeps row-major order within each list: the output order (kept)
-         * and the accumulation order (reduced) */
-        if (*cnt > 0 && st[*cnt - 1] == s * n) {
-            sh[*cnt - 1] *= n;
-            st[*cnt - 1] = s;
-        } else {
-            sh[*cnt] = n;
-            st[*cnt] = s;
-            (*cnt)++;
-        }
-    }
-}
 
 /* Element offset of flat index i over the first n dims of (shape, stride), row-major;
  * constant indices keep the plan in parameter space. */
@@ -91,7 +60,7 @@ __device__ __forceinline__ int64_t plan_offset(int n, const int64_t *shape, cons
     return off;
 }
 
-__device__ __forceinline__ int64_t plan_roff(const red_plan &p, int64_t j)
+__device__ __forceinline__ int64_t plan_roff(const cti_red_plan &p, int64_t j)
 {
     return p.nr == 1 ? j * p.rstride[0] : plan_offset(p.nr, p.rshape, p.rstride, j);
 }
@@ -214,7 +183,7 @@ __device__ __forceinline__ void red_store(const red_out &r, int64_t o, long long
  * nsplit == 1 stores the result; else part[o * nsplit + s] gets the partial.
  * mean: per-output means for M_SQDEV, else NULL. */
 template <typename T, typename A>
-__global__ void reduce_inner_kernel(red_plan p, int m, const T *x, const double *mean, int64_t nsplit, int64_t chunk,
+__global__ void reduce_inner_kernel(cti_red_plan p, int m, const T *x, const double *mean, int64_t nsplit, int64_t chunk,
                                     int group, A *part, red_out out)
 {
     __shared__ A scratch[32];
@@ -251,7 +220,7 @@ __global__ void reduce_inner_kernel(red_plan p, int m, const T *x, const double 
 /* Outputs o = ko * J + c with c in a contiguous run of J (the last kept dim, stride
  * 1); a block (OUTER_X, OUTER_Y) takes item it = ((ko, tile of OUTER_X columns), chunk s). */
 template <typename T, typename A>
-__global__ void reduce_outer_kernel(red_plan p, int m, const T *x, const double *mean, int64_t J, int64_t ntile,
+__global__ void reduce_outer_kernel(cti_red_plan p, int m, const T *x, const double *mean, int64_t J, int64_t ntile,
                                     int64_t nsplit, int64_t chunk, A *part, red_out out)
 {
     __shared__ A sm[OUTER_Y][OUTER_X + 1];
@@ -309,7 +278,7 @@ static void split_of(int64_t nred, int64_t want, int64_t min_chunk, int64_t *nsp
 
 /* Queues one reduction pass of mode m of x (plan pl) into out; scratch on x's device
  * in the current frame. */
-static ct_status reduce_pass(const char *name, int m, const ct_tensor *x, const red_plan *pl, const double *mean,
+static ct_status reduce_pass(const char *name, int m, const ct_tensor *x, const cti_red_plan *pl, const double *mean,
                              red_out out)
 {
     cudaStream_t stream = cti_cu_stream(x);
@@ -367,8 +336,8 @@ ct_status cti_cuda_reduce(ct_reduce_op op, ct_tensor *out, const ct_tensor *x, u
     const char *name = op_names[op];
     if (ct_tensor_numel(out) == 0) return CT_OK;
     if (cti_cuda_enter(x->device.index, name)) return ct_last_status();
-    red_plan pl;
-    plan_init(&pl, x, mask);
+    cti_red_plan pl;
+    cti_red_plan_init(&pl, x, mask);
     const int m = op == CT_REDUCE_MAX ? M_MAX : op == CT_REDUCE_MIN ? M_MIN : M_SUM;
     ct_frame_push();
     ct_status st = reduce_pass(name, m, x, &pl, NULL, out_of(out, op == CT_REDUCE_MEAN, (double)pl.nred));
@@ -382,8 +351,8 @@ ct_status cti_cuda_var(ct_tensor *out, const ct_tensor *x, uint32_t mask, int64_
     const int64_t nout = ct_tensor_numel(out);
     if (nout == 0) return CT_OK;
     if (cti_cuda_enter(x->device.index, "var")) return ct_last_status();
-    red_plan pl;
-    plan_init(&pl, x, mask);
+    cti_red_plan pl;
+    cti_red_plan_init(&pl, x, mask);
     if (pl.nred <= correction) return cti_cuda_fill(out, (double)NAN);
     ct_status st = CT_OK;
     ct_frame_push();
@@ -420,7 +389,7 @@ template <typename A> __device__ __forceinline__ void am_warp(A &v, int64_t &i)
 /* mode 0: one thread per output; 1: a warp; 2: the block. Along the dim: n elements
  * at stride s from each output's base (kept dims of the plan). */
 template <typename T>
-__global__ void argmax_kernel(red_plan p, int mode, int64_t n, int64_t s, const T *x, int64_t *out)
+__global__ void argmax_kernel(cti_red_plan p, int mode, int64_t n, int64_t s, const T *x, int64_t *out)
 {
     typedef typename red_acc<T>::type A;
     __shared__ A sv[32];
@@ -461,8 +430,8 @@ ct_status cti_cuda_argmax(ct_tensor *out, const ct_tensor *x, int dim)
 {
     if (ct_tensor_numel(out) == 0) return CT_OK;
     if (cti_cuda_enter(x->device.index, "argmax")) return ct_last_status();
-    red_plan pl;
-    plan_init(&pl, x, x->ndim ? 1u << dim : 0u);
+    cti_red_plan pl;
+    cti_red_plan_init(&pl, x, x->ndim ? 1u << dim : 0u);
     const int64_t n = pl.nr ? pl.rshape[0] : 1, s = pl.nr ? pl.rstride[0] : 0;
     const int mode = s != 1 && pl.nout >= 1024 ? 0 : n <= RED_WARP_MAX ? 1 : 2;
     const int64_t per_block = mode == 0 ? RED_THREADS : mode == 1 ? RED_THREADS / 32 : 1;
