@@ -148,7 +148,7 @@ static const section MEGATRON_SECTION = {"megatron_lm_config", MEGATRON_KEYS, NK
 static const key TOP_KEYS[] = {
     {"compute_environment", V_SPECIAL, OFF(compute_environment), 0, 0, NULL, NULL, NULL, true},
     {"distributed_type", V_SPECIAL, 0, 0, 0, 0, DIST_TYPES, NULL, NULL, true},
-    {"mixed_precision", V_SPECIAL, OFF(mixed_precision), 0, 0, PRECISIONS, NULL, NULL, true},
+    {"mixed_precision", V_SPECIAL, OFF(mixed_precision), 0, 0, PRECISIONS, NULL, NULL, false},
     {"use_cpu", V_BOOL, OFF(use_cpu), 0, 0, NULL, NULL, NULL, true},
     {"debug", V_BOOL, OFF(debug), 0, 0, NULL, NULL, NULL, true},
     {"num_processes", V_INT, OFF(num_processes), 1, 1 << 20, NULL, NULL, NULL, true},
@@ -549,8 +549,10 @@ ct_status ct_cluster_config_read(const char *path, ct_cluster_config *c, bool *o
     yaml_node_t *root = yaml_document_get_root_node(&doc);
     ct_cluster_config next;
     ct_cluster_config_defaults(&next);
-    /* a file sets what it names; the rest are Accelerate's defaults for a loaded file */
+    /* a file sets what it names; the rest are Accelerate's defaults for a loaded file
+     * (its process_config: use_cpu false, mixed_precision None: launch's own default) */
     next.use_cpu = false;
+    next.mixed_precision[0] = 0;
     next.ignored[0] = 0;
     reader r = {.path = path, .doc = &doc, .c = &next, .old = old};
     if (!root || is_null(root)) {
@@ -568,7 +570,8 @@ ct_status ct_cluster_config_read(const char *path, ct_cluster_config *c, bool *o
         if (!has_type)
             s = ct_error_set(CT_ERR_INVALID, "config: '%s' has no distributed_type (NO, MULTI_CPU, MULTI_GPU, "
                                              "DEEPSPEED, FSDP or MEGATRON_LM): Accelerate requires it too", path);
-        if (r.fp16_key && !strcmp(next.mixed_precision, "no")) snprintf(next.mixed_precision, 8, "fp16");
+        /* Accelerate: `fp16: true` counts only where mixed_precision is not given */
+        if (r.fp16_key && !next.mixed_precision[0]) snprintf(next.mixed_precision, 8, "fp16");
         if (!s && next.distributed_type == CT_DIST_DEEPSPEED && next.deepspeed.deepspeed_config_file[0]) {
             /* As Accelerate: with a ds_config.json the engine's settings come from it alone */
             const char *clash[] = {"zero_stage", "offload_optimizer_device", "offload_param_device",

@@ -101,7 +101,7 @@ typedef struct ct_cluster_config {
 
     /* Set by ct_cluster_config_read: the keys of the file that Accelerate writes and
      * ctrain accepts without using (tpu_*, dynamo_config, ...), comma-separated, those
-     * with a value other than null, false or empty; written back by nobody. */
+     * with a value other than null, false or empty. The writer does not write them. */
     char ignored[512];
 } ct_cluster_config;
 

@@ -306,8 +306,7 @@ ct_status ct_cluster_config_write(const ct_cluster_config *c, const char *path)
         return ct_error_set(CT_ERR_INVALID, "config: the path '%s' is too long", path);
     int fd = mkstemp(tmp);
     if (fd < 0) return ct_error_set(CT_ERR_IO, "config: cannot create '%s': %s", tmp, strerror(errno));
-    fchmod(fd, 0644);
-    FILE *f = fdopen(fd, "w");
+    FILE *f = fchmod(fd, 0644) == 0 ? fdopen(fd, "w") : NULL; /* mkstemp's 0600 is not a config file's */
     if (!f) {
         close(fd);
         unlink(tmp);

@@ -80,6 +80,45 @@ Test(config_cmd, launch_gives_each_rank_a_zero3_files_settings, .timeout = 60)
     assert_rank_lines(2, want);
 }
 
+Test(config_cmd, a_ds_config_json_named_in_the_file_sets_the_engine_alone, .timeout = 60)
+{
+    write_file("dsf.yaml", "distributed_type: DEEPSPEED\n"
+                           "deepspeed_config:\n"
+                           "  deepspeed_config_file: ds_config.json\n"
+                           "  zero3_init_flag: false\n"
+                           "num_processes: 1\n"
+                           "use_cpu: true\n");
+    cr_assert_eq(ctrain("launch --config_file dsf.yaml " PRINT_ENV), 0, "%s", out);
+    static const char *const want[] = {"CTRAIN_DEEPSPEED_CONFIG_FILE=ds_config.json", "CTRAIN_USE_DEEPSPEED=1",
+                                       "WORLD_SIZE=1", NULL};
+    assert_rank_lines(1, want);
+    assert_lacks("ZERO_STAGE");
+    assert_lacks("OFFLOAD");
+    assert_lacks("CTRAIN_MIXED_PRECISION"); /* not in the file: the ds_config.json's fp16/bf16 blocks decide */
+}
+
+Test(config_cmd, fp8_config_becomes_the_fp8_flags, .timeout = 60)
+{
+    /* Accelerate's questionnaire spellings amax_history_length and amax_compute_algorithm */
+    write_file("fp8.yaml", "distributed_type: 'NO'\n"
+                           "mixed_precision: fp8\n"
+                           "fp8_config:\n"
+                           "  backend: TE\n"
+                           "  fp8_format: E4M3\n"
+                           "  amax_history_length: 16\n"
+                           "  amax_compute_algorithm: most_recent\n"
+                           "  margin: 2\n"
+                           "  interval: 1\n");
+    cr_assert_eq(ctrain("launch --config_file fp8.yaml " PRINT_ENV), 0, "%s", out);
+    static const char *const want[] = {"CTRAIN_FP8_AMAX_COMPUTE_ALGO=most_recent", "CTRAIN_FP8_AMAX_HISTORY_LEN=16",
+                                       "CTRAIN_FP8_FORMAT=e4m3", "CTRAIN_FP8_MARGIN=2",
+                                       "CTRAIN_MIXED_PRECISION=fp8", NULL};
+    assert_rank_lines(1, want);
+    /* the flag beats the file */
+    cr_assert_eq(ctrain("launch --config_file fp8.yaml --fp8_margin 0 " PRINT_ENV), 0, "%s", out);
+    assert_has("[rank0] CTRAIN_FP8_MARGIN=0\n");
+}
+
 static const char FULL_SHARD[] = "compute_environment: LOCAL_MACHINE\n"
                                  "distributed_type: FSDP\n"
                                  "fsdp_config:\n"
