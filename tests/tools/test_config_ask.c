@@ -10,28 +10,17 @@
  * and the parent waits for the next expected one, a question asked out of order or
  * one too many stalls the script and fails the test. */
 #include <criterion/criterion.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
-#include <termios.h>
-#include <time.h>
-#include <unistd.h>
 
+#include "tests/pty_session.h"
 #include "tests/tmpdir.h"
 #include "tools/config_ask.h"
 
 #ifdef __SANITIZE_ADDRESS__
 #include <sanitizer/lsan_interface.h>
 #endif
-
-#define STEP_SECONDS 10 /* the machine is shared: a question may take a while to come */
 
 /* ---- the child: the questionnaire on the terminal, then its result ------------------ */
 
@@ -69,19 +58,22 @@ static void dump(FILE *f, const ct_cluster_config *c)
 
 typedef void (*config_setup)(ct_cluster_config *c);
 
-static _Noreturn void child_main(const char *slave, ct_config_ask_machine m, config_setup setup)
+typedef struct {
+    ct_config_ask_machine m;
+    config_setup setup;
+} child_args;
+
+static void child_main(const char *slave, void *arg)
 {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    setsid(); /* the terminal becomes this process's controlling terminal, as in a login */
-    int fd = open(slave, O_RDWR);
-    if (fd < 0) _exit(120);
-    FILE *in = fdopen(fd, "r"), *out = fdopen(dup(fd), "w");
-    if (!in || !out) _exit(121);
+    const child_args *a = arg;
+    pty_child_attach(slave);
+    FILE *in = fdopen(0, "r"), *out = fdopen(1, "w");
+    if (!in || !out) _exit(123);
     ct_cluster_config c, before;
     ct_cluster_config_defaults(&c);
-    if (setup) setup(&c);
+    if (a->setup) a->setup(&c);
     memcpy(&before, &c, sizeof c);
-    ct_status st = ct_config_ask(in, out, &m, &c);
+    ct_status st = ct_config_ask(in, out, &a->m, &c);
     fprintf(out, "\n=== result\nstatus=%s\nerror=%s\nuntouched=%d\n", st == CT_OK ? "ok" : "error",
             st == CT_OK ? "" : ct_last_error(), memcmp(&before, &c, sizeof c) == 0);
     dump(out, &c);
@@ -94,137 +86,25 @@ static _Noreturn void child_main(const char *slave, ct_config_ask_machine m, con
     _exit(0);
 }
 
-/* ---- the parent: the person at the keyboard ----------------------------------------- */
-
-typedef struct {
-    int master;
-    pid_t pid;
-    bool exited; /* reaped: status holds its wait status */
-    int status;
-    char buf[1 << 17]; /* everything the terminal showed, '\r' removed */
-    size_t len, pos;   /* pos: where the next expected text is looked for */
-} session;
-
-static session S; /* one per test (each test runs in its own process) */
-
-static void stop_child(void)
-{
-    if (S.pid > 0 && !S.exited) {
-        kill(S.pid, SIGKILL);
-        waitpid(S.pid, NULL, 0);
-        S.pid = 0;
-    }
-}
-
 static void start(int gpus, int cores, config_setup setup)
 {
-    S.master = posix_openpt(O_RDWR | O_NOCTTY);
-    cr_assert_geq(S.master, 0, "posix_openpt: %s", strerror(errno));
-    cr_assert_eq(grantpt(S.master), 0);
-    cr_assert_eq(unlockpt(S.master), 0);
-    char slave[128];
-    cr_assert_eq(ptsname_r(S.master, slave, sizeof slave), 0);
-    /* canonical mode with echo, as a shell leaves it; \n shown as \r\n (removed when read) */
-    int sfd = open(slave, O_RDWR | O_NOCTTY);
-    cr_assert_geq(sfd, 0);
-    struct termios t;
-    cr_assert_eq(tcgetattr(sfd, &t), 0);
-    t.c_lflag |= ICANON | ECHO;
-    cr_assert_eq(tcsetattr(sfd, TCSANOW, &t), 0);
-    close(sfd);
-    S.len = S.pos = 0;
-    S.buf[0] = 0;
-    S.exited = false;
-    fflush(NULL);
-    S.pid = fork();
-    cr_assert_geq(S.pid, 0);
-    if (S.pid == 0) {
-        close(S.master);
-        child_main(slave, (ct_config_ask_machine){.gpus = gpus, .cores = cores}, setup);
-    }
+    static child_args args; /* the child's copy of the test's memory */
+    args = (child_args){{.gpus = gpus, .cores = cores}, setup};
+    pty_start(child_main, &args);
 }
 
-/* Reads what the terminal shows for up to ms; false once the child has ended and
- * everything it wrote was read. */
-static bool pump(int ms)
+/* Answers the questions, then waits for the child's result and its clean exit. */
+static void play(const pty_step *steps, size_t n)
 {
-    struct pollfd p = {.fd = S.master, .events = POLLIN};
-    int k = poll(&p, 1, ms);
-    if (k < 0 || (k == 1 && !(p.revents & POLLIN))) {
-        /* POLLHUP: no process holds the slave, before the child opens it or after it
-         * ended; the read below would fail at once with EIO */
-        if (!S.exited && waitpid(S.pid, &S.status, WNOHANG) == S.pid) S.exited = true;
-        if (S.exited) return false;
-        usleep(10000);
-        return true;
-    }
-    if (k == 0) return true;
-    char tmp[4096];
-    ssize_t n = read(S.master, tmp, sizeof tmp);
-    if (n <= 0) return true;
-    for (ssize_t i = 0; i < n && S.len + 1 < sizeof S.buf; i++)
-        if (tmp[i] != '\r') S.buf[S.len++] = tmp[i];
-    S.buf[S.len] = 0;
-    return true;
-}
-
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-/* Waits for text to appear after the previous match, or fails the test. */
-static void expect(const char *text)
-{
-    double end = now() + STEP_SECONDS;
-    for (;;) {
-        const char *hit = strstr(S.buf + S.pos, text);
-        if (hit) {
-            S.pos = (size_t)(hit - S.buf) + strlen(text);
-            return;
-        }
-        double left = end - now();
-        if (left <= 0 || !pump((int)(left * 1000) + 1)) {
-            bool timed_out = left <= 0;
-            stop_child();
-            cr_assert_fail("%s waiting for \"%s\"; the terminal showed:\n%s", timed_out ? "timed out" : "the child ended",
-                           text, S.buf);
-        }
-    }
-}
-
-static void type_line(const char *answer)
-{
-    char line[1200];
-    int n = snprintf(line, sizeof line, "%s\n", answer);
-    cr_assert_eq(write(S.master, line, (size_t)n), n);
-}
-
-/* One question (text that shows it is being asked) and the answer typed to it; a NULL
- * answer is end of input (Ctrl-D at the start of a line). */
-typedef struct {
-    const char *question, *answer;
-} step;
-
-static void play(const step *steps, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        expect(steps[i].question);
-        if (steps[i].answer) type_line(steps[i].answer);
-        else cr_assert_eq(write(S.master, "\x04", 1), 1);
-    }
-    expect("=== end\n");
-    if (!S.exited) cr_assert_eq(waitpid(S.pid, &S.status, 0), S.pid);
-    S.pid = 0;
-    cr_assert(WIFEXITED(S.status) && WEXITSTATUS(S.status) == 0, "the child ended with status %#x", S.status);
-    close(S.master);
+    pty_play(steps, n);
+    pty_expect("=== end\n");
+    int status = pty_wait_exit();
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child ended with status %#x", status);
 }
 
 #define PLAY(...)                                             \
     do {                                                      \
-        static const step steps_[] = {__VA_ARGS__};           \
+        static const pty_step steps_[] = {__VA_ARGS__};       \
         play(steps_, sizeof steps_ / sizeof *steps_);         \
     } while (0)
 
@@ -261,14 +141,9 @@ static void check_values(const char *first, ...)
     va_end(ap);
 }
 
-static int count_of(const char *needle)
-{
-    int n = 0;
-    for (const char *p = S.buf; (p = strstr(p, needle)) != NULL; p += strlen(needle)) n++;
-    return n;
-}
+#define count_of pty_count
 
-static void cleanup(void) { stop_child(); }
+static void cleanup(void) { pty_stop(); }
 
 TestSuite(config_ask, .fini = cleanup);
 
@@ -350,7 +225,7 @@ Test(config_ask, deepspeed_json_file_must_be_readable, .timeout = 60)
     snprintf(missing, sizeof missing, "%s", path_of("missing.json"));
     snprintf(good, sizeof good, "%s", path_of("ds_config.json"));
     start(0, 4, NULL);
-    step steps[] = {
+    pty_step steps[] = {
         {"In which compute environment are you running?", ""},
         {"Which type of machine are you using?", ""},
         {"Do you want to use DeepSpeed? [yes/NO]: ", "y"},
