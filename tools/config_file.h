@@ -8,8 +8,9 @@
  * Accelerate wrote (YAML, or the JSON `accelerate config default` writes) loads here,
  * and what ctrain writes loads in Accelerate.
  *
- * tools/config_file.c  the schema, the libyaml reader and writer, and what a file
- *                      means to launch (ct_cluster_config_launch_args);
+ * tools/config_file.c  the schema: the libyaml reader and the checks;
+ * tools/config_write.c the libyaml writer (Accelerate's layout);
+ * tools/config_launch.c what a file means to launch (ct_cluster_config_launch_args);
  * tools/config_ask.c   the terminal questionnaire that fills a ct_cluster_config;
  * tools/config_cmd.c   `ctrain config [default|show|update]`.
  *
@@ -97,6 +98,11 @@ typedef struct ct_cluster_config {
         double gradient_clipping;         /* < 0 = not set */
         bool recompute_activations;
     } megatron;
+
+    /* Set by ct_cluster_config_read: the keys of the file that Accelerate writes and
+     * ctrain accepts without using (tpu_*, dynamo_config, ...), comma-separated, those
+     * with a value other than null, false or empty; written back by nobody. */
+    char ignored[512];
 } ct_cluster_config;
 
 /* Accelerate's defaults for a one-machine, one-process, CPU (use_cpu when no GPU can
@@ -126,5 +132,23 @@ ct_status ct_cluster_config_write(const ct_cluster_config *c, const char *path);
 
 /* The same YAML on an open stream (for `ctrain config show`). */
 ct_status ct_cluster_config_print(const ct_cluster_config *c, FILE *f);
+
+/* The `ctrain launch` flags a configuration amounts to, in launch's spelling
+ * ("--num_processes", "2", "--use_deepspeed", "--zero_stage", "3", ...): launch puts
+ * them before the command line's own flags, so the command line wins. Without
+ * with_sharding the strategy's flags (--use_deepspeed / --use_fsdp and theirs) are
+ * left out: the command line chose a strategy of its own. CT_ERR_UNSUPPORTED for
+ * MEGATRON_LM (tensor and pipeline parallelism do not run in this version). */
+#define CT_CLUSTER_LAUNCH_ARGS_MAX 64
+typedef struct ct_cluster_launch_args {
+    int argc;
+    const char *argv[CT_CLUSTER_LAUNCH_ARGS_MAX]; /* static strings or in buf */
+    char buf[4096];
+    size_t used;
+} ct_cluster_launch_args;
+ct_status ct_cluster_config_launch_args(const ct_cluster_config *c, bool with_sharding, ct_cluster_launch_args *a);
+
+/* distributed_type's spelling in the file ("NO", "MULTI_CPU", ...). */
+const char *ct_dist_type_name(ct_dist_type t);
 
 #endif

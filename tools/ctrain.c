@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "tools/checkpoint_cmd.h"
+#include "tools/config_cmd.h"
 #include "tools/env.h"
 #include "tools/launch.h"
 #include "tools/merge_weights.h"
@@ -22,6 +23,7 @@ typedef struct {
 
 static const subcommand COMMANDS[] = {
     {"launch", ct_launch_main, "run a program as the local ranks of a distributed job"},
+    {"config", ct_config_main, "write, show or update the launch configuration file (Accelerate's format)"},
     {"env", ct_env_main, "this machine, its libraries, each dtype's GEMM path, thread and job settings"},
     {"merge-weights", ct_merge_weights_main, "merge a sharded checkpoint (SHARDED_STATE_DICT) into one file"},
     {"checkpoint", ct_checkpoint_main, "describe a training-state checkpoint (save_state) and verify its files"},

@@ -617,5 +617,6 @@ int ct_launch_main(int argc, char **argv)
         ct_launch_usage(stdout);
         return 0;
     }
+    if (o.config_default) fprintf(stderr, "ctrain launch: using the configuration in %s\n", o.config_path);
     return ct_launch_run(&o);
 }

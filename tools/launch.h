@@ -24,6 +24,7 @@
 #include <stdio.h>
 
 #include "core/error.h"
+#include "tools/config_file.h"
 
 /* Exit codes of the launcher itself (a rank's failure passes through its own
  * status, or 128 + signal). */
@@ -61,6 +62,12 @@ typedef struct ct_launch_opts {
     bool use_deepspeed, use_fsdp;
     const char *sharding[16]; /* the sharding flags' values in SHARDING_FLAGS order (launch_args.c),
                                * NULL = not given; borrowed from argv */
+    char gpu_ids[256];     /* --gpu_ids: "" or "all" (CUDA_VISIBLE_DEVICES untouched), else "0,2" */
+    bool debug;            /* --debug: CTRAIN_DEBUG=1 */
+    const char *config_file; /* --config_file; NULL = not given; borrowed from argv */
+    char config_path[1024];  /* the configuration file read ("" = none) */
+    bool config_default;     /* config_path is the default file (no --config_file given) */
+    ct_cluster_launch_args file_args; /* the file's flags; sharding[] may borrow from them */
     bool help;             /* --help was given: print ct_launch_usage, run nothing */
     char job_id[40];       /* CTRAIN_JOB_ID for the ranks: random on one machine unless
                             * exported; "" (inherit) on several machines */
@@ -68,7 +75,9 @@ typedef struct ct_launch_opts {
 } ct_launch_opts;
 
 /* Parses `launch [flags] PROGRAM [ARGS...]`; argv[0] is "launch". Fills *o with
- * the flags and their defaults. CT_ERR_INVALID with a one-line message naming the
+ * the flags and their defaults. The configuration file (--config_file, else the
+ * default file when it exists: ct_cluster_config_default_path) gives the defaults
+ * that the command line's flags override; a bad file is CT_ERR_INVALID naming it. CT_ERR_INVALID with a one-line message naming the
  * flag and value (ct_last_error) on a bad flag, value or combination, or when
  * PROGRAM is missing (unless --help). Strings in *o borrow from argv. */
 ct_status ct_launch_args_parse(int argc, char **argv, ct_launch_opts *o);

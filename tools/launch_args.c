@@ -19,6 +19,7 @@
 #include <strings.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -30,7 +31,8 @@ extern char **environ;
 typedef enum {
     F_NUM_PROCESSES, F_NUM_MACHINES, F_MACHINE_RANK, F_MAIN_IP, F_MAIN_PORT, F_CPU,
     F_THREADS, F_GRAD_ACCUM, F_MIXED_PRECISION, F_TEE, F_LOG_DIR, F_MAX_RESTARTS,
-    F_MONITOR, F_FP8_FORMAT, F_FP8_HISTORY, F_FP8_ALGO, F_FP8_MARGIN, F_FP8_EMBEDDING_AND_HEAD, F_HELP,
+    F_MONITOR, F_FP8_FORMAT, F_FP8_HISTORY, F_FP8_ALGO, F_FP8_MARGIN, F_FP8_EMBEDDING_AND_HEAD, F_CONFIG_FILE,
+    F_GPU_IDS, F_DEBUG, F_HELP,
 } flag_id;
 
 static const struct {
@@ -56,6 +58,9 @@ static const struct {
     {"fp8_amax_compute_algo", F_FP8_ALGO, true},
     {"fp8_margin", F_FP8_MARGIN, true},
     {"fp8_embedding_and_head", F_FP8_EMBEDDING_AND_HEAD, false},
+    {"config_file", F_CONFIG_FILE, true},
+    {"gpu_ids", F_GPU_IDS, true},
+    {"debug", F_DEBUG, false},
     {"help", F_HELP, false},
 };
 
@@ -184,6 +189,11 @@ void ct_launch_usage(FILE *f)
           "output [rankN], forwards SIGINT/SIGTERM, and stops every rank when one fails.\n"
           "Flags take `--flag value` or `--flag=value`; `--` ends the flags.\n"
           "\n"
+          "  --config_file PATH           a launch configuration (Accelerate's format; `ctrain config`\n"
+          "                               writes one): its values are the defaults the flags\n"
+          "                               override. Without it, the default file is read when it\n"
+          "                               exists ($CTRAIN_CONFIG_FILE, else\n"
+          "                               ~/.cache/ctrain/default_config.yaml)\n"
           "  --num_processes N            processes in total, across machines (default 1)\n"
           "  --num_machines M             machines in the job (default 1); M must divide N\n"
           "  --machine_rank R             this machine's index, 0..M-1 (default 0)\n"
@@ -191,6 +201,10 @@ void ct_launch_usage(FILE *f)
           "  --main_process_port P        rank 0's rendezvous port (default 29500);\n"
           "                               0 picks a free port (one machine only)\n"
           "  --cpu                        run on the CPU even where a GPU exists (CTRAIN_USE_CPU=1)\n"
+          "  --gpu_ids all|IDS            the GPUs this machine's ranks use, e.g. 0,2 (sets\n"
+          "                               CUDA_VISIBLE_DEVICES; at least one per local rank)\n"
+          "  --debug                      check every collective's signature across ranks and\n"
+          "                               report errors verbosely (CTRAIN_DEBUG=1)\n"
           "  --num_cpu_threads_per_process T\n"
           "                               threads per rank (default: online cores / local ranks;\n"
           "                               an exported OMP_NUM_THREADS is kept unless T is given)\n"
@@ -288,6 +302,29 @@ static ct_status parse_value(ct_launch_opts *o, flag_id id, const char *flag, co
     case F_FP8_MARGIN:
         o->fp8_margin_given = true;
         return parse_int(flag, v, 0, 64, &o->fp8_margin);
+    case F_CONFIG_FILE:
+        if (!*v) return ct_error_set(CT_ERR_INVALID, "--config_file: expected a file, got an empty string");
+        o->config_file = v;
+        return CT_OK;
+    case F_GPU_IDS: {
+        bool ok = !strcmp(v, "all");
+        int n = 0;
+        for (const char *p = v; !ok && *p;) {
+            char *end;
+            errno = 0;
+            long x = strtol(p, &end, 10);
+            if (end == p || x < 0 || x > 1023 || errno) break;
+            n++;
+            p = end;
+            if (!*p) ok = true;
+            else if (*p++ != ',') break;
+        }
+        if (!ok || strlen(v) >= sizeof o->gpu_ids)
+            return ct_error_set(CT_ERR_INVALID, "--gpu_ids '%s': expected all, or GPU indices separated by commas "
+                                                "(0,2)", v);
+        memcpy(o->gpu_ids, v, strlen(v) + 1);
+        return CT_OK;
+    }
     case F_LOG_DIR:
         if (!*v) return ct_error_set(CT_ERR_INVALID, "--log_dir: expected a directory, got an empty string");
         o->log_dir = v;
@@ -304,6 +341,7 @@ static ct_status parse_value(ct_launch_opts *o, flag_id id, const char *flag, co
     }
     case F_CPU:
     case F_FP8_EMBEDDING_AND_HEAD:
+    case F_DEBUG:
     case F_HELP: break;
     }
     return ct_error_set(CT_ERR_INVALID, "--%s takes no value", flag);
@@ -328,6 +366,15 @@ static ct_status check_opts(ct_launch_opts *o, bool tee_given)
         return ct_error_set(CT_ERR_INVALID, "--tee %d needs --log_dir DIR (where the per-rank files go)", o->tee);
     if (o->log_dir && !tee_given) o->tee = 3;
     o->local_processes = o->num_processes / o->num_machines;
+    if (o->gpu_ids[0] && strcmp(o->gpu_ids, "all") && !o->cpu) {
+        int n = 1;
+        for (const char *p = o->gpu_ids; *p; p++) n += *p == ',';
+        if (n < o->local_processes)
+            return ct_error_set(CT_ERR_INVALID,
+                                "--gpu_ids '%s' names %d GPU(s) for %d local processes (--num_processes %d on %d "
+                                "machine(s)): each process needs a GPU of its own",
+                                o->gpu_ids, n, o->local_processes, o->num_processes, o->num_machines);
+    }
     if (!o->threads_explicit) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         long t = cores > 0 ? cores / o->local_processes : 1;
@@ -336,13 +383,10 @@ static ct_status check_opts(ct_launch_opts *o, bool tee_given)
     return CT_OK;
 }
 
-ct_status ct_launch_args_parse(int argc, char **argv, ct_launch_opts *o)
+/* Reads the flags of argv[1..argc-1] into *o up to PROGRAM; *prog is PROGRAM's
+ * index (argc when there is none). */
+static ct_status parse_flags(int argc, char **argv, ct_launch_opts *o, bool *tee_given, int *prog)
 {
-    *o = (ct_launch_opts){
-        .num_processes = 1, .num_machines = 1, .main_process_ip = "127.0.0.1",
-        .main_process_port = CT_LAUNCH_DEFAULT_PORT, .monitor_interval_s = 0.1,
-    };
-    bool tee_given = false;
     int i = 1;
     for (; i < argc; i++) {
         const char *a = argv[i];
@@ -393,6 +437,7 @@ ct_status ct_launch_args_parse(int argc, char **argv, ct_launch_opts *o)
             if (eq) return ct_error_set(CT_ERR_INVALID, "--%s takes no value (got '%s')", name, a);
             if (FLAGS[f].id == F_CPU) o->cpu = true;
             else if (FLAGS[f].id == F_FP8_EMBEDDING_AND_HEAD) o->fp8_embedding_and_head = true;
+            else if (FLAGS[f].id == F_DEBUG) o->debug = true;
             else o->help = true;
             continue;
         }
@@ -401,10 +446,63 @@ ct_status ct_launch_args_parse(int argc, char **argv, ct_launch_opts *o)
             if (i + 1 >= argc) return ct_error_set(CT_ERR_INVALID, "--%s needs a value", name);
             v = argv[++i];
         }
-        if (FLAGS[f].id == F_TEE) tee_given = true;
+        if (FLAGS[f].id == F_TEE) *tee_given = true;
         if (parse_value(o, FLAGS[f].id, name, v)) return ct_last_status();
     }
+    *prog = i;
+    return CT_OK;
+}
+
+static void opts_defaults(ct_launch_opts *o)
+{
+    *o = (ct_launch_opts){
+        .num_processes = 1, .num_machines = 1, .main_process_ip = "127.0.0.1",
+        .main_process_port = CT_LAUNCH_DEFAULT_PORT, .monitor_interval_s = 0.1,
+    };
+}
+
+/* The configuration file's flags into *o, before the command line's (accelerate
+ * launch's order: the file's values are defaults the flags override). */
+static ct_status apply_config(ct_launch_opts *o, const char *given, bool cmdline_strategy)
+{
+    char path[1024];
+    bool is_default = !given;
+    if (given) {
+        snprintf(path, sizeof path, "%s", given);
+    } else {
+        struct stat st;
+        if (ct_cluster_config_default_path(path, sizeof path) || stat(path, &st) != 0) return CT_OK;
+    }
+    ct_cluster_config c;
+    if (ct_cluster_config_read(path, &c, NULL)) return ct_last_status();
+    if (ct_cluster_config_check(&c)) return ct_error_prefix("'%s': ", path);
+    if (ct_cluster_config_launch_args(&c, !cmdline_strategy, &o->file_args)) return ct_error_prefix("'%s': ", path);
+    snprintf(o->config_path, sizeof o->config_path, "%s", path);
+    o->config_default = is_default;
+    /* flag parsing counts from argv[1]: argv[0] is the command's name */
+    char *fa[CT_CLUSTER_LAUNCH_ARGS_MAX + 1] = {"launch"};
+    for (int k = 0; k < o->file_args.argc; k++) fa[k + 1] = (char *)o->file_args.argv[k];
+    bool tee_given = false;
+    int prog;
+    if (parse_flags(o->file_args.argc + 1, fa, o, &tee_given, &prog))
+        return ct_error_prefix("the configuration '%s': ", path);
+    return CT_OK;
+}
+
+ct_status ct_launch_args_parse(int argc, char **argv, ct_launch_opts *o)
+{
+    opts_defaults(o);
+    bool tee_given = false;
+    int i;
+    if (parse_flags(argc, argv, o, &tee_given, &i)) return ct_last_status();
     if (o->help) return CT_OK;
+    /* again, over the file's values */
+    const char *given = o->config_file;
+    bool strategy = o->use_deepspeed || o->use_fsdp;
+    opts_defaults(o);
+    if (apply_config(o, given, strategy)) return ct_last_status();
+    tee_given = false;
+    if (parse_flags(argc, argv, o, &tee_given, &i)) return ct_last_status();
     if (i >= argc)
         return ct_error_set(CT_ERR_INVALID, "no PROGRAM given (usage: ctrain launch [flags] PROGRAM [ARGS...])");
     if (!argv[i][0]) return ct_error_set(CT_ERR_INVALID, "PROGRAM is an empty string");
@@ -452,6 +550,8 @@ char **ct_launch_env_new(const ct_launch_opts *o, int local_rank, int port, int 
     SETF("CTRAIN_RESTART_COUNT", "%d", restart_count);
     if (o->job_id[0]) SETF("CTRAIN_JOB_ID", "%s", o->job_id);
     if (o->cpu) SETF("CTRAIN_USE_CPU", "1");
+    if (o->gpu_ids[0] && strcmp(o->gpu_ids, "all")) SETF("CUDA_VISIBLE_DEVICES", "%s", o->gpu_ids);
+    if (o->debug) SETF("CTRAIN_DEBUG", "1");
     /* The default thread count defers to a user's OMP_NUM_THREADS; an explicit
      * --num_cpu_threads_per_process is a request for this launch and wins. */
     if (o->threads_explicit || !getenv("OMP_NUM_THREADS")) {
