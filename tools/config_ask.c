@@ -341,7 +341,8 @@ static ct_status ask_deepspeed(asker *a, ct_cluster_config *c)
         TRY(ask_choice(a, "the ZeRO stage", "What should be your DeepSpeed's ZeRO optimization stage?", ZERO_STAGES,
                        N_OF(ZERO_STAGES), stage, &c->deepspeed.zero_stage));
         int k = 0;
-        if (c->deepspeed.zero_stage >= 2)
+        /* Accelerate asks from stage 2; ctrain also offloads stage 1's optimizer state */
+        if (c->deepspeed.zero_stage >= 1)
             TRY(ask_choice(a, "the optimizer state's offload", "Where to offload optimizer states?", OFFLOAD_DEVICES,
                            2, index_of(OFFLOAD_DEVICES, 2, c->deepspeed.offload_optimizer_device, 0), &k));
         snprintf(c->deepspeed.offload_optimizer_device, sizeof c->deepspeed.offload_optimizer_device, "%s",
@@ -385,8 +386,12 @@ static ct_status ask_fsdp(asker *a, ct_cluster_config *c)
                    &k));
     snprintf(c->fsdp.sharding_strategy, sizeof c->fsdp.sharding_strategy, "%s", FSDP_STRATEGIES[k].name);
     c->fsdp.reshard_after_forward = strcmp(FSDP_STRATEGIES[k].name, "SHARD_GRAD_OP") != 0;
-    TRY(ask_yes_no(a, "offloading parameters", "Do you want to offload parameters and gradients to CPU?",
-                   c->fsdp.offload_params, &c->fsdp.offload_params));
+    /* NO_SHARD keeps everything on every rank: there is no slice to offload */
+    if (strcmp(FSDP_STRATEGIES[k].name, "NO_SHARD"))
+        TRY(ask_yes_no(a, "offloading parameters", "Do you want to offload parameters and gradients to CPU?",
+                       c->fsdp.offload_params, &c->fsdp.offload_params));
+    else
+        c->fsdp.offload_params = false;
     TRY(ask_choice(a, "the auto wrap policy", "What should be your auto wrap policy?", FSDP_WRAPS, N_OF(FSDP_WRAPS),
                    index_of(FSDP_WRAPS, N_OF(FSDP_WRAPS), c->fsdp.auto_wrap_policy, 0), &k));
     snprintf(c->fsdp.auto_wrap_policy, sizeof c->fsdp.auto_wrap_policy, "%s", FSDP_WRAPS[k].name);

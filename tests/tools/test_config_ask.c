@@ -76,6 +76,8 @@ static void child_main(const char *slave, void *arg)
     ct_status st = ct_config_ask(in, out, &a->m, &c);
     fprintf(out, "\n=== result\nstatus=%s\nerror=%s\nuntouched=%d\n", st == CT_OK ? "ok" : "error",
             st == CT_OK ? "" : ct_last_error(), memcmp(&before, &c, sizeof c) == 0);
+    /* what `ctrain config` checks before writing: every path must pass */
+    fprintf(out, "check=%s\n", st != CT_OK ? "-" : ct_cluster_config_check(&c) == CT_OK ? "ok" : ct_last_error());
     dump(out, &c);
     fprintf(out, "=== end\n");
     fflush(out);
@@ -102,10 +104,20 @@ static void play(const pty_step *steps, size_t n)
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child ended with status %#x", status);
 }
 
+static const char *value_of(const char *key);
+
+/* play, and for a completed questionnaire, the configuration's own check */
+static void play_checked(const pty_step *steps, size_t n)
+{
+    play(steps, n);
+    if (!strcmp(value_of("status"), "ok"))
+        cr_expect_str_eq(value_of("check"), "ok", "ct_cluster_config_check refused the answers:\n%s", S.buf);
+}
+
 #define PLAY(...)                                             \
     do {                                                      \
         static const pty_step steps_[] = {__VA_ARGS__};       \
-        play(steps_, sizeof steps_ / sizeof *steps_);         \
+        play_checked(steps_, sizeof steps_ / sizeof *steps_); \
     } while (0)
 
 /* The value the child dumped for key ("key=value" after "=== result"). */
@@ -239,7 +251,7 @@ Test(config_ask, deepspeed_json_file_must_be_readable, .timeout = 60)
         {"How many CPU threads should each process use? [4]: ", ""},
         /* the json file's fp16/bf16 blocks decide the precision: not asked */
     };
-    play(steps, sizeof steps / sizeof *steps);
+    play_checked(steps, sizeof steps / sizeof *steps);
     remove_tmpdir();
     char want[400];
     snprintf(want, sizeof want, "deepspeed.deepspeed_config_file=%s", good);
@@ -312,6 +324,54 @@ Test(config_ask, fsdp_size_wrap_and_shard_grad_op, .timeout = 60)
                  "fsdp.sync_module_states=1", "fsdp.reshard_after_forward=0", "num_processes=3",
                  "num_cpu_threads_per_process=1", "mixed_precision=fp16", NULL);
     cr_expect_eq(count_of("broadcast module parameters"), 0);
+}
+
+Test(config_ask, fsdp_no_shard_has_nothing_to_offload, .timeout = 60)
+{
+    start(0, 8, NULL);
+    PLAY({"In which compute environment are you running?", ""},
+         {"Which type of machine are you using?", "1"},
+         {"How many different machines will you use", ""},
+         {"Should distributed operations be checked", ""},
+         {"Do you want to use DeepSpeed? [yes/NO]: ", ""},
+         {"Do you want to use FullyShardedDataParallel? [yes/NO]: ", "y"},
+         {"What should be your sharding strategy?", "NO_SHARD"},
+         {"What should be your auto wrap policy?", "NO_WRAP"},
+         {"What should be your FSDP's backward prefetch policy?", ""},
+         {"What should be your FSDP's state dict type?", ""},
+         {"Do you want to enable FSDP's forward prefetch policy? [yes/NO]: ", ""},
+         {"Do you want to enable FSDP's `use_orig_params` feature? [YES/no]: ", ""},
+         {"Do you want to enable CPU RAM efficient model loading? [YES/no]: ", ""},
+         {"How many processes should be used for distributed training? [2]: ", ""},
+         {"How many CPU threads should each process use? [4]: ", ""},
+         {"Do you wish to use mixed precision?", ""},
+         {"How many gradient accumulation steps do you want to use? [1]: ", ""});
+    check_values("status=ok", "distributed_type=FSDP", "fsdp.sharding_strategy=NO_SHARD", "fsdp.offload_params=0",
+                 "fsdp.auto_wrap_policy=NO_WRAP", NULL);
+    cr_expect_eq(count_of("Do you want to offload"), 0);
+    cr_expect_eq(count_of("class names"), 0);
+}
+
+Test(config_ask, deepspeed_stage1_offloads_the_optimizer_only, .timeout = 60)
+{
+    start(0, 8, NULL);
+    PLAY({"In which compute environment are you running?", ""},
+         {"Which type of machine are you using?", "1"},
+         {"How many different machines will you use", ""},
+         {"Should distributed operations be checked", ""},
+         {"Do you want to use DeepSpeed? [yes/NO]: ", "y"},
+         {"Do you want to specify a json file to a DeepSpeed config? [yes/NO]: ", ""},
+         {"What should be your DeepSpeed's ZeRO optimization stage?", "1"},
+         {"Where to offload optimizer states?", "cpu"},
+         {"How many gradient accumulation steps you're passing in your script? [1]: ", ""},
+         {"Do you want to use gradient clipping? [yes/NO]: ", ""},
+         {"How many processes should be used for distributed training? [2]: ", ""},
+         {"How many CPU threads should each process use? [4]: ", ""},
+         {"Do you wish to use mixed precision?", ""});
+    check_values("status=ok", "distributed_type=DEEPSPEED", "deepspeed.zero_stage=1",
+                 "deepspeed.offload_optimizer_device=cpu", "deepspeed.offload_param_device=none",
+                 "deepspeed.gradient_clipping=-1", "deepspeed.zero3_init_flag=0", NULL);
+    cr_expect_eq(count_of("Where to offload parameters?"), 0);
 }
 
 Test(config_ask, multi_node, .timeout = 60)
@@ -436,7 +496,8 @@ Test(config_ask, rerun_offers_the_existing_values, .timeout = 60)
          {"Do you want to use DeepSpeed? [YES/no]: ", ""},
          {"Do you want to specify a json file to a DeepSpeed config? [yes/NO]: ", ""},
          {"Number or name [1: 1]: ", ""},
-         /* stage 1: no offload and no zero.Init question */
+         {"Where to offload optimizer states?\n  0) none\n  1) cpu\nNumber or name [0: none]: ", ""},
+         /* stage 1: no parameter offload and no zero.Init question */
          {"How many gradient accumulation steps you're passing in your script? [8]: ", ""},
          {"Do you want to use gradient clipping? [YES/no]: ", ""},
          {"What is the gradient clipping value? [2.5]: ", ""},
@@ -446,7 +507,7 @@ Test(config_ask, rerun_offers_the_existing_values, .timeout = 60)
     check_values("status=ok", "distributed_type=DEEPSPEED", "num_processes=4", "num_cpu_threads_per_process=3",
                  "mixed_precision=fp16", "deepspeed.zero_stage=1", "deepspeed.gradient_accumulation_steps=8",
                  "deepspeed.gradient_clipping=2.5", "deepspeed.offload_optimizer_device=none", NULL);
-    cr_expect_eq(count_of("Where to offload"), 0);
+    cr_expect_eq(count_of("Where to offload parameters?"), 0);
     cr_expect_eq(count_of("deepspeed.zero.Init"), 0);
 }
 
