@@ -122,10 +122,13 @@ $(TEST_BIN): $(TEST_OBJ) $(TEST_CLI_OBJ) $(AR_LIB)
 # Criterion's closing "Synthesis" line is the summary CI reads. Tests that run the
 # `ctrain` command or the examples find them through CTRAIN_BIN and CTRAIN_EXAMPLES;
 # the export check (tests/tools/test_exports.c) reads CTRAIN_LIB and CTRAIN_SRC.
+# CTRAIN_CONFIG_FILE names no file, so `ctrain launch` in the tests never reads the
+# user's default launch configuration.
+NO_USER_CONFIG = CTRAIN_CONFIG_FILE=$(abspath $(BUILD))/tests/no-default-config.yaml
 test: setup
 	@$(MAKE) --no-print-directory $(JOBS) $(SO) $(TEST_BIN) $(CLI_BIN) $(GPT_BIN) $(QUICK_BIN)
 	CTRAIN_BIN=$(abspath $(BUILD)/bin/ctrain) CTRAIN_EXAMPLES=$(abspath $(BUILD)/examples) \
-	CTRAIN_LIB=$(abspath $(SO)) CTRAIN_SRC=$(CURDIR) \
+	CTRAIN_LIB=$(abspath $(SO)) CTRAIN_SRC=$(CURDIR) $(NO_USER_CONFIG) \
 	    $(TEST_BIN) --jobs $${CT_TEST_JOBS:-2}
 
 # The GPU conformance suite alone (suites named gpu_*): every op on the GPU against
@@ -133,7 +136,7 @@ test: setup
 test-gpu: setup
 	@$(MAKE) --no-print-directory $(JOBS) $(SO) $(TEST_BIN) $(CLI_BIN) $(GPT_BIN) $(QUICK_BIN)
 	CTRAIN_BIN=$(abspath $(BUILD)/bin/ctrain) CTRAIN_EXAMPLES=$(abspath $(BUILD)/examples) \
-	CTRAIN_LIB=$(abspath $(SO)) CTRAIN_SRC=$(CURDIR) \
+	CTRAIN_LIB=$(abspath $(SO)) CTRAIN_SRC=$(CURDIR) $(NO_USER_CONFIG) \
 	    $(TEST_BIN) --filter 'gpu_*/*' --jobs 1 --verbose
 
 asan: setup
@@ -141,7 +144,7 @@ asan: setup
 	    $(if $(CLI_SRC),build-asan/bin/ctrain) build-asan/examples/gpt_train build-asan/examples/quickstart \
 	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
 	CTRAIN_BIN=$(abspath build-asan/bin/ctrain) CTRAIN_EXAMPLES=$(abspath build-asan/examples) \
-	CTRAIN_LIB=$(abspath build-asan/lib/libctrain.so) CTRAIN_SRC=$(CURDIR) \
+	CTRAIN_LIB=$(abspath build-asan/lib/libctrain.so) CTRAIN_SRC=$(CURDIR) CTRAIN_CONFIG_FILE=$(abspath build-asan)/tests/no-default-config.yaml \
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
 	LSAN_OPTIONS=suppressions=$(abspath tests/lsan.supp) \
 	    tests/run_checked.sh build-asan/tests.log build-asan/tests/ctrain_tests --jobs $${CT_TEST_JOBS:-2}

@@ -190,14 +190,24 @@ static ct_status emit(out *o, yaml_event_t *ev)
     return CT_OK;
 }
 
-/* A string PyYAML would read back as something else (a bool, null or number): quoted. */
+/* A string PyYAML would read back as something else (a bool, null or number): quoted.
+ * Numbers: what strtod reads whole (0, 1.5, 1e3, 0x1f), with YAML 1.1's digit
+ * separators and base-60 colons, and .inf/.nan. */
 static bool ambiguous(const char *v)
 {
-    static const char *const words[] = {"yes", "no", "true", "false", "on", "off", "null", "~", NULL};
+    static const char *const words[] = {"yes", "no", "true", "false", "on", "off", "null", "~",
+                                        ".inf", "-.inf", "+.inf", ".nan", NULL};
     if (!*v) return true;
     for (int i = 0; words[i]; i++)
         if (!strcasecmp(v, words[i])) return true;
-    return strchr("0123456789+-.", v[0]) && !strchr(v, ',');
+    char digits[64];
+    size_t n = 0;
+    for (const char *p = v; *p && n + 1 < sizeof digits; p++)
+        if (*p != '_' && *p != ':') digits[n++] = *p;
+    digits[n] = 0;
+    char *end;
+    strtod(digits, &end);
+    return end != digits && !*end;
 }
 
 static ct_status scalar(out *o, const char *v, bool plain)

@@ -1,0 +1,267 @@
+/* Tests for `ctrain config` (tools/config_cmd.c) and what `ctrain launch --config_file`
+ * gives each rank (tools/launch_args.c, tools/config_launch.c), through the `ctrain`
+ * command (CTRAIN_BIN). The ranks are `sh -c` scripts that print their CTRAIN_*
+ * variables; the expected lines are written out here from the files' keys
+ * (docs/launch.md, "Configuration files"). The Accelerate oracle
+ * (tests/tools/accelerate_config.sh) runs the real Accelerate 1.5.2 against ctrain.
+ */
+#include "tests/tools/config_run.h"
+
+TestSuite(config_cmd, .init = setup_dir, .fini = remove_tmpdir);
+
+/* Each rank prints its sharding, precision and size variables, sorted. */
+#define PRINT_ENV                                                                                                  \
+    "sh -c 'env | grep -E \"^(CTRAIN_(USE|ZERO|OFFLOAD|GRADIENT|MIXED|FSDP|DEEPSPEED|DEBUG|FP8)|WORLD_SIZE|"       \
+    "CUDA_VISIBLE)\" | sort'"
+
+static void assert_rank_lines(int ranks, const char *const *lines)
+{
+    for (int r = 0; r < ranks; r++)
+        for (int i = 0; lines[i]; i++) {
+            char want[256];
+            snprintf(want, sizeof want, "[rank%d] %s\n", r, lines[i]);
+            assert_has(want);
+        }
+}
+
+static const char ZERO2[] = "compute_environment: LOCAL_MACHINE\n"
+                            "debug: false\n"
+                            "deepspeed_config:\n"
+                            "  gradient_accumulation_steps: 2\n"
+                            "  offload_optimizer_device: cpu\n"
+                            "  offload_param_device: none\n"
+                            "  zero3_init_flag: false\n"
+                            "  zero_stage: 2\n"
+                            "distributed_type: DEEPSPEED\n"
+                            "machine_rank: 0\n"
+                            "main_process_port: 0\n"
+                            "mixed_precision: bf16\n"
+                            "num_machines: 1\n"
+                            "num_processes: 2\n"
+                            "use_cpu: true\n";
+
+Test(config_cmd, launch_gives_each_rank_a_zero2_files_settings, .timeout = 60)
+{
+    write_file("z2.yaml", ZERO2);
+    cr_assert_eq(ctrain("launch --config_file z2.yaml " PRINT_ENV), 0, "%s", out);
+    static const char *const want[] = {
+        "CTRAIN_GRADIENT_ACCUMULATION_STEPS=2", "CTRAIN_MIXED_PRECISION=bf16", "CTRAIN_OFFLOAD_OPTIMIZER_DEVICE=cpu",
+        "CTRAIN_OFFLOAD_PARAM_DEVICE=none",     "CTRAIN_USE_CPU=1",            "CTRAIN_USE_DEEPSPEED=1",
+        "CTRAIN_ZERO_STAGE=2",                  "WORLD_SIZE=2",                NULL,
+    };
+    assert_rank_lines(2, want);
+    assert_lacks("CTRAIN_USE_FSDP");
+    assert_lacks("CTRAIN_GRADIENT_CLIPPING");
+    assert_lacks("using the configuration"); /* said only of the default file */
+}
+
+Test(config_cmd, launch_gives_each_rank_a_zero3_files_settings, .timeout = 60)
+{
+    write_file("z3.yaml", "distributed_type: DEEPSPEED\n"
+                          "deepspeed_config:\n"
+                          "  gradient_accumulation_steps: 1\n"
+                          "  gradient_clipping: 1.0\n"
+                          "  offload_optimizer_device: cpu\n"
+                          "  offload_param_device: cpu\n"
+                          "  zero3_init_flag: true\n"
+                          "  zero3_save_16bit_model: true\n"
+                          "  zero_stage: 3\n"
+                          "mixed_precision: fp16\n"
+                          "main_process_port: 0\n"
+                          "num_processes: 2\n"
+                          "use_cpu: true\n"
+                          "debug: true\n");
+    cr_assert_eq(ctrain("launch --config_file z3.yaml " PRINT_ENV), 0, "%s", out);
+    static const char *const want[] = {
+        "CTRAIN_DEBUG=1",        "CTRAIN_GRADIENT_ACCUMULATION_STEPS=1", "CTRAIN_GRADIENT_CLIPPING=1",
+        "CTRAIN_MIXED_PRECISION=fp16", "CTRAIN_OFFLOAD_OPTIMIZER_DEVICE=cpu", "CTRAIN_OFFLOAD_PARAM_DEVICE=cpu",
+        "CTRAIN_USE_DEEPSPEED=1", "CTRAIN_ZERO_STAGE=3", "WORLD_SIZE=2", NULL,
+    };
+    assert_rank_lines(2, want);
+}
+
+static const char FULL_SHARD[] = "compute_environment: LOCAL_MACHINE\n"
+                                 "distributed_type: FSDP\n"
+                                 "fsdp_config:\n"
+                                 "  fsdp_activation_checkpointing: false\n"
+                                 "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
+                                 "  fsdp_backward_prefetch: BACKWARD_PRE\n"
+                                 "  fsdp_cpu_ram_efficient_loading: true\n"
+                                 "  fsdp_forward_prefetch: true\n"
+                                 "  fsdp_offload_params: false\n"
+                                 "  fsdp_reshard_after_forward: false\n"
+                                 "  fsdp_sharding_strategy: FULL_SHARD\n"
+                                 "  fsdp_state_dict_type: SHARDED_STATE_DICT\n"
+                                 "  fsdp_sync_module_states: true\n"
+                                 "  fsdp_transformer_layer_cls_to_wrap: Block\n"
+                                 "  fsdp_use_orig_params: true\n"
+                                 "main_process_port: 0\n"
+                                 "mixed_precision: 'no'\n"
+                                 "num_processes: 2\n"
+                                 "use_cpu: true\n";
+
+Test(config_cmd, launch_gives_each_rank_an_fsdp_full_shard_files_settings, .timeout = 60)
+{
+    write_file("fsdp.yaml", FULL_SHARD);
+    cr_assert_eq(ctrain("launch --config_file fsdp.yaml " PRINT_ENV), 0, "%s", out);
+    static const char *const want[] = {
+        "CTRAIN_FSDP_AUTO_WRAP_POLICY=TRANSFORMER_BASED_WRAP",
+        "CTRAIN_FSDP_BACKWARD_PREFETCH=BACKWARD_PRE",
+        "CTRAIN_FSDP_FORWARD_PREFETCH=true",
+        "CTRAIN_FSDP_OFFLOAD_PARAMS=false",
+        "CTRAIN_FSDP_RESHARD_AFTER_FORWARD=false",
+        "CTRAIN_FSDP_SHARDING_STRATEGY=FULL_SHARD",
+        "CTRAIN_FSDP_STATE_DICT_TYPE=SHARDED_STATE_DICT",
+        "CTRAIN_FSDP_SYNC_MODULE_STATES=true",
+        "CTRAIN_FSDP_TRANSFORMER_LAYER_CLS_TO_WRAP=Block",
+        "CTRAIN_MIXED_PRECISION=no",
+        "CTRAIN_USE_FSDP=1",
+        "WORLD_SIZE=2",
+        NULL,
+    };
+    assert_rank_lines(2, want);
+    assert_lacks("CTRAIN_USE_DEEPSPEED");
+}
+
+Test(config_cmd, flags_on_the_command_line_override_the_file, .timeout = 60)
+{
+    write_file("z2.yaml", ZERO2);
+    cr_assert_eq(ctrain("launch --config_file z2.yaml --num_processes 1 --zero_stage 1 --mixed_precision=fp16 "
+                        "--gradient_accumulation_steps 8 " PRINT_ENV),
+                 0, "%s", out);
+    static const char *const want[] = {"CTRAIN_GRADIENT_ACCUMULATION_STEPS=8", "CTRAIN_MIXED_PRECISION=fp16",
+                                       "CTRAIN_USE_DEEPSPEED=1", "CTRAIN_ZERO_STAGE=1", "WORLD_SIZE=1", NULL};
+    assert_rank_lines(1, want);
+    assert_lacks("[rank1]");
+    /* a strategy on the command line replaces the file's */
+    cr_assert_eq(ctrain("launch --config_file z2.yaml --num_processes 1 --use_fsdp --fsdp_sharding_strategy "
+                        "SHARD_GRAD_OP " PRINT_ENV),
+                 0, "%s", out);
+    static const char *const fsdp[] = {"CTRAIN_FSDP_SHARDING_STRATEGY=SHARD_GRAD_OP", "CTRAIN_USE_FSDP=1",
+                                       "CTRAIN_MIXED_PRECISION=bf16", NULL};
+    assert_rank_lines(1, fsdp);
+    assert_lacks("DEEPSPEED");
+    assert_lacks("ZERO_STAGE");
+    /* gpu_ids sets CUDA_VISIBLE_DEVICES; the command line's is checked against the file's process count */
+    write_file("gpu.yaml", "distributed_type: MULTI_GPU\nnum_processes: 2\nmain_process_port: 0\ngpu_ids: 1,3\n");
+    cr_assert_eq(ctrain("launch --config_file gpu.yaml " PRINT_ENV), 0, "%s", out);
+    static const char *const gpu[] = {"CUDA_VISIBLE_DEVICES=1,3", "WORLD_SIZE=2", NULL};
+    assert_rank_lines(2, gpu);
+    cr_assert_eq(ctrain("launch --config_file gpu.yaml --gpu_ids 2 true"), 2, "%s", out);
+    assert_has("--gpu_ids '2' names 1 GPU(s) for 2 local processes");
+    cr_assert_eq(ctrain("launch --gpu_ids 0,x true"), 2, "%s", out);
+    assert_has("--gpu_ids '0,x': expected all, or GPU indices separated by commas");
+}
+
+Test(config_cmd, the_default_file_is_read_when_it_exists, .timeout = 60)
+{
+    /* none yet: launch says nothing of it */
+    cr_assert_eq(ctrain("launch " PRINT_ENV), 0, "%s", out);
+    assert_lacks("using the configuration");
+    assert_lacks("CTRAIN_USE_DEEPSPEED");
+    write_file("default.yaml", ZERO2);
+    cr_assert_eq(ctrain("launch " PRINT_ENV), 0, "%s", out);
+    char line[512];
+    snprintf(line, sizeof line, "ctrain launch: using the configuration in %s/default.yaml\n", tmpdir);
+    assert_has(line);
+    static const char *const want[] = {"CTRAIN_USE_DEEPSPEED=1", "CTRAIN_ZERO_STAGE=2", "WORLD_SIZE=2", NULL};
+    assert_rank_lines(2, want);
+    /* --config_file wins over the default file */
+    write_file("fsdp.yaml", FULL_SHARD);
+    cr_assert_eq(ctrain("launch --config_file fsdp.yaml --num_processes 1 " PRINT_ENV), 0, "%s", out);
+    assert_lacks("using the configuration");
+    assert_has("[rank0] CTRAIN_USE_FSDP=1\n");
+    assert_lacks("DEEPSPEED");
+    /* a bad default file stops launch too */
+    write_file("default.yaml", "distributed_type: 'NO'\nnum_process: 1\n");
+    cr_assert_eq(ctrain("launch true"), 2, "%s", out);
+    assert_has("default.yaml:2: unknown key 'num_process' at the top level");
+}
+
+Test(config_cmd, megatron_lm_is_refused_and_nothing_starts, .timeout = 30)
+{
+    write_file("mlm.yaml", "distributed_type: MEGATRON_LM\nnum_processes: 2\nmegatron_lm_config:\n"
+                           "  megatron_lm_tp_degree: 2\n  megatron_lm_pp_degree: 1\n");
+    cr_assert_eq(ctrain("launch --config_file mlm.yaml touch started"), 2, "%s", out);
+    assert_has("distributed_type MEGATRON_LM asks for tensor and pipeline parallelism");
+    cr_assert_neq(access(path_of("started"), F_OK), 0);
+    cr_assert_eq(ctrain("config show mlm.yaml"), 1, "%s", out);
+    assert_has("launch:       refuses it: distributed_type MEGATRON_LM");
+}
+
+Test(config_cmd, accelerates_unused_keys_are_accepted_and_listed, .timeout = 30)
+{
+    write_file("acc.yaml", "compute_environment: LOCAL_MACHINE\n"
+                           "distributed_type: MULTI_CPU\n"
+                           "dynamo_config:\n  dynamo_backend: INDUCTOR\n"
+                           "ipex_config:\n  ipex: false\n"
+                           "mpirun_config: {}\n"
+                           "num_processes: 2\n"
+                           "main_process_port: 0\n"
+                           "tpu_env: []\n"
+                           "tpu_name: pod-1\n"
+                           "tpu_use_cluster: false\n"
+                           "commands: null\n");
+    cr_assert_eq(ctrain("config show acc.yaml"), 0, "%s", out);
+    assert_has("\nignored:      dynamo_config, ipex_config, tpu_name (Accelerate's keys that ctrain does not use)\n");
+    assert_has("\ndevices:      CPU\n"); /* MULTI_CPU */
+    cr_assert_eq(ctrain("launch --config_file acc.yaml " PRINT_ENV), 0, "%s", out);
+    assert_has("[rank1] WORLD_SIZE=2\n");
+}
+
+Test(config_cmd, help_lists_every_flag, .timeout = 30)
+{
+    cr_assert_eq(ctrain("config --help"), 0);
+    assert_has("--config_file PATH");
+    assert_has("default");
+    assert_has("show");
+    assert_has("update");
+    cr_assert_eq(ctrain("config default --help"), 0);
+    assert_has("--config_file PATH");
+    assert_has("--mixed_precision no|fp16|bf16|fp8");
+    cr_assert_eq(ctrain("config show -h"), 0);
+    assert_has("usage: ctrain config show [FILE]");
+    assert_has("--config_file PATH");
+    cr_assert_eq(ctrain("config update --help"), 0);
+    assert_has("--config_file PATH");
+    cr_assert_eq(ctrain("launch --help"), 0);
+    assert_has("--config_file PATH");
+    assert_has("--gpu_ids all|IDS");
+    assert_has("--debug");
+    cr_assert_eq(ctrain("--help"), 0);
+    assert_has("  config ");
+    cr_assert_eq(ctrain("config show --bogus"), 2);
+    assert_has("unknown flag '--bogus'");
+    cr_assert_eq(ctrain("config default --config_file"), 2);
+    assert_has("--config_file needs a value");
+}
+
+Test(config_cmd, the_questionnaire_needs_a_terminal, .timeout = 30)
+{
+    cr_assert_eq(ctrain("config"), 1, "%s", out);
+    assert_has("the questionnaire needs a terminal");
+    assert_has("ctrain config default");
+}
+
+/* The real Accelerate: its files load in ctrain, ctrain's in it (tests/tools/accelerate_config.sh). */
+Test(config_cmd, accelerate_reads_ctrains_files_and_ctrain_reads_accelerates, .timeout = 420)
+{
+    const char *src = getenv("CTRAIN_SRC");
+    if (!src || !*src) cr_skip_test("CTRAIN_SRC is not set (make test sets it)");
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "timeout 400 bash '%s/tests/tools/accelerate_config.sh' '%s' '%s' 2>&1", src,
+             ctrain_bin(), tmpdir);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = '\0';
+    int st = pclose(p);
+    int rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    if (rc == 77) {
+        const char *why = strstr(out, "skip: ");
+        cr_skip_test("%s", why ? why : "the Accelerate venv could not be made");
+    }
+    cr_assert_eq(rc, 0, "accelerate_config.sh exited %d:\n%s", rc, out);
+    assert_has("ok: ctrain reads accelerate config default\n");
+    assert_has("ok: Accelerate loads ctrain's files with the same values\n");
+}
