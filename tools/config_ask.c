@@ -318,7 +318,6 @@ static ct_status ask_machines(asker *a, ct_cluster_config *c)
     int port = c->main_process_port >= 1 ? c->main_process_port : 29500;
     TRY(ask_int(a, "the main process's port", "What is the port you will use to communicate with the main process?",
                 1, 65535, 1, port, &c->main_process_port));
-    /* a one-machine file's same_network means nothing: offer Accelerate's default */
     TRY(ask_yes_no(a, "the machines' network",
                    "Are all the machines on the same local network? Answer `no` if nodes are on the cloud and/or on "
                    "different network hosts",
@@ -529,7 +528,8 @@ static ct_status ask_all(asker *a, const ct_config_ask_machine *m, ct_cluster_co
             c->machine_rank = 0;
             break;
         }
-        if (c->num_machines <= 1) c->same_network = true; /* Accelerate's default */
+        /* a one-machine file's same_network means nothing: offer Accelerate's default */
+        if (c->num_machines <= 1) c->same_network = true;
         TRY(ask_machines(a, c));
         if (kind != KIND_MULTI_GPU || m->gpus * c->num_machines >= 2) break;
         fprintf(a->out, "multi-GPU needs two GPUs; this machine has one: choose \"%s\", or more than one machine.\n",
@@ -566,9 +566,10 @@ static ct_status ask_all(asker *a, const ct_config_ask_machine *m, ct_cluster_co
 
     TRY(ask_processes(a, m, kind, c));
 
-    /* a DeepSpeed json file sets the precision itself (its fp16 / bf16 blocks) */
+    /* a DeepSpeed json file sets the precision itself (its fp16 / bf16 blocks): left
+     * unset, as Accelerate does, so that launch passes no --mixed_precision against it */
     if (ds && c->deepspeed.deepspeed_config_file[0])
-        snprintf(c->mixed_precision, sizeof c->mixed_precision, "no");
+        c->mixed_precision[0] = 0;
     else
         TRY(ask_precision(a, c));
 

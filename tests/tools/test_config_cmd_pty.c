@@ -256,3 +256,51 @@ Test(config_cmd_pty, without_a_terminal_it_refuses, .timeout = 30)
     struct stat st;
     cr_expect_neq(stat(path, &st), 0, "%s was written", path);
 }
+
+Test(config_cmd_pty, deepspeed_json_file_leaves_the_precision_to_it, .timeout = 60)
+{
+    const char *json = path_of("ds_config.json");
+    FILE *f = fopen(json, "w");
+    cr_assert_not_null(f);
+    fputs("{\"bf16\": {\"enabled\": true}, \"zero_optimization\": {\"stage\": 2}}\n", f);
+    fclose(f);
+    static char json_path[300];
+    snprintf(json_path, sizeof json_path, "%s", json);
+    const char *path = path_of("dsjson.yaml");
+    const pty_step steps[] = {
+        {"In which compute environment are you running?", ""},
+        {"Which type of machine are you using?", "0"},
+        {"Do you want to run your training on CPU only", "yes"}, /* asked only where a GPU exists */
+        {"Do you want to use DeepSpeed? [yes/NO]: ", "yes"},
+        {"Do you want to specify a json file to a DeepSpeed config? [yes/NO]: ", "yes"},
+        {"Please enter the path to the json DeepSpeed config file: ", json_path},
+        {"Do you want to enable `deepspeed.zero.Init`", ""},
+        {"How many processes should be used for distributed training? [1]: ", "2"},
+        {"How many CPU threads should each process use?", "1"},
+    };
+    /* without a GPU the CPU question is not asked: drop it from the script */
+    ct_cluster_config probe;
+    ct_cluster_config_defaults(&probe);
+    pty_step script[9];
+    size_t n = 0;
+    for (size_t i = 0; i < sizeof steps / sizeof *steps; i++)
+        if (i != 2 || !probe.use_cpu) script[n++] = steps[i];
+    int code = run_config(path, script, n);
+    cr_assert_eq(code, 0, "exit %d; the terminal showed:\n%s", code, S.buf);
+    cr_expect_eq(pty_count("Do you wish to use mixed precision?"), 0);
+    ct_cluster_config c;
+    ct_cluster_config_defaults(&c);
+    cr_assert_eq(ct_cluster_config_read(path, &c, NULL), CT_OK, "%s", ct_last_error());
+    cr_expect_eq(c.distributed_type, CT_DIST_DEEPSPEED);
+    cr_expect_str_eq(c.deepspeed.deepspeed_config_file, json_path);
+    cr_expect_eq(c.num_processes, 2);
+    cr_expect_eq(c.use_cpu, true);
+    /* the file has no mixed_precision key: the json's bf16 block decides */
+    char yaml[4096] = {0};
+    FILE *y = fopen(path, "r");
+    cr_assert_not_null(y);
+    size_t k = fread(yaml, 1, sizeof yaml - 1, y);
+    fclose(y);
+    yaml[k] = 0;
+    cr_expect_null(strstr(yaml, "mixed_precision"), "the file:\n%s", yaml);
+}
