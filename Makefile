@@ -110,9 +110,13 @@ $(BUILD)/bin/ctrain: $(CLI_OBJ) $(AR_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_LDFLAGS) -o $@ $(CLI_OBJ) $(AR_LIB) $(LDLIBS)
 
-$(TEST_BIN): $(TEST_OBJ) $(AR_LIB)
+# the tests call the command's functions in-process (the questionnaire, the config
+# file's reader): every tools/ object but the one holding main
+TEST_CLI_OBJ := $(filter-out $(BUILD)/obj/tools/ctrain.o,$(CLI_OBJ))
+
+$(TEST_BIN): $(TEST_OBJ) $(TEST_CLI_OBJ) $(AR_LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_LDFLAGS) -o $@ $(TEST_OBJ) $(AR_LIB) -lcriterion $(LDLIBS)
+	$(CC) $(ALL_LDFLAGS) -o $@ $(TEST_OBJ) $(TEST_CLI_OBJ) $(AR_LIB) -lcriterion $(LDLIBS)
 
 # The suite: one Criterion binary, every test in its own process with a timeout.
 # Criterion's closing "Synthesis" line is the summary CI reads. Tests that run the
