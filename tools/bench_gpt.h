@@ -119,7 +119,7 @@ static inline ct_status bench_gpt_init(bench_gpt *g, ct_accelerator *acc, const 
 
 /* Draws the next batch, then times forward + loss, ct_accelerator_backward,
  * ct_accelerator_clip_grad_norm(clip, 2) when clip > 0, the step and zero_grad: *loss
- * is this rank's, *dt the seconds. CT_OK, or an error naming the rank, the step and
+ * is this rank's (NAN when the step failed), *dt the seconds. CT_OK, or an error naming the rank, the step and
  * what failed (a non-finite loss included). */
 static inline ct_status bench_gpt_step(bench_gpt *g, int step, double clip, double *loss, double *dt)
 {
@@ -146,10 +146,10 @@ static inline ct_status bench_gpt_step(bench_gpt *g, int step, double clip, doub
         }
     }
     *dt = bench_gpt_now() - t0;
+    *loss = loss_v; /* NAN when the step failed */
     if (failed) return ct_error_prefix("rank %d: step %d: %s failed: ", g->rank, step, failed);
     if (!isfinite(loss_v))
         return ct_error_set(CT_ERR_INVALID, "rank %d: step %d: loss is %g (not finite)", g->rank, step, loss_v);
-    *loss = loss_v;
     return CT_OK;
 }
 
