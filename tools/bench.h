@@ -104,15 +104,23 @@ ct_status ct_bench_csv_write(const char *path, const ct_bench_opts *o, const ct_
 ct_status ct_bench_plot(const char *dir, const char *png, const ct_bench_opts *o, const ct_bench_row *rows, int n,
                         const char **note);
 
-/* Runs argv (argv[0] looked up on PATH) with env (NULL: ours), stdin /dev/null, in a
- * process group of its own, collecting stdout and stderr (each up to 4 MiB; more is
- * dropped); after timeout_s sends SIGTERM to the group and SIGKILL 10 s later. tick
- * (may be NULL) is called about once a second with the seconds so far. Returns CT_OK
- * once it has exited (*status: its exit status, or 128 + signal; *timed_out), or an
- * error when it could not start (not found on PATH: CT_ERR_UNSUPPORTED). *out and *err are
- * malloc'd, NUL-terminated, owned by the caller (NULL not wanted). */
-ct_status ct_bench_spawn(char *const *argv, char *const *env, double timeout_s, void (*tick)(double s, void *ud),
-                         void *ud, char **out, char **err, int *status, bool *timed_out);
+/* How a child ran (ct_bench_spawn). */
+typedef struct ct_bench_exit {
+    int status;     /* its exit status, or 128 + signal */
+    bool timed_out; /* stopped at the deadline */
+    int interrupt;  /* SIGINT or SIGTERM that we received while it ran (passed on to it), or 0 */
+    char *out, *err; /* its stdout and stderr, NUL-terminated (each up to 4 MiB; more is
+                      * dropped); malloc'd, the caller frees them (also on error) */
+} ct_bench_exit;
+
+/* Runs argv (argv[0] looked up on PATH) with our environment, stdin /dev/null, in a
+ * process group of its own, collecting its output; after timeout_s sends SIGTERM to
+ * the group and SIGKILL 10 s later. SIGINT and SIGTERM sent to us meanwhile are passed
+ * on to the group (SIGKILL 10 s later). tick (may be NULL) is called about once a
+ * second with the seconds so far. CT_OK once it has exited, or an error when it could
+ * not start (not found on PATH: CT_ERR_UNSUPPORTED). */
+ct_status ct_bench_spawn(char *const *argv, double timeout_s, void (*tick)(double s, void *ud), void *ud,
+                         ct_bench_exit *res);
 
 /* `ctrain bench ...` and the hidden `ctrain bench-rank ...`; argv[0] is the name. */
 int ct_bench_main(int argc, char **argv);

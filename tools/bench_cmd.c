@@ -10,6 +10,7 @@
  * DIR/logs/N-P-S.log. Then the table, the checks, DIR/results.csv and the plot.
  */
 #include <errno.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -60,6 +61,7 @@ static ct_status make_dirs(const char *dir)
 
 typedef struct progress {
     bool tty;
+    int interrupt; /* the signal that stopped the last run, 0 if none */
     int i, n;
     const ct_bench_row *row;
 } progress;
@@ -135,25 +137,26 @@ static void run_one(const ct_bench_opts *o, const char *exe, ct_bench_row *r, pr
     if (!p->tty) printf("[%d/%d] %s: running\n", p->i + 1, p->n, what);
     else on_tick(0, p);
     fflush(stdout);
-    char *out = NULL, *err = NULL;
-    int status = 0;
-    bool timed_out = false;
-    double t0 = ((double)uv_hrtime() * 1e-9);
-    if (ct_bench_spawn(argv, NULL, o->timeout_s, on_tick, p, &out, &err, &status, &timed_out)) {
+    ct_bench_exit x;
+    double t0 = (double)uv_hrtime() * 1e-9;
+    if (ct_bench_spawn(argv, o->timeout_s, on_tick, p, &x)) {
         snprintf(r->error, sizeof r->error, "%s", ct_last_error());
-    } else if (timed_out) {
+    } else if (x.interrupt) {
+        snprintf(r->error, sizeof r->error, "interrupted (SIG%s)", sigabbrev_np(x.interrupt));
+    } else if (x.timed_out) {
         snprintf(r->error, sizeof r->error, "timed out after %.0f s (--timeout)", o->timeout_s);
-    } else if (status) {
-        failure_reason(err, status, r->error, sizeof r->error);
+    } else if (x.status) {
+        failure_reason(x.err, x.status, r->error, sizeof r->error);
     } else {
-        const char *line = strstr(out, "[rank0] RESULT ");
+        const char *line = strstr(x.out, "[rank0] RESULT ");
         if (!line) snprintf(r->error, sizeof r->error, "no RESULT line from rank 0 (see %s/logs/)", o->output_dir);
         else r->ok = ct_bench_result_parse(line + 7, r);
     }
-    r->seconds = ((double)uv_hrtime() * 1e-9) - t0;
-    if (out && err) write_log(o->output_dir, r, argv, out, err);
-    free(out);
-    free(err);
+    r->seconds = (double)uv_hrtime() * 1e-9 - t0;
+    if (x.out && x.err) write_log(o->output_dir, r, argv, x.out, x.err);
+    free(x.out);
+    free(x.err);
+    p->interrupt = x.interrupt;
     if (!p->tty) {
         if (r->ok) printf("[%d/%d] %s: %.0f tokens/s (%.1f s)\n", p->i + 1, p->n, what, r->fig[CT_BENCH_TOKENS_PER_S],
                           r->seconds);
@@ -198,6 +201,13 @@ int ct_bench_main(int argc, char **argv)
     for (int a = 0, i = 0; a < o.nprocesses; a++)
         for (int b = 0; b < o.nprecisions; b++)
             for (int c = 0; c < o.nstrategies; c++, i++) {
+                if (p.interrupt) { /* the rest is not run */
+                    rows[i] = (ct_bench_row){.processes = o.processes[a], .precision = o.precisions[b],
+                                             .strategy = o.strategies[c]};
+                    snprintf(rows[i].error, sizeof rows[i].error, "not run (interrupted)");
+                    failed++;
+                    continue;
+                }
                 rows[i] = (ct_bench_row){.processes = o.processes[a], .precision = o.precisions[b],
                                          .strategy = o.strategies[c]};
                 p.i = i;
@@ -231,5 +241,5 @@ int ct_bench_main(int argc, char **argv)
     if (violations) fprintf(stderr, "ctrain bench: %d check%s failed (listed under the table)\n", violations,
                             violations == 1 ? "" : "s");
     free(rows);
-    return code;
+    return p.interrupt ? 128 + p.interrupt : code;
 }

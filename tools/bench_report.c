@@ -80,10 +80,11 @@ void ct_bench_table_print(FILE *f, const ct_bench_opts *o, const ct_bench_row *r
 int ct_bench_checks_print(FILE *f, const ct_bench_opts *o, const ct_bench_row *rows, int n)
 {
     const double ln_v = log((double)o->model->gpt.vocab_size);
-    int bad = 0;
+    int bad = 0, checked = 0;
     for (int i = 0; i < n; i++) {
         const ct_bench_row *r = &rows[i];
         if (!r->ok) continue;
+        checked++;
         const double *x = r->fig;
         if (!(fabs(x[CT_BENCH_LOSS0] - ln_v) <= CT_BENCH_LOSS0_TOL))
             fprintf(f, "%s- check failed: %d processes, %s, %s: first loss %.4f is not within %.1f of ln %lld = %.4f\n",
@@ -98,7 +99,8 @@ int ct_bench_checks_print(FILE *f, const ct_bench_opts *o, const ct_bench_row *r
                     bad++ ? "" : "\n", r->processes, r->strategy->name, x[CT_BENCH_LOSS], d->fig[CT_BENCH_LOSS], rel,
                     CT_BENCH_LOSS_RTOL);
     }
-    if (!bad)
+    if (!checked) fputs("\nchecks: none (no run succeeded)\n", f);
+    else if (!bad)
         fprintf(f, "\nchecks: every first loss within %.1f of ln %lld = %.4f; in f32 every loss within %.0e "
                    "relative of DDP's\n",
                 CT_BENCH_LOSS0_TOL, (long long)o->model->gpt.vocab_size, ln_v, CT_BENCH_LOSS_RTOL);
@@ -251,19 +253,20 @@ ct_status ct_bench_plot(const char *dir, const char *png, const ct_bench_opts *o
     fputs("unset multiplot\n", f);
     if ((ferror(f) | fclose(f)) && !st) st = ct_error_set(CT_ERR_IO, "writing %s failed", script);
     if (st) return st;
-    char *argv[] = {"gnuplot", script, NULL}, *err = NULL;
-    int status = 0;
-    bool timed_out = false;
-    st = ct_bench_spawn(argv, NULL, 120, NULL, NULL, NULL, &err, &status, &timed_out);
+    char *argv[] = {"gnuplot", script, NULL};
+    ct_bench_exit x;
+    st = ct_bench_spawn(argv, 120, NULL, NULL, &x);
+    const char *err = x.err;
     if (st == CT_ERR_UNSUPPORTED) {
         *note = "gnuplot not found (Debian: apt-get install gnuplot-nox; tools/setup.sh installs it): no "
                 "strategies.png; results.csv has the figures";
         st = CT_OK;
-    } else if (!st && (status || timed_out || access(png, F_OK))) {
+    } else if (!st && (x.status || x.timed_out || access(png, F_OK))) {
         const char *e = err && *err ? err : "no output";
         st = ct_error_set(CT_ERR_IO, "gnuplot %s %s: %.*s", script,
-                          timed_out ? "timed out" : status ? "failed" : "drew no PNG", (int)strcspn(e, "\n"), e);
+                          x.timed_out ? "timed out" : x.status ? "failed" : "drew no PNG", (int)strcspn(e, "\n"), e);
     }
-    free(err);
+    free(x.out);
+    free(x.err);
     return st;
 }

@@ -36,9 +36,12 @@ struct child {
     uv_loop_t loop;
     uv_process_t proc;
     uv_timer_t timer;
+    uv_signal_t sig[2];
     capture io[2];
     int open_handles;
     bool exited, timed_out, killed, timer_closed;
+    int interrupt;      /* SIGINT or SIGTERM received while it ran */
+    double kill_at_s;   /* SIGKILL then, once stopping (0: not stopping) */
     int64_t status;
     int term_signal;
     uint64_t t0_ms, exit_ms;
@@ -58,6 +61,7 @@ static void maybe_done(child *c)
     if (c->exited && !c->io[0].open && !c->io[1].open && !c->timer_closed) {
         c->timer_closed = true;
         uv_close((uv_handle_t *)&c->timer, on_close);
+        for (int k = 0; k < 2; k++) uv_close((uv_handle_t *)&c->sig[k], on_close);
     }
 }
 
@@ -123,13 +127,25 @@ static void on_timer(uv_timer_t *t)
     }
     if (c->tick) c->tick(s, c->ud);
     /* ESRCH: the group is gone and the exit callback is on its way */
-    if (!c->timed_out && s >= c->timeout_s) {
+    if (!c->timed_out && !c->kill_at_s && s >= c->timeout_s) {
         c->timed_out = true;
+        c->kill_at_s = s + KILL_AFTER_S;
         kill(-c->proc.pid, SIGTERM);
-    } else if (c->timed_out && !c->killed && s >= c->timeout_s + KILL_AFTER_S) {
+    } else if (c->kill_at_s && !c->killed && s >= c->kill_at_s) {
         c->killed = true;
         kill(-c->proc.pid, SIGKILL);
     }
+}
+
+/* Ctrl-C or a kill of ours: the child, in a group of its own, would not see it; pass
+ * it on (ctrain launch stops its ranks) and SIGKILL if it is still there 10 s later. */
+static void on_signal(uv_signal_t *h, int sig)
+{
+    child *c = h->data;
+    if (c->exited) return;
+    c->interrupt = sig;
+    kill(-c->proc.pid, sig);
+    if (!c->kill_at_s) c->kill_at_s = (double)(uv_now(&c->loop) - c->t0_ms) / 1e3 + KILL_AFTER_S;
 }
 
 static char *take(capture *k)
@@ -139,9 +155,10 @@ static char *take(capture *k)
     return p;
 }
 
-ct_status ct_bench_spawn(char *const *argv, char *const *env, double timeout_s, void (*tick)(double s, void *ud),
-                         void *ud, char **out, char **err, int *status, bool *timed_out)
+ct_status ct_bench_spawn(char *const *argv, double timeout_s, void (*tick)(double s, void *ud), void *ud,
+                         ct_bench_exit *res)
 {
+    *res = (ct_bench_exit){0};
     child *c = calloc(1, sizeof *c);
     if (!c) return ct_error_set(CT_ERR_NOMEM, "running %s: out of memory", argv[0]);
     c->timeout_s = timeout_s, c->tick = tick, c->ud = ud;
@@ -164,10 +181,15 @@ ct_status ct_bench_spawn(char *const *argv, char *const *env, double timeout_s, 
     uv_timer_init(&c->loop, &c->timer);
     c->timer.data = c;
     c->open_handles++;
+    const int sigs[2] = {SIGINT, SIGTERM};
+    for (int k = 0; k < 2; k++) {
+        uv_signal_init(&c->loop, &c->sig[k]); /* cannot fail once the loop is initialised */
+        c->sig[k].data = c;
+        c->open_handles++;
+    }
     uv_process_options_t opts = {.exit_cb = on_exit_cb,
                                  .file = argv[0],
                                  .args = (char **)argv,
-                                 .env = (char **)env,
                                  .flags = UV_PROCESS_DETACHED,
                                  .stdio_count = 3,
                                  .stdio = stdio};
@@ -188,20 +210,21 @@ ct_status ct_bench_spawn(char *const *argv, char *const *env, double timeout_s, 
             if (uv_read_start((uv_stream_t *)&c->io[k].pipe, on_alloc, on_read)) capture_close(&c->io[k]);
         if ((rc = uv_timer_start(&c->timer, on_timer, 1000, 1000)))
             st = ct_error_set(CT_ERR_INTERNAL, "running %s: uv_timer_start: %s", argv[0], uv_strerror(rc));
+        for (int k = 0; k < 2 && !st; k++)
+            if ((rc = uv_signal_start(&c->sig[k], on_signal, sigs[k])))
+                st = ct_error_set(CT_ERR_INTERNAL, "running %s: uv_signal_start: %s", argv[0], uv_strerror(rc));
         if (st) kill(-c->proc.pid, SIGKILL); /* no deadline could be kept */
     }
     uv_run(&c->loop, UV_RUN_DEFAULT);
     CT_ASSERT(c->open_handles == 0);
     uv_loop_close(&c->loop);
     if (!st) {
-        *status = c->term_signal ? 128 + c->term_signal : (int)c->status;
-        *timed_out = c->timed_out;
+        res->status = c->term_signal ? 128 + c->term_signal : (int)c->status;
+        res->timed_out = c->timed_out;
+        res->interrupt = c->interrupt;
     }
-    char *o = take(&c->io[0]), *e = take(&c->io[1]);
-    if (out) *out = o;
-    else free(o);
-    if (err) *err = e;
-    else free(e);
+    res->out = take(&c->io[0]);
+    res->err = take(&c->io[1]);
     free(c);
     return st;
 }
