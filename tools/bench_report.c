@@ -218,8 +218,9 @@ ct_status ct_bench_plot(const char *dir, const char *png, const ct_bench_opts *o
     snprintf(script, sizeof script, "%s/plot.gp", dir);
     FILE *f = fopen(script, "w");
     if (!f) return ct_error_set(CT_ERR_IO, "cannot write %s: %s", script, strerror(errno));
+    /* the paths are as ctrain bench was given them: run it from where ctrain bench ran */
     fprintf(f, "# ctrain bench's figure: gnuplot %s\nset terminal pngcairo noenhanced size 1300, %d font ',10'\nset output ",
-            "plot.gp", 430 * nc);
+            script, 430 * nc);
     gp_string(f, png);
     fputs("\nset datafile missing '?'\nset style data histograms\nset style fill solid 0.85 border -1\n"
           "set boxwidth 0.75\nset grid ytics\nset key outside right top vertical\nset yrange [0:*]\n",
