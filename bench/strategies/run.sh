@@ -60,7 +60,9 @@ IFS=, read -r -a config_list <<<"$configs"
 [ ${#config_list[@]} -gt 0 ] || die "--configs: empty list; expected w1 and/or wide"
 for c in "${config_list[@]}"; do [[ "$c" =~ ^(w1|wide)$ ]] || die "--configs: '$c' is not w1 or wide"; done
 # ctrain bench names f32 "no" (accelerate's mixed_precision); it checks every other name
-precisions=$(sed -e 's/\bf32\b/no/g' <<<"$precisions")
+IFS=, read -r -a prec_list <<<"$precisions"
+for i in "${!prec_list[@]}"; do [ "${prec_list[$i]}" != f32 ] || prec_list[i]=no; done
+precisions=$(IFS=,; echo "${prec_list[*]}")
 [ -n "$limit" ] || limit=$([ "$quick" = 1 ] && echo 180 || echo 600)
 case "$out" in "" | /*) ;; *) out=$start_dir/$out ;; esac # relative to where it was called from
 [ -z "$out" ] || { mkdir -p "$(dirname "$out")" && : >"$out"; } || die "cannot write --out $out"
