@@ -58,7 +58,20 @@ void ct_bench_usage(FILE *f)
           "gnuplot, DIR/strategies.png. LISTs are comma-separated.\n\n"
           "  --model NAME            a built-in model (default gpt:w1):\n",
           f);
-    ct_model_spec_list(f);
+    /* the model list, indented under its flag */
+    char *list = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&list, &len);
+    if (m) {
+        ct_model_spec_list(m);
+        fclose(m);
+    }
+    for (const char *line = list; line && *line;) {
+        size_t k = strcspn(line, "\n");
+        fprintf(f, "    %.*s\n", (int)k, line);
+        line += k + (line[k] == '\n');
+    }
+    free(list);
     fputs("  --strategies LIST       default ddp,zero1,zero2,zero3,hybrid; allowed:\n", f);
     for (size_t i = 0; i < NSTRATEGIES; i++) fprintf(f, "      %-14s %s\n", STRATEGIES[i].name, STRATEGIES[i].about);
     fputs("  --num_processes LIST    ranks per run, each >= 1 (default 2)\n"
