@@ -144,6 +144,12 @@ ct_status ct_bench_csv_write(const char *path, const ct_bench_opts *o, const ct_
     return CT_OK;
 }
 
+/* A precision as the plot names it: mixed_precision "no" is f32. */
+static const char *prec_label(const char *p)
+{
+    return strcmp(p, "no") ? p : "f32";
+}
+
 /* s in a gnuplot single-quoted string ('' is a quote). */
 static void gp_string(FILE *f, const char *s)
 {
@@ -234,7 +240,7 @@ ct_status ct_bench_plot(const char *dir, const char *png, const ct_bench_opts *o
         snprintf(data, sizeof data, "%s/plot-%d.dat", dir, counts[c]);
         fprintf(f, "set title '%s: memory per rank, %d processes, %s'\nset ylabel 'MiB per rank'\n"
                    "set style histogram rowstacked\nplot ",
-                o->model->name, counts[c], prec0);
+                o->model->name, counts[c], prec_label(prec0));
         gp_string(f, data);
         fputs(" using 2:xtic(1) title 'params' lc rgb '#4477aa', '' using 3 title 'grads' lc rgb '#66ccee', "
               "'' using 4 title 'optimizer' lc rgb '#228833', '' using 5 title 'activations' lc rgb '#ccbb44'\n",
@@ -247,7 +253,7 @@ ct_status ct_bench_plot(const char *dir, const char *png, const ct_bench_opts *o
             if (p) fputs(", ", f);
             else gp_string(f, data);
             fprintf(f, "%s using %d%s title '%s' lc rgb '%s'", p ? "''" : "", 6 + p, p ? "" : ":xtic(1)",
-                    o->precisions[p], colours[p % 3]);
+                    prec_label(o->precisions[p]), colours[p % 3]);
         }
         fputc('\n', f);
     }
