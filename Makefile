@@ -192,7 +192,7 @@ bench-collectives: setup
 bench-ddp: setup
 	bench/ddp/run.sh --out $(BUILD)/bench/ddp.md
 
-# GPT training by sharding strategy: DDP, ZeRO-1/2/3, HYBRID; memory split, wire bytes (bench/strategies/run.sh)
+# GPT training by sharding strategy: DDP, ZeRO-1/2/3, HYBRID; memory split, wire bytes (bench/strategies/run.sh: ctrain bench)
 bench-strategies: setup
 	bench/strategies/run.sh --out $(BUILD)/bench/strategies.md
 

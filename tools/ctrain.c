@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "tools/bench.h"
 #include "tools/checkpoint_cmd.h"
 #include "tools/config_cmd.h"
 #include "tools/env.h"
@@ -27,9 +28,16 @@ static const subcommand COMMANDS[] = {
     {"env", ct_env_main, "this machine, its libraries, each dtype's GEMM path, thread and job settings"},
     {"merge-weights", ct_merge_weights_main, "merge a sharded checkpoint (SHARDED_STATE_DICT) into one file"},
     {"checkpoint", ct_checkpoint_main, "describe a training-state checkpoint (save_state) and verify its files"},
+    {"bench", ct_bench_main, "shard strategies side by side: tokens/s, memory per rank, bytes sent; CSV and plot"},
+};
+
+/* Run by ctrain itself (ctrain bench starts its ranks as `ctrain bench-rank`); not in the help. */
+static const subcommand HIDDEN[] = {
+    {"bench-rank", ct_bench_rank_main, "one rank of a `ctrain bench` run"},
 };
 
 #define N_COMMANDS (sizeof COMMANDS / sizeof *COMMANDS)
+#define N_HIDDEN (sizeof HIDDEN / sizeof *HIDDEN)
 
 static void usage(FILE *f)
 {
@@ -53,13 +61,15 @@ int main(int argc, char **argv)
         printf("ctrain %s\n", CT_CLI_VERSION);
         return 0;
     }
-    for (size_t i = 0; i < N_COMMANDS; i++)
-        if (!strcmp(cmd, COMMANDS[i].name)) {
-            int code = COMMANDS[i].run(argc - 1, argv + 1);
+    for (size_t i = 0; i < N_COMMANDS + N_HIDDEN; i++) {
+        const subcommand *c = i < N_COMMANDS ? &COMMANDS[i] : &HIDDEN[i - N_COMMANDS];
+        if (!strcmp(cmd, c->name)) {
+            int code = c->run(argc - 1, argv + 1);
             /* Flushes the help text and anything else buffered before exit. */
             if (fflush(stdout) != 0 && code == 0) code = 1;
             return code;
         }
+    }
     fprintf(stderr, "ctrain: unknown command '%s' (ctrain --help lists the commands)\n", cmd);
     return 2;
 }
