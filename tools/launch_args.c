@@ -203,8 +203,10 @@ void ct_launch_usage(FILE *f)
           "  --cpu                        run on the CPU even where a GPU exists (CTRAIN_USE_CPU=1)\n"
           "  --gpu_ids all|IDS            the GPUs this machine's ranks use, e.g. 0,2 (sets\n"
           "                               CUDA_VISIBLE_DEVICES; at least one per local rank)\n"
-          "  --debug                      set CTRAIN_DEBUG=1 for the ranks (as accelerate launch\n"
-          "                               --debug; collectives are always checked across ranks)\n"
+          "  --debug                      debugging run (as accelerate launch --debug): CTRAIN_DEBUG=1 for\n"
+          "                               the program, and CUDA work synchronous (CTRAIN_CUDA_SYNC=1) so a\n"
+          "                               kernel's fault is reported at its own op; collectives are\n"
+          "                               checked across ranks with or without it\n"
           "  --num_cpu_threads_per_process T\n"
           "                               threads per rank (default: online cores / local ranks;\n"
           "                               an exported OMP_NUM_THREADS is kept unless T is given)\n"
@@ -551,7 +553,12 @@ char **ct_launch_env_new(const ct_launch_opts *o, int local_rank, int port, int 
     if (o->job_id[0]) SETF("CTRAIN_JOB_ID", "%s", o->job_id);
     if (o->cpu) SETF("CTRAIN_USE_CPU", "1");
     if (o->gpu_ids[0] && strcmp(o->gpu_ids, "all")) SETF("CUDA_VISIBLE_DEVICES", "%s", o->gpu_ids);
-    if (o->debug) SETF("CTRAIN_DEBUG", "1");
+    if (o->debug) {
+        SETF("CTRAIN_DEBUG", "1");
+        /* asynchronous kernel faults otherwise surface at the next synchronisation,
+         * named with the ops queued since (core/cuda_runtime.c) */
+        if (!getenv("CTRAIN_CUDA_SYNC")) SETF("CTRAIN_CUDA_SYNC", "1");
+    }
     /* The default thread count defers to a user's OMP_NUM_THREADS; an explicit
      * --num_cpu_threads_per_process is a request for this launch and wins. */
     if (o->threads_explicit || !getenv("OMP_NUM_THREADS")) {

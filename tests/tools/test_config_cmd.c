@@ -11,7 +11,7 @@ TestSuite(config_cmd, .init = setup_dir, .fini = remove_tmpdir);
 
 /* Each rank prints its sharding, precision and size variables, sorted. */
 #define PRINT_ENV                                                                                                  \
-    "sh -c 'env | grep -E \"^(CTRAIN_(USE|ZERO|OFFLOAD|GRADIENT|MIXED|FSDP|DEEPSPEED|DEBUG|FP8)|WORLD_SIZE|"       \
+    "sh -c 'env | grep -E \"^(CTRAIN_(USE|ZERO|OFFLOAD|GRADIENT|MIXED|FSDP|DEEPSPEED|DEBUG|CUDA_SYNC|FP8)|WORLD_SIZE|"       \
     "CUDA_VISIBLE)\" | sort'"
 
 static void assert_rank_lines(int ranks, const char *const *lines)
@@ -73,7 +73,7 @@ Test(config_cmd, launch_gives_each_rank_a_zero3_files_settings, .timeout = 60)
                           "debug: true\n");
     cr_assert_eq(ctrain("launch --config_file z3.yaml " PRINT_ENV), 0, "%s", out);
     static const char *const want[] = {
-        "CTRAIN_DEBUG=1",        "CTRAIN_GRADIENT_ACCUMULATION_STEPS=1", "CTRAIN_GRADIENT_CLIPPING=1",
+        "CTRAIN_DEBUG=1", "CTRAIN_CUDA_SYNC=1", "CTRAIN_GRADIENT_ACCUMULATION_STEPS=1", "CTRAIN_GRADIENT_CLIPPING=1",
         "CTRAIN_MIXED_PRECISION=fp16", "CTRAIN_OFFLOAD_OPTIMIZER_DEVICE=cpu", "CTRAIN_OFFLOAD_PARAM_DEVICE=cpu",
         "CTRAIN_USE_DEEPSPEED=1", "CTRAIN_ZERO_STAGE=3", "WORLD_SIZE=2", NULL,
     };
