@@ -11,6 +11,7 @@
 #include "tools/env.h"
 #include "tools/launch.h"
 #include "tools/merge_weights.h"
+#include "tools/test_cmd.h"
 
 #define CT_CLI_VERSION "0.1.0"
 
@@ -25,6 +26,7 @@ static const subcommand COMMANDS[] = {
     {"env", ct_env_main, "this machine, its libraries, each dtype's GEMM path, thread and job settings"},
     {"merge-weights", ct_merge_weights_main, "merge a sharded checkpoint (SHARDED_STATE_DICT) into one file"},
     {"checkpoint", ct_checkpoint_main, "describe a training-state checkpoint (save_state) and verify its files"},
+    {"test", ct_test_main, "check that this launch configuration works: collectives and a short training run"},
 };
 
 #define N_COMMANDS (sizeof COMMANDS / sizeof *COMMANDS)
