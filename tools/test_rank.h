@@ -51,7 +51,7 @@ typedef struct ct_test_run {
     bool broken;        /* a collective failed: no check runs after the current one */
     char name[128];     /* the current check */
     char msg[CT_TEST_MSG_MAX]; /* this rank's failures in the current check; "" = none */
-    int nfail;          /* failures recorded in the current check */
+    int nfail, nshown;  /* failures recorded in the current check, of them in msg */
     struct ct_test_trained *trained; /* the training's model and optimizer (test_rank_train.c) */
 } ct_test_run;
 

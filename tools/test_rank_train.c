@@ -16,13 +16,18 @@
  * initial weights) with the plain API, without the Accelerator: one step on the whole
  * global batch of step s (K W BATCH samples), in the same precision (an autocast
  * scope of the same dtype; fp8: a delayed-scaling state of its own with the same
- * recipe), clipped as the Accelerator clips, skipping the steps the fp16 loss scaler
- * skipped. The mean of per-sample losses over equal shares is the global mean, and
+ * recipe; fp16: the same loss scale; a sharded strategy under mixed precision: 16-bit
+ * parameters rounded from f32 masters), clipped as the Accelerator clips, skipping the
+ * steps the fp16 loss scaler skipped. The mean of per-sample losses over equal shares is the global mean, and
  * DDP's averaged gradient is the global batch's, so the two agree up to rounding:
- * f32 within 1e-5 relative. Low precision rounds activations, gradients and (when
- * sharded) the parameters themselves, in a different grouping on each side; the
- * tolerances below are about ten times the largest difference measured on the
- * strategies (docs/launch.md, "ctrain test").
+ * f32 within 1e-5 relative. Low precision rounds activations and gradients (and,
+ * when sharded, the 16-bit parameters the reference copies too) in a different
+ * grouping on each side: a gradient rounded per micro-batch and averaged is not the
+ * global batch's gradient rounded once. Measured on 2, 3 and 4 ranks under DDP,
+ * ZeRO-1/2/3, FSDP SHARD_GRAD_OP, FSDP with offload, 2 accumulation steps and
+ * clipping, the largest relative differences were 1e-7 (f32), 8.6e-5 (fp16), 2.3e-3
+ * (bf16, with accumulation) and 6.1e-3 (fp8); the tolerances are about ten times
+ * those: 1e-5, 2e-3, 2e-2 and 5e-2 (docs/launch.md, "ctrain test").
  *
  * The losses are compared on rank 0 (the others' reference runs are the same
  * computation); any rank's failure to train is reported.
@@ -96,16 +101,21 @@ static ct_status batch(int64_t first, int64_t n, ct_device dev, ct_tensor **x, c
     return CT_OK;
 }
 
-/* Relative tolerance of the distributed loss against one process's. */
+/* Relative tolerance of the distributed loss against one process's (the file's
+ * comment says where the numbers come from). */
 static double tolerance(const char *mp)
 {
+    if (!strcmp(mp, "fp16")) return 2e-3;
     if (!strcmp(mp, "bf16")) return 2e-2;
-    if (!strcmp(mp, "fp16")) return 5e-3;
     if (!strcmp(mp, "fp8")) return 5e-2;
     return 1e-5;
 }
 
-static const ct_adamw_config ADAMW = {.lr = 1e-2, .eps = 1e-4, .weight_decay = 0.01};
+/* eps 1e-4 rather than 1e-8: Adam's first step moves every weight by +-lr whatever
+ * its gradient's size, so a gradient near zero that rounding leaves on the other side
+ * of zero would move a weight by 2 lr; with eps above the rounding noise of small
+ * gradients the update is continuous in the gradient again. */
+static const ct_adamw_config ADAMW = {.lr = 3e-3, .eps = 1e-4, .weight_decay = 0.01};
 
 /* What prepare was given: the Accelerator keeps pointers to them until it is freed,
  * so they outlive it (ct_test_training_free). */

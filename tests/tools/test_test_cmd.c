@@ -220,6 +220,19 @@ Test(test_cmd, bf16_two_processes, .timeout = 60)
     result_free(&r);
 }
 
+/* fp16 with DeepSpeed's clipping: the loss scale and the clip on unscaled gradients (the
+ * one process mirrors both; the clip must see the gradients unscaled once) */
+Test(test_cmd, fp16_zero2_clipped_two_processes, .timeout = 60)
+{
+    clean_env();
+    result r = run_test_cmd(ARGS("--num_processes", "2", "--use_deepspeed", "--zero_stage", "2", "--gradient_clipping",
+                                 "0.05", "--mixed_precision", "fp16", "--main_process_port", "0"),
+                            50);
+    assert_all_pass(&r, "on 2 processes (DeepSpeed ZeRO-2, mixed precision fp16)");
+    cr_assert_eq(count_of(r.out, "<= 2e-03)"), 4, "%s", r.out);
+    result_free(&r);
+}
+
 /* ---- failures are caught and named ------------------------------------------------------- */
 
 Test(test_cmd, injected_collective_fault_fails_that_check, .timeout = 60)
