@@ -133,7 +133,7 @@ static int verdict(const report *r, int code)
     char what[2048];
     if (r->ended && r->failed > 0)
         snprintf(what, sizeof what, "%d of %d checks failed%s: %s%s", r->failed, r->checks, setting, r->failed_names,
-                 r->stopped ? "; the process group failed, so the checks after it did not run" : "");
+                 r->stopped ? "; the checks after it could not run (no working process group)" : "");
     else if (r->ended)
         snprintf(what, sizeof what, "all %d checks passed%s, but the job failed", r->checks, setting);
     else if (r->last_check[0])
