@@ -215,7 +215,8 @@ static int64_t large_count(ct_dtype dt)
 /* ---- barrier ------------------------------------------------------------------------ */
 
 /* The last rank enters DELAY_S after the others: a barrier that let anyone out
- * before it arrived shows as a wait shorter than half of that. */
+ * before it arrived shows as a wait much shorter than that: under a quarter of it,
+ * which leaves a busy machine 75 ms to schedule a rank late without a false alarm. */
 #define DELAY_S 0.1
 
 static void check_barrier(ct_test_run *t)
@@ -232,7 +233,7 @@ static void check_barrier(ct_test_run *t)
         st = ct_work_run(ct_pg_barrier(t->pg));
         waited = now_s() - t0;
         if (st) ct_test_check_error(t, "barrier 2", st);
-        else if (t->rank != last && waited < DELAY_S / 2)
+        else if (t->rank != last && waited < DELAY_S / 4)
             ct_test_check_fail(t, "left barrier 2 after %.1f ms, before rank %d arrived (it entered %.0f ms late)",
                                waited * 1e3, last, DELAY_S * 1e3);
     }

@@ -275,11 +275,20 @@ Test(test_cmd, injected_death_stops_the_run, .timeout = 60)
     clean_env();
     setenv("CTRAIN_TEST_INJECT", "die", 1);
     result r = run_test_cmd(ARGS("--num_processes", "2", "--main_process_port", "0"), 50);
-    /* the launcher's status for a rank killed by SIGKILL: 128 + 9 */
-    cr_assert_eq(r.code, 137, "exit status %d\nstdout:\n%s\nstderr:\n%s", r.code, r.out, r.err);
-    assert_has(&r, "stderr", "was killed by signal 9");
+    /* The launcher reports the first failure it reaps: normally rank 1's SIGKILL (status
+     * 128 + 9), but on a busy machine rank 0 may have seen the closed connection,
+     * failed its check and exited 1 by the time the launcher reaps both. Either way
+     * the death is named. */
+    cr_assert(r.code == 137 || r.code == 1, "exit status %d\nstdout:\n%s\nstderr:\n%s", r.code, r.out, r.err);
     assert_has(&r, "stderr", "ctrain test: FAILED: ");
-    assert_has(&r, "stderr", "a rank was killed by signal 9");
+    if (r.code == 137) {
+        assert_has(&r, "stderr", "rank 1 (pid ");
+        assert_has(&r, "stderr", "was killed by signal 9");
+        assert_has(&r, "stderr", "a rank was killed by signal 9");
+    } else {
+        assert_has(&r, "stdout", "[rank0] FAIL allreduce(sum) f32: rank 0: size 1027: ");
+        assert_has(&r, "stdout", "rank 1 closed its connection");
+    }
     /* within seconds: the peer's death is seen at once, not after CTRAIN_TIMEOUT (60 s) */
     cr_assert_lt(r.seconds, 30, "took %.1f s", r.seconds);
     result_free(&r);
