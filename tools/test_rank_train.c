@@ -8,13 +8,14 @@
  *
  * Distributed: STEPS optimizer steps of AdamW through the Accelerator, which applies
  * whatever the launcher configured (DDP, ZeRO-1/2/3, FSDP, offload, mixed precision,
- * gradient accumulation K, gradient clipping); micro-step m of step s gives rank r
- * the BATCH samples from ((s K + m) W + r) BATCH. Its loss at step s is the mean of
- * its micro-steps' losses, averaged over the ranks.
+ * gradient accumulation K, gradient clipping), with a loader of b samples per batch
+ * (BATCH, or a DeepSpeed config's micro batch) that prepare shares out: the ranks'
+ * batches of micro-step j together are samples [j b W, (j + 1) b W). A rank's loss
+ * at step s is the mean of its micro-steps' losses, averaged over the ranks.
  *
  * One process: every rank also trains a second copy of the model (same seed, same
  * initial weights) with the plain API, without the Accelerator: one step on the whole
- * global batch of step s (K W BATCH samples), in the same precision (an autocast
+ * global batch of step s (samples [s K W b, (s + 1) K W b)), in the same precision (an autocast
  * scope of the same dtype; fp8: a delayed-scaling state of its own with the same
  * recipe; fp16: the same loss scale; a sharded strategy under mixed precision: 16-bit
  * parameters rounded from f32 masters), clipped as the Accelerator clips, skipping the
@@ -41,6 +42,8 @@
 #include "autograd/autograd.h"
 #include "autograd/ops_math.h"
 #include "core/frame.h"
+#include "data/dataset.h"
+#include "data/loader.h"
 #include "nn/layers.h"
 #include "optim/clip.h"
 #include "precision/autocast.h"
@@ -81,24 +84,79 @@ static ct_tensor *mlp_loss(tiny_mlp *m, ct_tensor *x, ct_tensor *y)
     return ct_mean_all(ct_mul(d, d));
 }
 
-/* Samples [first, first + n) on dev; owned by the current frame. */
+/* Sample n of the data (the file's comment). */
+static void sample(int64_t n, float *x, float *y)
+{
+    double s = (double)n;
+    for (int k = 0; k < IN; k++) x[k] = (float)sin(0.37 * s + 1.1 * k + 0.3);
+    for (int j = 0; j < OUT; j++) y[j] = (float)(0.5 * cos(0.23 * s * (j + 1) + j));
+}
+
+/* Samples [first, first + n) on dev, for the one-process run; owned by the current
+ * frame. */
 static ct_status batch(int64_t first, int64_t n, ct_device dev, ct_tensor **x, ct_tensor **y)
 {
     *x = ct_tensor_empty(CT_DTYPE_F32, CT_SHAPE(n, IN));
     *y = ct_tensor_empty(CT_DTYPE_F32, CT_SHAPE(n, OUT));
     if (!*x || !*y) return ct_last_status();
     float *xs = ct_tensor_data(*x), *ys = ct_tensor_data(*y);
-    for (int64_t i = 0; i < n; i++) {
-        double s = (double)(first + i);
-        for (int k = 0; k < IN; k++) xs[i * IN + k] = (float)sin(0.37 * s + 1.1 * k + 0.3);
-        for (int j = 0; j < OUT; j++) ys[i * OUT + j] = (float)(0.5 * cos(0.23 * s * (j + 1) + j));
-    }
+    for (int64_t i = 0; i < n; i++) sample(first + i, xs + i * IN, ys + i * OUT);
     if (dev.type != CT_DEVICE_CPU) {
         *x = ct_tensor_to(*x, dev);
         *y = ct_tensor_to(*y, dev);
         if (!*x || !*y) return ct_last_status();
     }
     return CT_OK;
+}
+
+/* The same samples as a dataset, for the Accelerator's loader. */
+typedef struct synth {
+    ct_dataset base; /* first: a (synth *) is a (ct_dataset *) */
+    int64_t n;
+} synth;
+
+static int64_t synth_len(const ct_dataset *ds) { return ((const synth *)ds)->n; }
+
+static ct_status synth_get(const ct_dataset *ds, int64_t i, ct_tensor *const *out, int64_t row)
+{
+    (void)ds;
+    sample(i, ct_dataset_row(out[0], row), ct_dataset_row(out[1], row));
+    return CT_OK;
+}
+
+static void synth_free(ct_dataset *ds) { free(ds); }
+
+static const ct_dataset_vtable SYNTH = {"ctrain test", synth_len, synth_get, synth_free};
+
+static ct_dataset *synth_new(int64_t n)
+{
+    synth *d = calloc(1, sizeof *d);
+    if (!d) {
+        ct_error_set(CT_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
+    d->n = n;
+    ct_dataset_slot slots[2] = {{CT_DTYPE_F32, 1, {IN}}, {CT_DTYPE_F32, 1, {OUT}}};
+    if (ct_dataset_init(&d->base, &SYNTH, 2, slots)) {
+        free(d);
+        return NULL;
+    }
+    return &d->base;
+}
+
+/* Samples per rank and micro-step: a DeepSpeed config's train_micro_batch_size_per_gpu
+ * (or its train_batch_size / (K W)) when it gives one, so that the Accelerator's check
+ * of the config against the loader passes; else BATCH. */
+static int64_t micro_batch(const ct_sharding_settings *sh, int K, int world)
+{
+    const ct_ds_config *c = &sh->ds;
+    if (!sh->has_ds) return BATCH;
+    if (c->from[CT_DS_MICRO_BATCH] == CT_DS_GIVEN && c->train_micro_batch_size_per_gpu >= 1)
+        return c->train_micro_batch_size_per_gpu;
+    int64_t per = (int64_t)K * world;
+    if (c->from[CT_DS_TRAIN_BATCH] == CT_DS_GIVEN && c->train_batch_size >= per && c->train_batch_size % per == 0)
+        return c->train_batch_size / per;
+    return BATCH;
 }
 
 /* Relative tolerance of the distributed loss against one process's (the file's
@@ -123,30 +181,39 @@ struct ct_test_trained {
     tiny_mlp *m;
     ct_param_list params;
     ct_optimizer *opt;
+    ct_dataset *data;
+    ct_loader *loader;
 };
 
 /* The distributed run: losses[s] = this rank's mean loss of step s; skipped[s] =
- * whether the fp16 loss scaler skipped the step, scales[s] its scale then. */
-static ct_status train_distributed(ct_test_run *t, ct_accelerator *acc, double *losses, bool *skipped,
+ * whether the fp16 loss scaler skipped the step, scales[s] its scale then. The
+ * prepared loader gives rank r positions r, r + W, ... of the dataset in order
+ * (data/loader.h), so the W batches of one micro-step together hold samples
+ * [j b W, (j + 1) b W) of micro-step j: the global batch the one process takes. */
+static ct_status train_distributed(ct_test_run *t, ct_accelerator *acc, int64_t b, double *losses, bool *skipped,
                                    double *scales)
 {
     struct ct_test_trained *d = t->trained = calloc(1, sizeof *t->trained);
     if (!d) return ct_error_set(CT_ERR_NOMEM, "out of memory");
+    const int K = ct_accelerator_gradient_accumulation_steps(acc);
     ct_status st = (d->m = mlp_new()) ? ct_module_named_tensors(&d->m->base, false, &d->params) : ct_last_status();
     if (!st && !(d->opt = ct_adamw_new(d->params.n, d->params.tensors, &ADAMW))) st = ct_last_status();
-    if (!st) st = ct_accelerator_prepare(acc, &d->m->base, d->opt, NULL, NULL);
-    const int K = ct_accelerator_gradient_accumulation_steps(acc);
-    const ct_device dev = ct_accelerator_device(acc);
+    if (!st && !(d->data = synth_new((int64_t)STEPS * K * t->world * b))) st = ct_last_status();
+    if (!st && !(d->loader = ct_loader_new(d->data, &(ct_loader_config){.batch_size = b, .no_prefetch = true})))
+        st = ct_last_status();
+    if (!st) st = ct_accelerator_prepare(acc, &d->m->base, d->opt, d->loader, NULL);
     for (int s = 0; s < STEPS && !st; s++) {
         double sum = 0;
         scales[s] = ct_accelerator_loss_scale(acc);
         for (int k = 0; k < K && !st; k++) {
             ct_frame_push();
-            ct_tensor *x, *y;
-            st = batch((((int64_t)s * K + k) * t->world + t->rank) * BATCH, BATCH, dev, &x, &y);
+            ct_tensor *x, *y, *loss = NULL;
+            ct_loader_result got = ct_loader_next(d->loader, &x, &y);
+            if (got != CT_LOADER_BATCH)
+                st = got == CT_LOADER_ERROR ? ct_last_status()
+                                            : ct_error_set(CT_ERR_INTERNAL, "the loader ended at step %d", s + 1);
             ct_accelerator_accumulate_begin(acc);
-            ct_tensor *loss = st ? NULL : mlp_loss(d->m, x, y);
-            if (!st && !loss) st = ct_last_status();
+            if (!st && !(loss = mlp_loss(d->m, x, y))) st = ct_last_status();
             if (!st) st = ct_accelerator_backward(acc, loss);
             if (!st) st = ct_optimizer_step(d->opt);
             if (!st) {
@@ -166,6 +233,8 @@ void ct_test_training_free(ct_test_run *t)
 {
     struct ct_test_trained *d = t->trained;
     if (!d) return;
+    ct_loader_free(d->loader);
+    ct_dataset_free(d->data);
     ct_optimizer_free(d->opt);
     ct_param_list_free(&d->params);
     if (d->m) ct_module_free(&d->m->base);
@@ -189,8 +258,8 @@ static ct_dtype compute_dtype(ct_accelerator *acc, const ct_sharding_settings *s
  * the masters', which the optimizer steps (the sharding engine's mixed precision).
  * fp16: the loss is multiplied by the Accelerator's scale of that step and the
  * gradients divided by it, so small gradients survive fp16 as they do there. */
-static ct_status train_alone(ct_test_run *t, ct_accelerator *acc, const bool *skipped, const double *scales,
-                             double *losses)
+static ct_status train_alone(ct_test_run *t, ct_accelerator *acc, int64_t b, const bool *skipped,
+                             const double *scales, double *losses)
 {
     const int K = ct_accelerator_gradient_accumulation_steps(acc);
     const ct_device dev = ct_accelerator_device(acc);
@@ -226,7 +295,7 @@ static ct_status train_alone(ct_test_run *t, ct_accelerator *acc, const bool *sk
                                                      : CT_DTYPE_F32);
     }
     scoped = !st;
-    const int64_t global = (int64_t)K * t->world * BATCH;
+    const int64_t global = (int64_t)K * t->world * b;
     for (int s = 0; s < STEPS && !st; s++) {
         ct_frame_push();
         if (c) {
@@ -276,7 +345,10 @@ void ct_test_training(ct_test_run *t, ct_accelerator *acc)
     /* Training is one check until the losses exist (a failure to train is reported
      * as that), then one per step. */
     ct_test_check_begin(t, "training");
-    ct_status st = train_distributed(t, acc, mine, skipped, scales);
+    ct_sharding_settings sharding;
+    if (ct_sharding_settings_resolve(NULL, NULL, false, &sharding)) sharding = (ct_sharding_settings){0};
+    const int64_t b = micro_batch(&sharding, ct_accelerator_gradient_accumulation_steps(acc), t->world);
+    ct_status st = train_distributed(t, acc, b, mine, skipped, scales);
     if (!st && ct_test_inject_here(t, "loss")) mine[2] *= 1.5;
     if (!st) {
         ct_frame_push();
@@ -286,7 +358,7 @@ void ct_test_training(ct_test_run *t, ct_accelerator *acc)
         else ct_test_check_error(t, "the mean loss over the ranks (allreduce)", st);
         ct_frame_pop();
     }
-    if (!st) st = train_alone(t, acc, skipped, scales, alone);
+    if (!st) st = train_alone(t, acc, b, skipped, scales, alone);
     if (st || t->msg[0]) {
         ct_test_check_end(t, "-");
         return;
