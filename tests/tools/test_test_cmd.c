@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "tests/clock.h"
+#include "tests/tmpdir.h"
 
 /* ---- running the command ----------------------------------------------------------------- */
 
@@ -230,6 +231,26 @@ Test(test_cmd, fp16_zero2_clipped_two_processes, .timeout = 60)
                             50);
     assert_all_pass(&r, "on 2 processes (DeepSpeed ZeRO-2, mixed precision fp16)");
     cr_assert_eq(count_of(r.out, "<= 2e-03)"), 4, "%s", r.out);
+    result_free(&r);
+}
+
+/* A DeepSpeed config as users write them, with "auto" sizes (filled from the test's
+ * loader) and its own bf16 and clipping settings. */
+Test(test_cmd, deepspeed_config_file_with_auto_values, .timeout = 60)
+{
+    clean_env();
+    make_tmpdir_with("/tmp/ct_test_cmd_");
+    FILE *f = fopen(path_of("ds.json"), "w");
+    cr_assert_not_null(f);
+    fputs("{\"zero_optimization\": {\"stage\": 2}, \"bf16\": {\"enabled\": true}, \"gradient_clipping\": 0.5,\n"
+          " \"train_micro_batch_size_per_gpu\": \"auto\", \"gradient_accumulation_steps\": \"auto\"}\n",
+          f);
+    fclose(f);
+    result r = run_test_cmd(ARGS("--num_processes", "2", "--use_deepspeed", "--deepspeed_config_file", path_of("ds.json"),
+                                 "--main_process_port", "0"),
+                            50);
+    remove_tmpdir();
+    assert_all_pass(&r, "on 2 processes (DeepSpeed ZeRO-2, mixed precision bf16)");
     result_free(&r);
 }
 
