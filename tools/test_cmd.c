@@ -124,7 +124,8 @@ static int verdict(const report *r, int code)
 {
     char setting[200] = "";
     if (r->setup)
-        snprintf(setting, sizeof setting, " on %d process%s (%s, mixed precision %s)", r->world, r->world == 1 ? "" : "es",
+        snprintf(setting, sizeof setting, " on %d process%s (%s, mixed precision %s)", r->world,
+                 r->world == 1 ? "" : "es",
                  r->strategy, r->precision);
     if (r->ended && !r->stopped && r->failed == 0 && code == 0) {
         printf("ctrain test: all %d checks passed%s\n", r->checks, setting);

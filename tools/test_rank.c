@@ -134,7 +134,8 @@ bool ct_test_check_end(ct_test_run *t, const char *fmt, ...)
         shown++;
     }
     if (failing > shown)
-        snprintf(text + used, sizeof text - used, " (and %d more rank%s)", failing - shown, failing - shown == 1 ? "" : "s");
+        snprintf(text + used, sizeof text - used, " (and %d more rank%s)", failing - shown,
+                 failing - shown == 1 ? "" : "s");
     free(all);
     bool pass = failing == 0;
     if (!pass) t->failed++;

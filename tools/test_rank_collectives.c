@@ -51,7 +51,10 @@ static const ct_dtype DTYPES[] = {CT_DTYPE_F32, CT_DTYPE_F64, CT_DTYPE_BF16, CT_
 
 /* ---- the closed forms ---------------------------------------------------------------- */
 
-static bool is_float(ct_dtype dt) { return dt == CT_DTYPE_F32 || dt == CT_DTYPE_F64 || dt == CT_DTYPE_BF16 || dt == CT_DTYPE_F16; }
+static bool is_float(ct_dtype dt)
+{
+    return dt == CT_DTYPE_F32 || dt == CT_DTYPE_F64 || dt == CT_DTYPE_BF16 || dt == CT_DTYPE_F16;
+}
 
 static double unit(ct_dtype dt) { return is_float(dt) ? 0.25 : 1.0; }
 
@@ -141,7 +144,8 @@ static void run_size(ct_test_run *t, coll_kind k, ct_reduce_op op, ct_dtype dt, 
         /* twice the group's timeout: the others' collective must fail first */
         ct_dist_env env;
         double s = ct_dist_env_detect(&env) ? CT_DIST_DEFAULT_TIMEOUT_S : env.timeout_s;
-        fprintf(stderr, "ctrain test: CTRAIN_TEST_INJECT=hang: rank %d sleeps %.0f s before %s\n", r, 2 * s + 1, t->name);
+        fprintf(stderr, "ctrain test: CTRAIN_TEST_INJECT=hang: rank %d sleeps %.0f s before %s\n", r, 2 * s + 1,
+                t->name);
         fflush(stderr);
         double until = now_s() + 2 * s + 1;
         for (double left; (left = until - now_s()) > 0;)
@@ -238,7 +242,9 @@ static void check_barrier(ct_test_run *t)
                                waited * 1e3, last, DELAY_S * 1e3);
     }
     if (last == 0) ct_test_check_end(t, "one rank");
-    else ct_test_check_end(t, "rank 0 waited %.0f ms for rank %d, which entered %.0f ms late", waited * 1e3, last, DELAY_S * 1e3);
+    else
+        ct_test_check_end(t, "rank 0 waited %.0f ms for rank %d, which entered %.0f ms late", waited * 1e3, last,
+                          DELAY_S * 1e3);
 }
 
 /* ---- the checks ------------------------------------------------------------------------ */

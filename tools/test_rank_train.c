@@ -369,7 +369,8 @@ void ct_test_training(ct_test_run *t, ct_accelerator *acc)
         if (t->rank == 0 && !(diff <= tol))
             ct_test_check_fail(t, "loss %.9g (mean over %d rank%s), one process %.9g: relative difference %.1e > %.0e",
                                mean[s], t->world, t->world == 1 ? "" : "s", alone[s], diff, tol);
-        ct_test_check_end(t, "loss %.7f (mean over %d rank%s) = %.7f in one process (relative difference %.1e <= %.0e)%s",
+        ct_test_check_end(t,
+                          "loss %.7f (mean over %d rank%s) = %.7f in one process (relative difference %.1e <= %.0e)%s",
                           mean[s], t->world, t->world == 1 ? "" : "s", alone[s], diff, tol,
                           skipped[s] ? "; the fp16 loss scaler skipped this step" : "");
     }

@@ -198,7 +198,8 @@ Test(test_cmd, ddp_two_processes, .timeout = 60)
 Test(test_cmd, zero3_two_processes, .timeout = 60)
 {
     clean_env();
-    result r = run_test_cmd(ARGS("--num_processes", "2", "--use_deepspeed", "--zero_stage", "3", "--main_process_port", "0"), 50);
+    result r = run_test_cmd(
+        ARGS("--num_processes", "2", "--use_deepspeed", "--zero_stage", "3", "--main_process_port", "0"), 50);
     assert_all_pass(&r, "on 2 processes (DeepSpeed ZeRO-3, mixed precision no)");
     result_free(&r);
 }
@@ -246,8 +247,8 @@ Test(test_cmd, deepspeed_config_file_with_auto_values, .timeout = 60)
           " \"train_micro_batch_size_per_gpu\": \"auto\", \"gradient_accumulation_steps\": \"auto\"}\n",
           f);
     fclose(f);
-    result r = run_test_cmd(ARGS("--num_processes", "2", "--use_deepspeed", "--deepspeed_config_file", path_of("ds.json"),
-                                 "--main_process_port", "0"),
+    result r = run_test_cmd(ARGS("--num_processes", "2", "--use_deepspeed", "--deepspeed_config_file",
+                                 path_of("ds.json"), "--main_process_port", "0"),
                             50);
     remove_tmpdir();
     assert_all_pass(&r, "on 2 processes (DeepSpeed ZeRO-2, mixed precision bf16)");
