@@ -6,7 +6,9 @@
  * run: 54 checks = rendezvous + 8 collectives (allreduce sum/avg/max/min,
  * reduce_scatter sum/avg, allgather, broadcast) x 6 dtypes + barrier + 4 training
  * steps; the injected collective fault is at element 5 of the f32 sum of 1027
- * elements, whose value by the documented formula is computed below. The fault
+ * elements, whose value by the inputs' formula (tools/test_rank_collectives.c) is
+ * worked out below. The passing runs cover one process, DDP, ZeRO-2 and ZeRO-3,
+ * FSDP, bf16, fp16 with clipping and a DeepSpeed config of "auto" values. The fault
  * injections (CTRAIN_TEST_INJECT) show that each kind of failure is caught, named
  * and turned into a non-zero exit, and that a dead or stuck rank ends the run
  * within seconds instead of hanging.
