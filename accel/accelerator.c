@@ -229,16 +229,19 @@ static ct_status hook_before_step(ct_optimizer *o, void *data, bool *skip)
     ct_status st = finish_reductions(a);
     if (!st) st = check_something_steps(a);
     a->backward_ran = false;
-    if (!st && a->scaling) {
-        st = unscale_once(a);
-        /* every rank sees the same all-reduced gradients, so every rank skips alike */
-        if (!st && ct_loss_scaler_update(&a->scaler, a->found_inf)) *skip = a->overflow_skip = true;
-        a->found_inf = false;
-    }
-    /* DeepSpeed's gradient_clipping: the loop does not call clip_grad_norm itself */
-    if (!st && !*skip && a->auto_clip > 0 && isnan(ct_accelerator_clip_grad_norm(a, a->auto_clip, 2.0)) &&
+    if (!st && a->scaling) st = unscale_once(a);
+    /* DeepSpeed's gradient_clipping: the loop does not call clip_grad_norm itself. It
+     * runs before the scaler's update, which ends this step's unscale: after it, the
+     * clip would unscale the gradients a second time. A step that overflowed is not
+     * clipped (it is skipped). */
+    if (!st && !a->found_inf && a->auto_clip > 0 && isnan(ct_accelerator_clip_grad_norm(a, a->auto_clip, 2.0)) &&
         ct_last_status())
         st = ct_last_status();
+    if (!st && a->scaling) {
+        /* every rank sees the same all-reduced gradients, so every rank skips alike */
+        if (ct_loss_scaler_update(&a->scaler, a->found_inf)) *skip = a->overflow_skip = true;
+        a->found_inf = false;
+    }
     /* the scales of the next step, from this step's amaxes on every rank */
     if (!st && a->fp8) st = cti_accel_fp8_sync(a->fp8, a->pg);
     return st;

@@ -13,6 +13,7 @@
 #include "tools/env.h"
 #include "tools/launch.h"
 #include "tools/merge_weights.h"
+#include "tools/test_cmd.h"
 
 #define CT_CLI_VERSION "0.1.0"
 
@@ -29,6 +30,7 @@ static const subcommand COMMANDS[] = {
     {"merge-weights", ct_merge_weights_main, "merge a sharded checkpoint (SHARDED_STATE_DICT) into one file"},
     {"checkpoint", ct_checkpoint_main, "describe a training-state checkpoint (save_state) and verify its files"},
     {"bench", ct_bench_main, "shard strategies side by side: tokens/s, memory per rank, bytes sent; CSV and plot"},
+    {"test", ct_test_main, "check that this launch configuration works: collectives and a short training run"},
 };
 
 /* Run by ctrain itself (ctrain bench starts its ranks as `ctrain bench-rank`); not in the help. */

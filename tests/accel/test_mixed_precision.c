@@ -3,7 +3,8 @@
  * for the whole process from new to free with no scope in the loop, a small GPT
  * trained in bf16 ending close to the same training in f32, and fp16 whose first
  * steps overflow: skipped, the scaler backing off, the scheduler not advancing,
- * then training recovers. */
+ * then training recovers; fp16 with DeepSpeed's gradient_clipping clipping the
+ * gradients unscaled once. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
@@ -256,4 +257,41 @@ Test(accel_mixed_precision, fp16_overflows_are_skipped_then_training_recovers, .
     double last = train("fp16", &sc, 80, &ov, &first);
     cr_expect_gt(ov, 10, "overflowing steps: %d", ov);
     cr_expect(last < 0.5 * first, "training recovered: %g -> %g", first, last);
+}
+
+/* DeepSpeed's gradient_clipping under fp16 clips the true gradients, unscaled once:
+ * loss = sum(w * c) with c = (3, 4, 0, 0) has gradient c, of norm 5; clipped to 1 it
+ * is (0.6, 0.8, 0, 0) (times 1/(1 + 1e-6 / 5), ct_clip_coef's guard), and SGD with lr 1
+ * moves w by exactly that. Gradients unscaled twice would be c / 65536, below the clip,
+ * and w would barely move. */
+Test(accel_mixed_precision, fp16_with_deepspeed_gradient_clipping_clips_the_true_gradients, .timeout = 30)
+{
+    ct_module *m = ct_module_alloc(sizeof *m, "W", NULL);
+    cr_assert_not_null(m);
+    ct_tensor *w = ct_tensor_zeros(CT_DTYPE_F32, CT_SHAPE(4));
+    cr_assert_not_null(w);
+    cr_assert_eq(ct_module_add_param(m, "w", w), CT_OK, "%s", ct_last_error());
+    ct_optimizer *opt = ct_sgd_new(1, &w, &(ct_sgd_config){.lr = 1.0});
+    cr_assert_not_null(opt, "%s", ct_last_error());
+    ct_deepspeed_plugin ds = {.zero_stage = 0, .gradient_clipping = 1.0};
+    ct_accelerator *acc =
+        ct_accelerator_new(&(ct_accelerator_config){.mixed_precision = "fp16", .deepspeed_plugin = &ds});
+    cr_assert_not_null(acc, "%s", ct_last_error());
+    cr_assert_eq(ct_accelerator_prepare(acc, m, opt, NULL, NULL), CT_OK, "%s", ct_last_error());
+    CT_FRAME {
+        ct_tensor *c = ct_tensor_from_data(CT_DTYPE_F32, CT_SHAPE(4), (float[]){3, 4, 0, 0});
+        ct_tensor *loss = ct_sum_all(ct_mul(w, c));
+        cr_assert_not_null(loss, "%s", ct_last_error());
+        cr_assert_eq(ct_accelerator_backward(acc, loss), CT_OK, "%s", ct_last_error());
+        cr_assert_eq(ct_optimizer_step(opt), CT_OK, "%s", ct_last_error());
+    }
+    cr_assert_not(ct_accelerator_step_overflowed(acc));
+    const float *v = ct_tensor_data(w);
+    const double coef = 1.0 / (5.0 + 1e-6);
+    const double want[4] = {-3 * coef, -4 * coef, 0, 0};
+    for (int i = 0; i < 4; i++)
+        cr_expect(fabs(v[i] - want[i]) < 1e-6, "w[%d] = %.9g, want %.9g (clipped once, to norm 1)", i, v[i], want[i]);
+    ct_accelerator_free(acc);
+    ct_optimizer_free(opt);
+    ct_module_free(m);
 }
