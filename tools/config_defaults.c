@@ -23,7 +23,9 @@ void ct_cluster_config_defaults(ct_cluster_config *c)
         .fp8 = {.margin = -1},
         .deepspeed = {.zero_stage = 2, .offload_optimizer_device = "none", .offload_param_device = "none",
                       .gradient_accumulation_steps = 1, .gradient_clipping = -1},
-        .fsdp = {.sharding_strategy = "FULL_SHARD", .auto_wrap_policy = "TRANSFORMER_BASED_WRAP",
+        /* no fsdp_auto_wrap_policy: as in Accelerate, one unit for the whole model
+         * unless a file or an answer names a policy */
+        .fsdp = {.sharding_strategy = "FULL_SHARD",
                  .backward_prefetch = "BACKWARD_PRE", .state_dict_type = "FULL_STATE_DICT",
                  .use_orig_params = true, .sync_module_states = true, .cpu_ram_efficient_loading = true,
                  .reshard_after_forward = true},

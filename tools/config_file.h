@@ -78,7 +78,7 @@ typedef struct ct_cluster_config {
     struct { /* fsdp_config, when distributed_type is FSDP (Accelerate's fsdp_* keys) */
         char sharding_strategy[32];       /* FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD */
         bool offload_params;
-        char auto_wrap_policy[32];        /* TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP, NO_WRAP */
+        char auto_wrap_policy[32];        /* TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP, NO_WRAP; "" = not set (no wrap) */
         char transformer_layer_cls_to_wrap[256]; /* comma-separated module types */
         long min_num_params;              /* SIZE_BASED_WRAP; 0 = not set */
         char backward_prefetch[32];       /* BACKWARD_PRE, BACKWARD_POST, NO_PREFETCH */

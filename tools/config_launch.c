@@ -109,7 +109,7 @@ ct_status ct_cluster_config_launch_args(const ct_cluster_config *c, bool with_sh
         const __typeof__(c->fsdp) *f = &c->fsdp;
         s = add(a, "--use_fsdp");
         if (!s) s = addv(a, "--fsdp_sharding_strategy", "%s", f->sharding_strategy);
-        if (!s) s = addv(a, "--fsdp_auto_wrap_policy", "%s", f->auto_wrap_policy);
+        if (!s && f->auto_wrap_policy[0]) s = addv(a, "--fsdp_auto_wrap_policy", "%s", f->auto_wrap_policy);
         if (!s && f->transformer_layer_cls_to_wrap[0])
             s = addv(a, "--fsdp_transformer_layer_cls_to_wrap", "%s", f->transformer_layer_cls_to_wrap);
         if (!s && f->min_num_params > 0) s = addv(a, "--fsdp_min_num_params", "%ld", f->min_num_params);

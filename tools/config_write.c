@@ -139,7 +139,7 @@ static void collect(const ct_cluster_config *c, entries *top, entries *sec, entr
     case CT_DIST_FSDP: {
         const __typeof__(c->fsdp) *f = &c->fsdp;
         put_bool(sec, "fsdp_activation_checkpointing", f->activation_checkpointing);
-        put(sec, "fsdp_auto_wrap_policy", E_STR, "%s", f->auto_wrap_policy);
+        if (f->auto_wrap_policy[0]) put(sec, "fsdp_auto_wrap_policy", E_STR, "%s", f->auto_wrap_policy);
         put(sec, "fsdp_backward_prefetch", E_STR, "%s", f->backward_prefetch);
         put_bool(sec, "fsdp_cpu_ram_efficient_loading", f->cpu_ram_efficient_loading);
         put_bool(sec, "fsdp_forward_prefetch", f->forward_prefetch);

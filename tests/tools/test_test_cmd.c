@@ -257,6 +257,48 @@ Test(test_cmd, deepspeed_config_file_with_auto_values, .timeout = 60)
     result_free(&r);
 }
 
+/* The launch configuration: a file given with --config_file, and the default file
+ * ($CTRAIN_CONFIG_FILE) when none is given; a flag overrides the file. */
+static void write_config(const char *name, const char *text)
+{
+    FILE *f = fopen(path_of(name), "w");
+    cr_assert_not_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+Test(test_cmd, config_file_sets_the_run, .timeout = 60)
+{
+    clean_env();
+    make_tmpdir_with("/tmp/ct_test_cmd_");
+    write_config("z3.yaml", "compute_environment: LOCAL_MACHINE\ndistributed_type: DEEPSPEED\n"
+                            "deepspeed_config:\n  zero_stage: 3\nmixed_precision: bf16\nnum_processes: 2\n"
+                            "use_cpu: true\nmain_process_port: 0\n");
+    result r = run_test_cmd(ARGS("--config_file", path_of("z3.yaml")), 50);
+    assert_all_pass(&r, "on 2 processes (DeepSpeed ZeRO-3, mixed precision bf16)");
+    result_free(&r);
+    /* the command line wins over the file */
+    r = run_test_cmd(ARGS("--config_file", path_of("z3.yaml"), "--mixed_precision", "no"), 50);
+    remove_tmpdir();
+    assert_all_pass(&r, "on 2 processes (DeepSpeed ZeRO-3, mixed precision no)");
+    result_free(&r);
+}
+
+Test(test_cmd, default_config_file_is_used, .timeout = 60)
+{
+    clean_env();
+    make_tmpdir_with("/tmp/ct_test_cmd_");
+    write_config("default.yaml", "compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\n"
+                                 "fsdp_config:\n  fsdp_sharding_strategy: SHARD_GRAD_OP\nnum_processes: 2\n"
+                                 "use_cpu: true\nmain_process_port: 0\n");
+    cr_assert_eq(setenv("CTRAIN_CONFIG_FILE", path_of("default.yaml"), 1), 0);
+    result r = run_test_cmd(ARGS(NULL), 50);
+    remove_tmpdir();
+    assert_all_pass(&r, "on 2 processes (FSDP SHARD_GRAD_OP, mixed precision no)");
+    assert_has(&r, "stderr", "using the configuration in");
+    result_free(&r);
+}
+
 /* ---- failures are caught and named ------------------------------------------------------- */
 
 Test(test_cmd, injected_collective_fault_fails_that_check, .timeout = 60)
