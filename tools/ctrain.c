@@ -9,6 +9,7 @@
 
 #include "tools/checkpoint_cmd.h"
 #include "tools/env.h"
+#include "tools/estimate_memory.h"
 #include "tools/launch.h"
 #include "tools/merge_weights.h"
 
@@ -23,6 +24,7 @@ typedef struct {
 static const subcommand COMMANDS[] = {
     {"launch", ct_launch_main, "run a program as the local ranks of a distributed job"},
     {"env", ct_env_main, "this machine, its libraries, each dtype's GEMM path, thread and job settings"},
+    {"estimate-memory", ct_estimate_memory_main, "bytes per rank of training a model, per strategy, precision and ranks"},
     {"merge-weights", ct_merge_weights_main, "merge a sharded checkpoint (SHARDED_STATE_DICT) into one file"},
     {"checkpoint", ct_checkpoint_main, "describe a training-state checkpoint (save_state) and verify its files"},
 };
@@ -32,7 +34,7 @@ static const subcommand COMMANDS[] = {
 static void usage(FILE *f)
 {
     fputs("usage: ctrain [--help] [--version] COMMAND [ARGS...]\n\ncommands:\n", f);
-    for (size_t i = 0; i < N_COMMANDS; i++) fprintf(f, "  %-13s %s\n", COMMANDS[i].name, COMMANDS[i].summary);
+    for (size_t i = 0; i < N_COMMANDS; i++) fprintf(f, "  %-15s %s\n", COMMANDS[i].name, COMMANDS[i].summary);
     fputs("\n`ctrain COMMAND --help` describes a command.\n", f);
 }
 
