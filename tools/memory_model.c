@@ -213,7 +213,29 @@ ct_status ct_memory_estimate_compute(const ct_memory_setup *s, ct_memory_estimat
     tmp += w.wcopy + (s->strategy == CT_MEMORY_ZERO1 ? pz * shard : 0);
     e.temporaries = tmp;
     e.total = e.params + e.grads + e.optimizer + e.activations + e.temporaries;
-    e.rss = e.total + s->runtime_bytes;
+    /* The resident set beyond ctrain's live storage (measured, docs/launch.md):
+     * - the allocator's cache: blocks of 128 KiB and more are kept for reuse by size;
+     *   the sharded strategies free the model's own f32 parameter tensors once they
+     *   are flattened into the units' buffers (4Psi) and a 16-bit or ZeRO-2/3 step
+     *   never asks for those sizes again (16-bit: nothing f32 of a parameter's size;
+     *   ZeRO-2/3 f32: backward's gradients reuse about half of them);
+     * - with S > 1, the comm thread's buffers outside ctrain's storage: the shared-memory
+     *   rings to the next and previous rank (2 x 4 MiB, touched by large messages), its
+ *   chunk buffers and malloc arena (12 MiB in all, measured) and,
+     *   where a reduction cannot run in its input (ZeRO-1's persistent gradient buffer,
+     *   16-bit gradients summed in f32), an f32 work copy of each of the two units in
+     *   flight (malloc'd: the C library keeps those pages);
+     * - runtime_bytes: code, libraries, thread stacks, OpenBLAS's buffers. */
+    int64_t slack = 0, comm = 0;
+    if (sharded && S > 1) {
+        if (low) slack = 4 * e.numel;
+        else if (s->strategy != CT_MEMORY_ZERO1) slack = 2 * e.numel;
+    }
+    if (S > 1) {
+        comm = (int64_t)12 << 20;
+        if (sharded && (low || s->strategy == CT_MEMORY_ZERO1)) comm += 2 * 4 * (blk > root ? blk : root);
+    }
+    e.rss = e.total + slack + comm + s->runtime_bytes;
     *out = e;
     return CT_OK;
 }
