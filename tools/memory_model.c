@@ -211,10 +211,26 @@ ct_status ct_memory_estimate_compute(const ct_memory_setup *s, ct_memory_estimat
      * gradients are still there when the step widens them */
     int64_t tmp = S == 1 ? bwd + step : bwd > step ? bwd : step;
     tmp += w.wcopy + (s->strategy == CT_MEMORY_ZERO1 ? pz * shard : 0);
-    e.temporaries = tmp;
-    e.total = e.params + e.grads + e.optimizer + e.activations + e.temporaries;
+    const int64_t late = e.params + e.grads + e.optimizer + e.activations + tmp;
+    /* The head's backward, the first node to run, with every forward tensor alive: the
+     * logits' gradient (N, V) in f32; under autocast its 16-bit copy for the 16-bit
+     * head (the f32 one goes when the cast's backward ends); in f32 the head's dx (N, C)
+     * and wte's gradient (V, C) with the copy the leaf keeps (ZeRO-1 adds it into its
+     * flat buffer instead). DDP's gradients do not exist yet (zero_grad dropped them);
+     * its buckets do, and ZeRO-3's root unit, gathered since the forward. */
+    const int64_t N = w.N, V = g->vocab_size;
+    int64_t ws = N * V * 4;
+    if (low) ws += N * V * dsize(w.A);
+    else ws += N * E * 4 + V * E * 4 * (s->strategy == CT_MEMORY_ZERO1 ? 1 : 2);
+    int64_t head = e.params + e.optimizer + e.activations + w.wcopy + (sharded ? e.grads : 0) + ws;
+    if (!sharded && S > 1) head += 4 * e.numel;
+    if (s->strategy == CT_MEMORY_ZERO3 && S > 1) head += pz * root;
+    e.total = late > head ? late : head;
+    /* what the peak holds beyond the state and the activations */
+    e.temporaries = e.total - (e.params + e.grads + e.optimizer + e.activations);
     /* The resident set beyond ctrain's live storage (measured, docs/launch.md):
-     * - the allocator's cache: blocks of 128 KiB and more are kept for reuse by size;
+     * - the allocator's cache: blocks of 128 KiB and more are kept for reuse by size
+     *   (the head's workspace, below, and)
      *   the sharded strategies free the model's own f32 parameter tensors once they
      *   are flattened into the units' buffers (4Psi) and a 16-bit or ZeRO-2/3 step
      *   never asks for those sizes again (16-bit: nothing f32 of a parameter's size;
@@ -235,7 +251,10 @@ ct_status ct_memory_estimate_compute(const ct_memory_setup *s, ct_memory_estimat
         comm = (int64_t)12 << 20;
         if (sharded && (low || s->strategy == CT_MEMORY_ZERO1)) comm += 2 * 4 * (blk > root ? blk : root);
     }
-    e.rss = e.total + slack + comm + s->runtime_bytes;
+    /* the head's workspace stays in the cache when the end of backward comes: no later
+     * tensor has its sizes */
+    const int64_t reserved = late + ws > e.total ? late + ws : e.total;
+    e.rss = reserved + slack + comm + s->runtime_bytes;
     *out = e;
     return CT_OK;
 }

@@ -340,6 +340,20 @@ Test(estimate_memory, wider_gpt_against_the_engine_in_process, .timeout = 120)
     remove_tmpdir();
 }
 
+/* A large vocabulary against a small body: the peak is in the head's backward (the
+ * logits' gradient), not at the end of backward. */
+Test(estimate_memory, vocab_heavy_gpt_against_the_engine_in_process, .timeout = 120)
+{
+    make_tmpdir_with("/tmp/ct_estmem_");
+    FILE *f = fopen(path_of("config.json"), "w");
+    cr_assert_not_null(f);
+    fputs("{\"vocab_size\": 16384, \"n_positions\": 256, \"n_layer\": 2, \"n_head\": 2, \"n_embd\": 128}\n", f);
+    fclose(f);
+    const ct_gpt_config vh = {.vocab_size = 16384, .block_size = 256, .n_layer = 2, .n_head = 2, .n_embd = 128};
+    for (size_t i = 0; i < 4; i++) check_in_process(tmpdir, &vh, &ALL[i]);
+    remove_tmpdir();
+}
+
 /* ---- against the engine and the kernel: ranks of `ctrain launch` ---------------------- */
 
 /* key=value of the MEASURED line in out, or -1 */
