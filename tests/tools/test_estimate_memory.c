@@ -26,7 +26,10 @@
 
 /* Runs `ctrain ARGS` (or with launch = N, `ctrain launch ... ctrain ARGS` on N ranks of
  * one thread) under `timeout`, outside any job of the environment; returns stdout and
- * stderr, then "rc=N" (the caller frees it). */
+ * stderr, then "rc=N" (the caller frees it). glibc's mmap threshold is pinned at its
+ * initial 128 KiB: left dynamic, it rises as large blocks are freed, and how much of
+ * the communication thread's freed buffers the heap then keeps depends on timing (peak
+ * RSS of one configuration varied by up to 20% between identical runs; docs/launch.md). */
 static char *run_cmd(int launch, const char *args)
 {
     const char *bin = getenv("CTRAIN_BIN");
@@ -38,7 +41,8 @@ static char *run_cmd(int launch, const char *args)
     snprintf(cmd, sizeof cmd,
              "timeout 100 env -u RANK -u WORLD_SIZE -u LOCAL_RANK -u LOCAL_WORLD_SIZE -u MASTER_ADDR -u MASTER_PORT "
              "-u OMPI_COMM_WORLD_RANK -u OMPI_COMM_WORLD_SIZE -u SLURM_PROCID -u SLURM_NTASKS -u CTRAIN_MIXED_PRECISION "
-             "-u CTRAIN_CPU_CACHE_BYTES CTRAIN_NUM_THREADS=1 OMP_NUM_THREADS=1 %s'%s' %s 2>&1; echo \"rc=$?\"",
+             "-u CTRAIN_CPU_CACHE_BYTES CTRAIN_NUM_THREADS=1 OMP_NUM_THREADS=1 MALLOC_MMAP_THRESHOLD_=131072 %s'%s' %s 2>&1; "
+             "echo \"rc=$?\"",
              pre, bin, args);
     FILE *f = popen(cmd, "r");
     cr_assert_not_null(f);
