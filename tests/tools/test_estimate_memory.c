@@ -22,6 +22,14 @@
 
 #define GPT2_PARAMS 124439808LL /* HuggingFace's GPT2LMHeadModel, tied head */
 
+/* AddressSanitizer's shadow memory and quarantine (and its build turning ctrain's cache
+ * off) change the resident set: its peak is compared only in plain builds. */
+#if defined(__SANITIZE_ADDRESS__)
+#define CHECK_RSS 0
+#else
+#define CHECK_RSS 1
+#endif
+
 /* ---- running the command ------------------------------------------------------------- */
 
 /* Runs `ctrain ARGS` (or with launch = N, `ctrain launch ... ctrain ARGS` on N ranks of
@@ -395,7 +403,7 @@ static void check_ranks(const char *model, const char *strategy, const char *pre
     const double rp = (double)e.total / peak, rr = (double)e.rss / rss;
     cr_expect(rp > 0.9 && rp < 1.1, "%s %s %s x%d: step peak estimated %lld, measured %.0f (ratio %.3f)", what,
               strategy, precision, world, e.total, peak, rp);
-    cr_expect(rr > 0.9 && rr < 1.1, "%s %s %s x%d: peak RSS estimated %lld, measured %.0f (ratio %.3f)", what,
+    cr_expect(!CHECK_RSS || (rr > 0.9 && rr < 1.1), "%s %s %s x%d: peak RSS estimated %lld, measured %.0f (ratio %.3f)", what,
               strategy, precision, world, e.rss, rss, rr);
     printf("ranks: %s %s %s x%d: peak %.1f/%.1f MiB (%.3f), RSS %.1f/%.1f MiB (%.3f)\n", what, strategy, precision,
            world, e.total / 1048576.0, peak / 1048576.0, rp, e.rss / 1048576.0, rss / 1048576.0, rr);
