@@ -225,7 +225,13 @@ ct_status ct_memory_estimate_compute(const ct_memory_setup *s, ct_memory_estimat
     int64_t head = e.params + e.optimizer + e.activations + w.wcopy + (sharded ? e.grads : 0) + ws;
     if (!sharded && S > 1) head += 4 * e.numel;
     if (s->strategy == CT_MEMORY_ZERO3 && S > 1) head += pz * root;
+    /* DDP: the token embedding's backward, the last node, makes a dense f32 gradient
+     * (V, C) and adds it into wte's while every other gradient exists; its end of
+     * backward holds nothing else transient. (The sharded strategies' root gradients,
+     * wte's among them, are already in bwd above: measured, no more.) */
+    const int64_t emb = sharded ? 0 : late + V * E * 4;
     e.total = late > head ? late : head;
+    if (emb > e.total) e.total = emb;
     /* what the peak holds beyond the state and the activations */
     e.temporaries = e.total - (e.params + e.grads + e.optimizer + e.activations);
     /* The resident set beyond ctrain's live storage (measured, docs/launch.md):
@@ -253,7 +259,9 @@ ct_status ct_memory_estimate_compute(const ct_memory_setup *s, ct_memory_estimat
     }
     /* the head's workspace stays in the cache when the end of backward comes: no later
      * tensor has its sizes */
-    const int64_t reserved = late + ws > e.total ? late + ws : e.total;
+    const int64_t cached = late + ws - (!sharded && !low ? V * E * 4 : 0); /* DDP f32: the
+                                               * embedding's dense gradient reuses one (V, C) block */
+    const int64_t reserved = cached > e.total ? cached : e.total;
     e.rss = reserved + slack + comm + s->runtime_bytes;
     *out = e;
     return CT_OK;
