@@ -104,7 +104,10 @@ int ct_memory_measure_run(const ct_memory_measure *m)
     double v[M_COUNT] = {0};
     v[M_BASE] = rss_now();
     ct_accelerator_config cfg = {
-        .mixed_precision = s->precision == CT_DTYPE_BF16 ? "bf16" : s->precision == CT_DTYPE_F16 ? "fp16" : "no",
+        .mixed_precision = s->precision == CT_DTYPE_BF16  ? "bf16"
+                           : s->precision == CT_DTYPE_F16 ? "fp16"
+                           : s->precision == CT_DTYPE_F8_E4M3 ? "fp8"
+                                                              : "no",
         .shard = {.strategy = strat[s->strategy],
                   .wrap = {.policy = CT_WRAP_TRANSFORMER, .classes = block, .nclasses = 1},
                   .offload_optimizer = s->offload},
@@ -188,7 +191,7 @@ int ct_memory_measure_run(const ct_memory_measure *m)
         }
         char label[32];
         ct_memory_strategy_label(s->strategy, s->offload, label, sizeof label);
-        const char *prec = s->precision == CT_DTYPE_F32 ? "no" : s->precision == CT_DTYPE_BF16 ? "bf16" : "fp16";
+        const char *prec = cfg.mixed_precision;
         printf("MEASURED model=%s strategy=%s mixed_precision=%s num_processes=%d batch_size=%lld seq_len=%lld "
                "steps=%d",
                m->model_name, label, prec, world, (long long)B, (long long)T, m->steps);

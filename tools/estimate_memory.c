@@ -10,6 +10,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "kernels/cpu/matmul.h"
 #include "tools/model_file.h"
 #include "tools/model_spec.h"
 
@@ -147,11 +148,9 @@ static bool precision_item(const char *flag, const char *tok, void *out, int i)
     if (!strcasecmp(tok, "no") || !strcasecmp(tok, "f32") || !strcasecmp(tok, "fp32")) d[i] = CT_DTYPE_F32;
     else if (!strcasecmp(tok, "bf16")) d[i] = CT_DTYPE_BF16;
     else if (!strcasecmp(tok, "fp16") || !strcasecmp(tok, "f16")) d[i] = CT_DTYPE_F16;
+    else if (!strcasecmp(tok, "fp8")) d[i] = CT_DTYPE_F8_E4M3;
     else {
-        fprintf(stderr, CMD ": %s '%s': allowed: no (f32), bf16, fp16%s\n", flag, tok,
-                !strcasecmp(tok, "fp8") ? " (fp8 is not modelled: its fp8 weight and activation copies are not "
-                                          "estimated)"
-                                        : "");
+        fprintf(stderr, CMD ": %s '%s': allowed: no (f32), bf16, fp16, fp8\n", flag, tok);
         return false;
     }
     return true;
@@ -266,7 +265,13 @@ static const char *human(int64_t b, char *buf, int cap)
 
 static const char *precision_name(ct_dtype d)
 {
-    return d == CT_DTYPE_BF16 ? "bf16" : d == CT_DTYPE_F16 ? "fp16" : "no";
+    return d == CT_DTYPE_BF16 ? "bf16" : d == CT_DTYPE_F16 ? "fp16" : d == CT_DTYPE_F8_E4M3 ? "fp8" : "no";
+}
+
+/* What this machine's CPU fp8 GEMM widens its operands to (precision/fp8.c). */
+static ct_dtype fp8_widen(void)
+{
+    return cti_cpu_matmul_backend(CT_DTYPE_BF16) == CT_GEMM_ONEDNN ? CT_DTYPE_BF16 : CT_DTYPE_F32;
 }
 
 /* The largest B (<= 2^30) whose estimate's rss fits in limit; 0 when none does. The
@@ -309,7 +314,7 @@ static int print_table(const options *o)
                 ct_memory_setup s = {.gpt = o->gpt, .strategy = o->strategies[k].st,
                                      .offload = o->strategies[k].offload, .precision = o->precisions[p],
                                      .world = o->worlds[w], .batch = o->batch, .seq = o->seq,
-                                     .runtime_bytes = o->overhead};
+                                     .runtime_bytes = o->overhead, .fp8_widen = fp8_widen()};
                 ct_memory_estimate e;
                 if (ct_memory_estimate_compute(&s, &e)) {
                     fprintf(stderr, CMD ": %s\n", ct_last_error());
@@ -368,7 +373,8 @@ int ct_estimate_memory_main(int argc, char **argv)
         }
         ct_memory_measure m = {.setup = {.gpt = o.gpt, .strategy = o.strategies[0].st,
                                          .offload = o.strategies[0].offload, .precision = o.precisions[0],
-                                         .world = 1, .batch = o.batch, .seq = o.seq, .runtime_bytes = o.overhead},
+                                         .world = 1, .batch = o.batch, .seq = o.seq, .runtime_bytes = o.overhead,
+                                         .fp8_widen = fp8_widen()},
                                .model_name = o.model, .steps = o.steps};
         return ct_memory_measure_run(&m);
     }

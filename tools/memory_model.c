@@ -42,8 +42,8 @@ static int64_t root_numel(const ct_gpt_config *g) { return (g->vocab_size + g->b
 typedef struct walk {
     int64_t act;   /* forward outputs: held by the step's frame */
     int64_t wcopy; /* autocast's cached low-precision weight copies (cleared after the step) */
-    bool autocast;
-    ct_dtype P, A;
+    bool autocast, fp8; /* fp8: linears through ct_fp8_linear, the rest in A = bf16 */
+    ct_dtype P, A, wide;
     int64_t N, C;
 } walk;
 
@@ -72,9 +72,19 @@ static ct_dtype layernorm(walk *w, ct_dtype x)
     return CT_DTYPE_F32;
 }
 
-/* linear (N, in) -> (N, out): x and w, b in A; out (N, out) in A */
+/* linear (N, in) -> (N, out): x and w, b in A; out (N, out) in A. Under fp8
+ * (autograd/ops_fp8.c): x quantised to fp8 (N, in) bytes, the weight's fp8 copy for
+ * this step (in x out bytes, dropped by the fp8 state's step), both widened for the
+ * CPU's GEMM (precision/fp8.c: copies in the step's frame), the product in f32, a
+ * 16-bit bias widened to f32, and the output cast to A. */
 static ct_dtype linear(walk *w, ct_dtype x, int64_t in, int64_t out)
 {
+    if (w->fp8) {
+        w->act += w->N * in + w->N * out * 4 + w->N * out * dsize(w->A) + (w->P != CT_DTYPE_F32 ? out * 4 : 0) +
+                  (w->N * in + in * out) * dsize(w->wide);
+        w->wcopy += in * out;
+        return w->A;
+    }
     x = cast_act(w, x, w->A, w->N * in);
     cast_weight(w, in * out + out);
     w->act += w->N * out * dsize(w->autocast ? w->A : x);
@@ -133,8 +143,9 @@ ct_status ct_memory_estimate_compute(const ct_memory_setup *s, ct_memory_estimat
         return ct_error_set(CT_ERR_INVALID, "memory estimate: world %d, batch %lld, seq %lld: each must be >= 1 and "
                             "seq <= the block size %lld", s->world, (long long)s->batch, (long long)s->seq,
                             (long long)g->block_size);
-    if (s->precision != CT_DTYPE_F32 && s->precision != CT_DTYPE_BF16 && s->precision != CT_DTYPE_F16)
-        return ct_error_set(CT_ERR_INVALID, "memory estimate: precision %s; allowed: f32, bf16, f16",
+    if (s->precision != CT_DTYPE_F32 && s->precision != CT_DTYPE_BF16 && s->precision != CT_DTYPE_F16 &&
+        s->precision != CT_DTYPE_F8_E4M3)
+        return ct_error_set(CT_ERR_INVALID, "memory estimate: precision %s; allowed: f32, bf16, f16, f8_e4m3 (fp8)",
                             ct_dtype_name(s->precision));
     if ((unsigned)s->strategy > CT_MEMORY_ZERO3 || (s->offload && s->strategy == CT_MEMORY_DDP))
         return ct_error_set(CT_ERR_INVALID, "memory estimate: strategy %d%s: allowed DDP, ZeRO-1/2/3, offload only "
@@ -142,7 +153,9 @@ ct_status ct_memory_estimate_compute(const ct_memory_setup *s, ct_memory_estimat
 
     const bool sharded = s->strategy != CT_MEMORY_DDP, low = s->precision != CT_DTYPE_F32;
     const int64_t S = s->world, E = g->n_embd;
-    const ct_dtype P = sharded && low ? s->precision : CT_DTYPE_F32;
+    const bool fp8 = s->precision == CT_DTYPE_F8_E4M3;
+    /* fp8 keeps 16-bit bf16 parameters where bf16 would (the Accelerator's param_dtype) */
+    const ct_dtype L = fp8 ? CT_DTYPE_BF16 : s->precision, P = sharded && low ? L : CT_DTYPE_F32;
     ct_memory_estimate e = {.numel = root_numel(g) + g->n_layer * block_numel(E)};
 
     /* units: the root and one per Block, each padded to a multiple of S; rank 0 owns
@@ -177,7 +190,8 @@ ct_status ct_memory_estimate_compute(const ct_memory_setup *s, ct_memory_estimat
     }
     if (sharded) e.optimizer = 8 * owned + (low || s->offload ? 4 * shard : 0) + (s->offload ? 4 * shard : 0);
 
-    walk w = {.autocast = low, .P = P, .A = low ? s->precision : CT_DTYPE_F32, .N = s->batch * s->seq, .C = E};
+    walk w = {.autocast = low, .fp8 = fp8, .P = P, .A = low ? L : CT_DTYPE_F32, .N = s->batch * s->seq, .C = E,
+              .wide = s->fp8_widen ? s->fp8_widen : CT_DTYPE_BF16};
     forward(&w, s);
     e.activations = w.act;
 

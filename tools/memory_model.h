@@ -29,10 +29,13 @@ typedef struct ct_memory_setup {
     ct_gpt_config gpt;           /* the shape (dtype and dropout are ignored: f32, 0) */
     ct_memory_strategy strategy;
     bool offload;                /* CPU offload of the optimizer (sharded strategies only) */
-    ct_dtype precision;          /* CT_DTYPE_F32 ("no"), CT_DTYPE_BF16 or CT_DTYPE_F16 */
+    ct_dtype precision;          /* CT_DTYPE_F32 ("no"), CT_DTYPE_BF16, CT_DTYPE_F16, or
+                                  * CT_DTYPE_F8_E4M3 for "fp8" (fp8 linears, bf16 elsewhere) */
     int world;                   /* ranks (the shard group is all of them) */
     int64_t batch, seq;          /* B rows of T tokens per rank and micro-batch */
     int64_t runtime_bytes;       /* the process's fixed footprint, for rss (see below) */
+    ct_dtype fp8_widen;          /* fp8 on the CPU: the dtype its GEMM widens both fp8 operands
+                                  * to (bf16 where oneDNN multiplies bf16, else f32); 0: bf16 */
 } ct_memory_setup;
 
 typedef struct ct_memory_estimate {

@@ -173,7 +173,7 @@ Test(estimate_memory, bad_input_is_named, .timeout = 60)
         {"estimate-memory", "MODEL is missing"},
         {"estimate-memory gpt3", "not a built-in model"},
         {"estimate-memory gpt2 --strategies zero4", "'zero4': allowed: DDP"},
-        {"estimate-memory gpt2 --mixed_precision fp8", "fp8 is not modelled"},
+        {"estimate-memory gpt2 --mixed_precision fp4", "'fp4': allowed: no (f32), bf16, fp16, fp8"},
         {"estimate-memory gpt2 --num_processes 2,x", "--num_processes 'x'"},
         {"estimate-memory gpt2 --memory 80QB", "--memory '80QB'"},
         {"estimate-memory gpt2 --seq_len 2048", "longer than gpt2's block size 1024"},
@@ -327,6 +327,7 @@ static const config ALL[] = {
     {"ZeRO-2", "no", CT_SHARD_GRAD_OP, false},      {"ZeRO-3", "bf16", CT_SHARD_FULL, false},
     {"ZeRO-3+offload", "no", CT_SHARD_FULL, true},  {"ZeRO-1+offload", "fp16", CT_SHARD_OPTIMIZER, true},
     {"DDP", "bf16", CT_SHARD_NO_SHARD, false},      {"ZeRO-2", "fp16", CT_SHARD_GRAD_OP, false},
+    {"DDP", "fp8", CT_SHARD_NO_SHARD, false},       {"ZeRO-3", "fp8", CT_SHARD_FULL, false},
 };
 
 Test(estimate_memory, w1_against_the_engine_in_process, .timeout = 120)
