@@ -55,7 +55,7 @@ static void usage(FILE *f)
           "MODEL: a built-in name (below), a HuggingFace GPT-2 config.json (or a directory holding\n"
           "one), or a GPT-2 model.safetensors.\n\n"
           "  --num_processes LIST   ranks, e.g. 1,2,4,8 (default)\n"
-          "  --mixed_precision LIST no, bf16, fp16 (default: all three; f32 = no)\n"
+          "  --mixed_precision LIST no, bf16, fp16, fp8 (default: no,bf16,fp16; f32 = no)\n"
           "  --strategies LIST      DDP, ZeRO-1, ZeRO-2, ZeRO-3, ZeRO-1+offload, ZeRO-2+offload,\n"
           "                         ZeRO-3+offload (default: all; case and '-' do not matter: zero3)\n"
           "  --batch_size B         rows per rank per micro-batch (default 1)\n"
