@@ -2,8 +2,8 @@
  *
  * Notation: Psi parameters, S ranks, N = B*T tokens, C width, H heads, V vocab, L
  * layers, P the parameters' dtype (f32, or the 16-bit param_dtype of the sharded
- * strategies under bf16/fp16), A the autocast dtype of matmuls (f32 without mixed
- * precision), |d| the size of dtype d.
+ * strategies under bf16/fp16/fp8: bf16 for fp8), A the autocast dtype of matmuls (f32
+ * without mixed precision, bf16 under fp8 but for the fp8 linears), |d| the size of d.
  *
  * State kept between steps, as ct_shard_stats_get counts it (units padded to a
  * multiple of S; rank 0's slices, the largest):
@@ -17,9 +17,9 @@
  *           slice (4·padded/S) under 16-bit P or offload, and its f32 gradient
  *           (another 4·padded/S) under offload
  * The forward's tensors live until the step's frame ends (after the optimizer step),
- * so the peak is at the end of backward / the step: state + every forward output
- * (see forward() below: what each op of nn/gpt.c allocates under autocast) + the
- * transients listed in temporaries().
+ * so every candidate peak holds the state and every forward output (forward() below:
+ * what each op of nn/gpt.c allocates under autocast); the transients decide which of
+ * three moments is the peak (ct_memory_estimate_compute).
  */
 #include "tools/memory_model.h"
 
@@ -195,8 +195,8 @@ ct_status ct_memory_estimate_compute(const ct_memory_setup *s, ct_memory_estimat
     forward(&w, s);
     e.activations = w.act;
 
-    /* Transients at the peak, the larger of two moments (the forward's tensors are
-     * alive at both):
+    /* Transients. The first moment, `late`, is the end of backward and the step, the
+     * larger of its two phases:
      * the end of backward
      * - DDP with S > 1: its buckets, a flat f32 copy of every gradient (4Psi);
      * - ZeRO-1: the reduce-scatter's output beside the persistent buffers, |P|·padded/S;
@@ -226,7 +226,7 @@ ct_status ct_memory_estimate_compute(const ct_memory_setup *s, ct_memory_estimat
     int64_t tmp = S == 1 ? bwd + step : bwd > step ? bwd : step;
     tmp += w.wcopy + (s->strategy == CT_MEMORY_ZERO1 ? pz * shard : 0);
     const int64_t late = e.params + e.grads + e.optimizer + e.activations + tmp;
-    /* The head's backward, the first node to run, with every forward tensor alive: the
+    /* The second moment: the head's backward, the first node to run: the
      * logits' gradient (N, V) in f32; under autocast its 16-bit copy for the 16-bit
      * head (the f32 one goes when the cast's backward ends); in f32 the head's dx (N, C)
      * and wte's gradient (V, C) with the copy the leaf keeps (ZeRO-1 adds it into its
@@ -239,7 +239,7 @@ ct_status ct_memory_estimate_compute(const ct_memory_setup *s, ct_memory_estimat
     int64_t head = e.params + e.optimizer + e.activations + w.wcopy + (sharded ? e.grads : 0) + ws;
     if (!sharded && S > 1) head += 4 * e.numel;
     if (s->strategy == CT_MEMORY_ZERO3 && S > 1) head += pz * root;
-    /* DDP: the token embedding's backward, the last node, makes a dense f32 gradient
+    /* The third, DDP only: the token embedding's backward, the last node, makes a dense f32 gradient
      * (V, C) and adds it into wte's while every other gradient exists; its end of
      * backward holds nothing else transient. (The sharded strategies' root gradients,
      * wte's among them, are already in bwd above: measured, no more.) */
@@ -249,15 +249,16 @@ ct_status ct_memory_estimate_compute(const ct_memory_setup *s, ct_memory_estimat
     /* what the peak holds beyond the state and the activations */
     e.temporaries = e.total - (e.params + e.grads + e.optimizer + e.activations);
     /* The resident set beyond ctrain's live storage (measured, docs/launch.md):
-     * - the allocator's cache: blocks of 128 KiB and more are kept for reuse by size
-     *   (the head's workspace, below, and)
-     *   the sharded strategies free the model's own f32 parameter tensors once they
+     * - the allocator's cache: blocks of 128 KiB and more are kept for reuse by size:
+     *   the head's workspace stays there when the end of backward comes (no later
+     *   tensor has its sizes but DDP's dense embedding gradient); with S > 1 the
+     *   sharded strategies free the model's own f32 parameter tensors once they
      *   are flattened into the units' buffers (4Psi) and a 16-bit or ZeRO-2/3 step
      *   never asks for those sizes again (16-bit: nothing f32 of a parameter's size;
      *   ZeRO-2/3 f32: backward's gradients reuse about half of them);
      * - with S > 1, the comm thread's buffers outside ctrain's storage: the shared-memory
      *   rings to the next and previous rank (2 x 4 MiB, touched by large messages), its
- *   chunk buffers and malloc arena (12 MiB in all, measured) and,
+     *   chunk buffers and malloc arena (12 MiB in all, measured) and,
      *   where a reduction cannot run in its input (ZeRO-1's persistent gradient buffer,
      *   16-bit gradients summed in f32), an f32 work copy of each of the two units in
      *   flight (malloc'd: the C library keeps those pages);
@@ -271,10 +272,7 @@ ct_status ct_memory_estimate_compute(const ct_memory_setup *s, ct_memory_estimat
         comm = (int64_t)12 << 20;
         if (sharded && (low || s->strategy == CT_MEMORY_ZERO1)) comm += 2 * 4 * (blk > root ? blk : root);
     }
-    /* the head's workspace stays in the cache when the end of backward comes: no later
-     * tensor has its sizes */
-    const int64_t cached = late + ws - (!sharded && !low ? V * E * 4 : 0); /* DDP f32: the
-                                               * embedding's dense gradient reuses one (V, C) block */
+    const int64_t cached = late + ws - (!sharded && !low ? V * E * 4 : 0);
     const int64_t reserved = cached > e.total ? cached : e.total;
     e.rss = reserved + slack + comm + s->runtime_bytes;
     *out = e;
