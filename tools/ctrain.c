@@ -11,6 +11,7 @@
 #include "tools/checkpoint_cmd.h"
 #include "tools/config_cmd.h"
 #include "tools/env.h"
+#include "tools/estimate_memory.h"
 #include "tools/launch.h"
 #include "tools/merge_weights.h"
 #include "tools/test_cmd.h"
@@ -26,11 +27,12 @@ typedef struct {
 static const subcommand COMMANDS[] = {
     {"launch", ct_launch_main, "run a program as the local ranks of a distributed job"},
     {"config", ct_config_main, "write, show or update the launch configuration file (Accelerate's format)"},
+    {"test", ct_test_main, "check that this launch configuration works: collectives and a short training run"},
+    {"estimate-memory", ct_estimate_memory_main, "bytes per rank of training a model, per strategy, precision and ranks"},
+    {"bench", ct_bench_main, "shard strategies side by side: tokens/s, memory per rank, bytes sent; CSV and plot"},
     {"env", ct_env_main, "this machine, its libraries, each dtype's GEMM path, thread and job settings"},
     {"merge-weights", ct_merge_weights_main, "merge a sharded checkpoint (SHARDED_STATE_DICT) into one file"},
     {"checkpoint", ct_checkpoint_main, "describe a training-state checkpoint (save_state) and verify its files"},
-    {"bench", ct_bench_main, "shard strategies side by side: tokens/s, memory per rank, bytes sent; CSV and plot"},
-    {"test", ct_test_main, "check that this launch configuration works: collectives and a short training run"},
 };
 
 /* Run by ctrain itself (ctrain bench starts its ranks as `ctrain bench-rank`); not in the help. */
@@ -44,7 +46,7 @@ static const subcommand HIDDEN[] = {
 static void usage(FILE *f)
 {
     fputs("usage: ctrain [--help] [--version] COMMAND [ARGS...]\n\ncommands:\n", f);
-    for (size_t i = 0; i < N_COMMANDS; i++) fprintf(f, "  %-13s %s\n", COMMANDS[i].name, COMMANDS[i].summary);
+    for (size_t i = 0; i < N_COMMANDS; i++) fprintf(f, "  %-15s %s\n", COMMANDS[i].name, COMMANDS[i].summary);
     fputs("\n`ctrain COMMAND --help` describes a command.\n", f);
 }
 
