@@ -46,8 +46,10 @@ ifeq ($(CUDA),1)
 LIB_CU    := $(wildcard core/*.cu kernels/cuda/*.cu)
 CUDA_DEFS := -DCT_HAVE_CUDA -I$(CUDA_HOME)/include
 # the runtime is linked statically (it loads the driver at run time, so a machine
-# without one still runs the binary); cuBLASLt from the toolkit's shared library
-CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcublasLt -lcudart_static -ldl -lrt -lstdc++
+# without one still runs the binary); cuBLASLt is opened with dlopen by the first GPU
+# matmul (core/cublaslt_loader.c): linked, it would cost every process ~146 MiB resident
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+CUDA_DEFS += -DCT_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"'
 NVCC_FLAGS = -std=c++17 $(OPT) $(CUDA_ARCH) -lineinfo -DCTRAIN_VERSION='"$(VERSION)"' $(CUDA_DEFS) -I. \
              -Werror all-warnings -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-Werror,-Wno-unknown-pragmas \
              -MMD -MP $(NVCCFLAGS)

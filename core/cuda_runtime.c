@@ -12,6 +12,7 @@
  * CTRAIN_CUDA_SYNC=1 synchronises after every launch, so the list has one entry.
  */
 #include "core/cuda_internal.h"
+#include "core/cublaslt_loader.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -188,9 +189,11 @@ ct_status cti_cublas_check(int status, const char *op, int dev, const char *what
     cublasStatus_t s = (cublasStatus_t)status;
     if (s == CUBLAS_STATUS_SUCCESS) return CT_OK;
     const char *sep = what && *what ? " " : "";
+    /* a status comes from a cuBLASLt call, so the library is open */
+    const cti_cublaslt_api *lt = cti_cublaslt(op);
     return ct_error_set(s == CUBLAS_STATUS_ALLOC_FAILED ? CT_ERR_NOMEM : CT_ERR_DEVICE,
-                        "%s: cuBLASLt error %s (%s)%s%s on cuda:%d", op, cublasLtGetStatusName(s),
-                        cublasLtGetStatusString(s), sep, what ? what : "", dev);
+                        "%s: cuBLASLt error %s (%s)%s%s on cuda:%d", op, lt ? lt->GetStatusName(s) : "?",
+                        lt ? lt->GetStatusString(s) : "?", sep, what ? what : "", dev);
 }
 
 /* ---- devices and streams ---------------------------------------------------- */

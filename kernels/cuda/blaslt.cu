@@ -9,6 +9,8 @@
  */
 #include "kernels/cuda/blaslt.cuh"
 
+#include "core/cublaslt_loader.h"
+
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -84,7 +86,7 @@ int cti_lt_capability(int dev)
     return cc;
 }
 
-static ct_status lt_handle(int dev, cublasLtHandle_t *h, const char *op)
+static ct_status lt_handle(const cti_cublaslt_api *lt, int dev, cublasLtHandle_t *h, const char *op)
 {
     if (dev < 0 || dev >= LT_MAX_DEVICES)
         return ct_error_set(CT_ERR_UNSUPPORTED, "%s: cuda:%d is beyond the %d devices cuBLASLt handles are kept for",
@@ -93,7 +95,7 @@ static ct_status lt_handle(int dev, cublasLtHandle_t *h, const char *op)
     pthread_mutex_lock(&lt_mu);
     if (!lt_handles[dev]) {
         cublasLtHandle_t nh = NULL;
-        st = cti_cublas_check((int)cublasLtCreate(&nh), op, dev, "cublasLtCreate");
+        st = cti_cublas_check((int)lt->Create(&nh), op, dev, "cublasLtCreate");
         if (!st) lt_handles[dev] = nh;
     }
     *h = lt_handles[dev];
@@ -108,24 +110,24 @@ typedef struct lt_descs {
     cublasLtMatmulPreference_t pref;
 } lt_descs;
 
-static void lt_descs_free(lt_descs *d)
+static void lt_descs_free(const cti_cublaslt_api *lt, lt_descs *d)
 {
-    if (d->pref) cublasLtMatmulPreferenceDestroy(d->pref);
-    if (d->d) cublasLtMatrixLayoutDestroy(d->d);
-    if (d->b) cublasLtMatrixLayoutDestroy(d->b);
-    if (d->a) cublasLtMatrixLayoutDestroy(d->a);
-    if (d->op) cublasLtMatmulDescDestroy(d->op);
+    if (d->pref) lt->MatmulPreferenceDestroy(d->pref);
+    if (d->d) lt->MatrixLayoutDestroy(d->d);
+    if (d->b) lt->MatrixLayoutDestroy(d->b);
+    if (d->a) lt->MatrixLayoutDestroy(d->a);
+    if (d->op) lt->MatmulDescDestroy(d->op);
 }
 
 /* A column-major rows x cols layout with leading dimension ld, batched. */
-static cublasStatus_t lt_layout(cublasLtMatrixLayout_t *l, cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld,
+static cublasStatus_t lt_layout(const cti_cublaslt_api *lt, cublasLtMatrixLayout_t *l, cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld,
                                 int32_t batch, int64_t stride)
 {
-    cublasStatus_t s = cublasLtMatrixLayoutCreate(l, t, (uint64_t)rows, (uint64_t)cols, ld);
+    cublasStatus_t s = lt->MatrixLayoutCreate(l, t, (uint64_t)rows, (uint64_t)cols, ld);
     if (s == CUBLAS_STATUS_SUCCESS && batch > 1) {
-        s = cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof batch);
+        s = lt->MatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof batch);
         if (s == CUBLAS_STATUS_SUCCESS)
-            s = cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+            s = lt->MatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
                                                  sizeof stride);
     }
     return s;
@@ -138,7 +140,7 @@ static cublasStatus_t lt_layout(cublasLtMatrixLayout_t *l, cudaDataType_t t, int
             char w_[600];                                                                    \
             snprintf(w_, sizeof w_, "%s (%s)", step, what);                                  \
             ct_status st_ = cti_cublas_check((int)s_, op, dev, w_);                          \
-            lt_descs_free(&d);                                                               \
+            lt_descs_free(lt, &d);                                                               \
             return st_;                                                                      \
         }                                                                                    \
     } while (0)
@@ -146,42 +148,44 @@ static cublasStatus_t lt_layout(cublasLtMatrixLayout_t *l, cudaDataType_t t, int
 ct_status cti_lt_matmul(int dev, cudaStream_t s, const cti_lt_gemm *g, const void *alpha, const void *A,
                         const void *B, const void *beta, void *D, const char *op, const char *what)
 {
+    const cti_cublaslt_api *lt = cti_cublaslt(op);
+    if (!lt) return ct_last_status();
     cublasLtHandle_t h = NULL;
-    ct_status st = lt_handle(dev, &h, op);
+    ct_status st = lt_handle(lt, dev, &h, op);
     if (st) return st;
     lt_descs d = {};
     const size_t ea = lt_type_size(g->a_type), eb = lt_type_size(g->b_type), ed = lt_type_size(g->d_type);
     const cublasOperation_t ta = g->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     const uint32_t epi = (uint32_t)g->epilogue;
-    LT_TRY(cublasLtMatmulDescCreate(&d.op, g->compute, g->scale_type), "cublasLtMatmulDescCreate");
-    LT_TRY(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "TRANSA");
-    LT_TRY(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "TRANSB");
+    LT_TRY(lt->MatmulDescCreate(&d.op, g->compute, g->scale_type), "cublasLtMatmulDescCreate");
+    LT_TRY(lt->MatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "TRANSA");
+    LT_TRY(lt->MatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "TRANSB");
     if (g->a_scale)
-        LT_TRY(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g->a_scale,
+        LT_TRY(lt->MatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g->a_scale,
                                               sizeof g->a_scale),
                "A_SCALE_POINTER");
     if (g->b_scale)
-        LT_TRY(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g->b_scale,
+        LT_TRY(lt->MatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g->b_scale,
                                               sizeof g->b_scale),
                "B_SCALE_POINTER");
     if (g->epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
-        LT_TRY(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi), "EPILOGUE");
+        LT_TRY(lt->MatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi), "EPILOGUE");
         if (g->bias) {
             const int32_t bt = (int32_t)g->d_type;
-            LT_TRY(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias),
+            LT_TRY(lt->MatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias),
                    "BIAS_POINTER");
-            LT_TRY(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt),
+            LT_TRY(lt->MatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt),
                    "BIAS_DATA_TYPE");
         }
     }
     /* stored shapes: op(A) (m, k) is A (k, m) when transposed */
-    LT_TRY(lt_layout(&d.a, g->a_type, g->trans_a ? g->k : g->m, g->trans_a ? g->m : g->k, g->lda, g->batch,
+    LT_TRY(lt_layout(lt, &d.a, g->a_type, g->trans_a ? g->k : g->m, g->trans_a ? g->m : g->k, g->lda, g->batch,
                      g->stride_a),
            "layout A");
-    LT_TRY(lt_layout(&d.b, g->b_type, g->trans_b ? g->n : g->k, g->trans_b ? g->k : g->n, g->ldb, g->batch,
+    LT_TRY(lt_layout(lt, &d.b, g->b_type, g->trans_b ? g->n : g->k, g->trans_b ? g->k : g->n, g->ldb, g->batch,
                      g->stride_b),
            "layout B");
-    LT_TRY(lt_layout(&d.d, g->d_type, g->m, g->n, g->ldd, g->batch, g->stride_d), "layout D");
+    LT_TRY(lt_layout(lt, &d.d, g->d_type, g->m, g->n, g->ldd, g->batch, g->stride_d), "layout D");
 
     lt_key key;
     memset(&key, 0, sizeof key); /* padding takes part in the hash and the compare */
@@ -210,39 +214,39 @@ ct_status cti_lt_matmul(int dev, cudaStream_t s, const cti_lt_gemm *g, const voi
     pthread_mutex_unlock(&lt_mu);
     if (!hit) {
         const uint64_t max_ws = LT_MAX_WORKSPACE;
-        LT_TRY(cublasLtMatmulPreferenceCreate(&d.pref), "cublasLtMatmulPreferenceCreate");
-        LT_TRY(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_ws,
+        LT_TRY(lt->MatmulPreferenceCreate(&d.pref), "cublasLtMatmulPreferenceCreate");
+        LT_TRY(lt->MatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_ws,
                                                     sizeof max_ws),
                "MAX_WORKSPACE_BYTES");
         /* split-K only with its partial sums kept in the compute type: the in-place and
          * output-type schemes store them in D's type, which would round a bf16/f16
          * result more than once */
         const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-        LT_TRY(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
+        LT_TRY(lt->MatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
                                                     sizeof schemes),
                "REDUCTION_SCHEME_MASK");
-        LT_TRY(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key.align_a,
+        LT_TRY(lt->MatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key.align_a,
                                                     sizeof key.align_a),
                "MIN_ALIGNMENT_A_BYTES");
-        LT_TRY(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key.align_b,
+        LT_TRY(lt->MatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key.align_b,
                                                     sizeof key.align_b),
                "MIN_ALIGNMENT_B_BYTES");
-        LT_TRY(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key.align_d,
+        LT_TRY(lt->MatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key.align_d,
                                                     sizeof key.align_d),
                "MIN_ALIGNMENT_C_BYTES");
-        LT_TRY(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.align_d,
+        LT_TRY(lt->MatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.align_d,
                                                     sizeof key.align_d),
                "MIN_ALIGNMENT_D_BYTES");
         cublasLtMatmulHeuristicResult_t res;
         int found = 0;
         memset(&res, 0, sizeof res);
-        cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(h, d.op, d.a, d.b, d.d, d.d, d.pref, 1, &res, &found);
+        cublasStatus_t hs = lt->MatmulAlgoGetHeuristic(h, d.op, d.a, d.b, d.d, d.d, d.pref, 1, &res, &found);
         if (hs != CUBLAS_STATUS_NOT_SUPPORTED)
             LT_TRY(hs, "cublasLtMatmulAlgoGetHeuristic");
         /* CT_ERR_UNSUPPORTED, nothing queued: callers with another way (fused epilogue,
          * fp8) fall back to it */
         if (hs == CUBLAS_STATUS_NOT_SUPPORTED || found < 1 || res.state != CUBLAS_STATUS_SUCCESS) {
-            lt_descs_free(&d);
+            lt_descs_free(lt, &d);
             return ct_error_set(CT_ERR_UNSUPPORTED, "%s: cuBLASLt has no algorithm for %s on cuda:%d", op, what, dev);
         }
         algo = res.algo;
@@ -260,14 +264,14 @@ ct_status cti_lt_matmul(int dev, cudaStream_t s, const cti_lt_gemm *g, const voi
         const int64_t nb = (int64_t)ws_bytes;
         ct_tensor *w = ct_tensor_empty_on(CT_CUDA(dev), CT_DTYPE_U8, 1, &nb);
         if (!w) {
-            lt_descs_free(&d);
+            lt_descs_free(lt, &d);
             return ct_last_status();
         }
         ws = ct_tensor_data(w);
     }
-    LT_TRY(cublasLtMatmul(h, d.op, alpha, A, d.a, B, d.b, beta, D, d.d, D, d.d, &algo, ws, ws_bytes, s),
+    LT_TRY(lt->Matmul(h, d.op, alpha, A, d.a, B, d.b, beta, D, d.d, D, d.d, &algo, ws, ws_bytes, s),
            "cublasLtMatmul");
-    lt_descs_free(&d);
+    lt_descs_free(lt, &d);
     cti_cuda_note_op(op, dev, what);
     return CT_OK;
 }
