@@ -41,6 +41,7 @@
 #include "dist/env.h"
 #include "tools/bench.h"
 #include "tools/bench_gpt.h"
+#include "tools/rank_figures.h"
 
 #define PROG "ctrain bench-rank"
 
@@ -53,21 +54,6 @@ const char *const ct_bench_figure_keys[CT_BENCH_NFIGURES] = {
 /* The figures reduced with MAX over the ranks, in this order. */
 enum { M_TIME, M_MEDIAN, M_PARAMS, M_GRADS, M_OPTIMIZER, M_STEP_PEAK, M_GATHERED, M_RSS, M_SENT, M_GATHERS,
        M_COMM, M_EXPOSED, M_COUNT };
-
-/* v[0..n) = op of v over all ranks, in place; every rank calls it. */
-static ct_status reduce_over_ranks(ct_pg *pg, double *v, int n, ct_reduce_op op)
-{
-    if (ct_pg_size(pg) <= 1) return CT_OK;
-    ct_status st = CT_OK;
-    CT_FRAME {
-        ct_tensor *t = ct_tensor_from_data(CT_DTYPE_F64, CT_SHAPE(n), v);
-        ct_work *w = t ? ct_pg_allreduce(pg, t, op) : NULL;
-        st = w ? ct_work_wait(w) : ct_last_status();
-        ct_work_free(w);
-        if (!st) memcpy(v, ct_tensor_data(t), (size_t)n * sizeof *v);
-    }
-    return st;
-}
 
 static int cmp_double(const void *x, const void *y)
 {
@@ -161,7 +147,7 @@ static ct_status train(const ct_bench_opts *o, bench_gpt *g, double *fig, const 
     }
     m[M_RSS] = bench_gpt_peak_rss_bytes();
     ct_pg *pg = ct_accelerator_pg(acc);
-    if (reduce_over_ranks(pg, m, M_COUNT, CT_REDUCE_MAX) || reduce_over_ranks(pg, loss, 2, CT_REDUCE_SUM))
+    if (ct_rank_figures_reduce(pg, m, M_COUNT, CT_REDUCE_MAX) || ct_rank_figures_reduce(pg, loss, 2, CT_REDUCE_SUM))
         return ct_error_prefix("rank %d: reducing the figures over the ranks: ", g->rank);
     const int n = ct_pg_size(pg) > 1 ? ct_pg_size(pg) : 1;
     fig[CT_BENCH_TOKENS_PER_S] = (double)n * (double)(B * T) * o->steps / m[M_TIME];

@@ -23,6 +23,7 @@
 #include "accel/accelerator.h"
 #include "ctrain.h"
 #include "tools/estimate_memory.h"
+#include "tools/rank_figures.h"
 
 #define PROG "ctrain estimate-memory --measure"
 
@@ -58,20 +59,6 @@ enum { M_PARAMS, M_GRADS, M_OPT, M_PEAK, M_RESERVED, M_SETUP, M_BASE, M_RSS, M_C
 static const char *const M_NAMES[M_COUNT] = {"params_bytes", "grads_bytes", "optimizer_bytes", "step_peak_bytes",
                                              "step_peak_reserved_bytes", "setup_peak_reserved_bytes",
                                              "base_rss_bytes", "peak_rss_bytes"};
-
-static ct_status reduce_max(ct_pg *pg, double *v, int n)
-{
-    if (!pg || ct_pg_size(pg) <= 1) return CT_OK;
-    ct_status st = CT_OK;
-    CT_FRAME {
-        ct_tensor *t = ct_tensor_from_data(CT_DTYPE_F64, CT_SHAPE(n), v);
-        ct_work *w = t ? ct_pg_allreduce(pg, t, CT_REDUCE_MAX) : NULL;
-        st = w ? ct_work_wait(w) : ct_last_status();
-        ct_work_free(w);
-        if (!st) memcpy(v, ct_tensor_data(t), (size_t)n * sizeof *v);
-    }
-    return st;
-}
 
 /* one step: forward, backward, (DDP: the gradients' bytes), AdamW, zero_grad */
 static ct_status train_step(ct_accelerator *acc, ct_gpt *model, ct_optimizer *opt, const ct_param_list *pl,
@@ -180,7 +167,7 @@ int ct_memory_measure_run(const ct_memory_measure *m)
     free(raw);
     v[M_RSS] = rss_peak();
     what = "reducing the figures over the ranks";
-    if (reduce_max(ct_accelerator_pg(acc), v, M_COUNT)) goto fail;
+    if (ct_rank_figures_reduce(ct_accelerator_pg(acc), v, M_COUNT, CT_REDUCE_MAX)) goto fail;
     if (rank == 0) {
         ct_memory_setup es = *s;
         es.world = world;

@@ -23,15 +23,10 @@
 #include <unistd.h>
 
 #include "tests/clock.h"
+#include "tests/sink.h"
 #include "tests/tmpdir.h"
 
 /* ---- running the command ----------------------------------------------------------- */
-
-typedef struct {
-    char *p;
-    size_t len, cap;
-    int fd; /* -1 once at EOF */
-} sink;
 
 typedef struct {
     pid_t pid;
@@ -81,23 +76,6 @@ static void start(run_t *r, const char *const *args)
     r->err.fd = pe[0];
 }
 
-static void sink_read(sink *s)
-{
-    if (s->cap - s->len < 65536 + 1) {
-        s->cap = s->cap ? 2 * s->cap : 1 << 18;
-        s->p = realloc(s->p, s->cap);
-        cr_assert_not_null(s->p);
-    }
-    ssize_t k = read(s->fd, s->p + s->len, s->cap - s->len - 1);
-    if (k < 0 && errno == EINTR) return;
-    cr_assert_geq(k, 0, "read: %s", strerror(errno));
-    if (k == 0) {
-        close(s->fd);
-        s->fd = -1;
-    }
-    s->len += (size_t)k;
-    s->p[s->len] = 0;
-}
 
 /* Reads whatever arrives within timeout_s; returns false when both pipes are at EOF. */
 static bool pump(run_t *r, double timeout_s)

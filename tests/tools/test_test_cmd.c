@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "tests/clock.h"
+#include "tests/sink.h"
 #include "tests/tmpdir.h"
 
 /* ---- running the command ----------------------------------------------------------------- */
@@ -39,30 +40,6 @@ typedef struct {
     int code; /* exit status, 128 + signal when killed */
     double seconds;
 } result;
-
-typedef struct {
-    char *p;
-    size_t len, cap;
-    int fd;
-} sink;
-
-static void sink_read(sink *s)
-{
-    if (s->cap - s->len < 4096 + 1) {
-        s->cap = s->cap ? 2 * s->cap : 1 << 16;
-        s->p = realloc(s->p, s->cap);
-        cr_assert_not_null(s->p);
-    }
-    ssize_t k = read(s->fd, s->p + s->len, s->cap - s->len - 1);
-    if (k < 0 && errno == EINTR) return;
-    cr_assert_geq(k, 0, "read: %s", strerror(errno));
-    if (k == 0) {
-        close(s->fd);
-        s->fd = -1;
-    }
-    s->len += (size_t)k;
-    s->p[s->len] = 0;
-}
 
 /* Runs `ctrain test args...` (NULL-terminated) and reads its output until it exits
  * or deadline_s passes (then SIGTERM, which the launcher passes on to the ranks, and
