@@ -32,8 +32,10 @@
  *
  * Overlap is measured: for each synchronised step, comm_s is the time reductions
  * were in flight (the union of each bucket's submission-to-completion interval), and
- * exposed_s the part of it after the training thread reached ct_ddp_finish, i.e. not
- * hidden under backward. exposed_s / comm_s is the share of communication exposed.
+ * exposed_s the part of it the training thread waited for: after it reached
+ * ct_ddp_finish, plus the time it spent inside a submit that reduced the bucket itself
+ * (the direct shared-memory allreduce of the last bucket), i.e. not hidden under
+ * backward. exposed_s / comm_s is the share of communication exposed.
  *
  * Thread-safety: one training thread per handle.
  */
@@ -64,7 +66,7 @@ typedef struct ct_ddp_stats {
     int buckets;          /* buckets per step */
     int64_t bytes;        /* bytes reduced per step (after compression) */
     double comm_s;        /* reductions in flight, last step */
-    double exposed_s;     /* of which after backward ended (waited for in ct_ddp_finish) */
+    double exposed_s;     /* of which the training thread waited for (ct_ddp_finish, direct submits) */
     double total_comm_s;  /* sums over all steps */
     double total_exposed_s;
 } ct_ddp_stats;

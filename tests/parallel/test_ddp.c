@@ -82,7 +82,8 @@ static double grad_error(two_layers *m, int world, double passes)
 
 typedef struct ddp_arg {
     ct_dtype compress;
-    int mode; /* 0 plain, 1 no_sync micro-step first, 2 two synchronised backwards, 3 rank 1 skips b */
+    int mode; /* 0 plain, 1 no_sync micro-step first, 2 two synchronised backwards, 3 rank 1 skips b,
+               * 4 one bucket for the whole model */
 } ddp_arg;
 
 static int ddp_rank(rank_ctx *c)
@@ -94,8 +95,9 @@ static int ddp_rank(rank_ctx *c)
     CT_FRAME {
         ct_set_seed(50 + (uint64_t)c->rank); /* different initial weights: DDP broadcasts rank 0's */
         two_layers *m = model_new(false);
-        ct_ddp *d = ct_ddp_new(g, &m->base, &(ct_ddp_config){.compress = a->compress, .first_bucket_cap_mb = 1e-5,
-                                                              .bucket_cap_mb = 1e-5});
+        double cap = a->mode == 4 ? 1000 : 1e-5;
+        ct_ddp *d = ct_ddp_new(g, &m->base, &(ct_ddp_config){.compress = a->compress, .first_bucket_cap_mb = cap,
+                                                              .bucket_cap_mb = cap});
         if (!d) {
             report(c, "rank %d: %s", c->rank, ct_last_error());
             rc = 1;
@@ -131,9 +133,18 @@ static int ddp_rank(rank_ctx *c)
                     rc = 1;
                 }
                 ct_ddp_stats s = ct_ddp_stats_get(d);
-                if (s.steps != 1 || s.buckets < 3 || s.comm_s < 0 || s.exposed_s < 0 || s.exposed_s > s.comm_s + 1e-9) {
+                if (s.steps != 1 || s.buckets < (a->mode == 4 ? 1 : 3) || s.comm_s < 0 || s.exposed_s < 0 ||
+                    s.exposed_s > s.comm_s + 1e-9) {
                     report(c, "rank %d: stats steps %lld buckets %d comm %g exposed %g", c->rank, (long long)s.steps,
                            s.buckets, s.comm_s, s.exposed_s);
+                    rc = 1;
+                }
+                /* one bucket fills as backward ends: nothing can hide its reduction, so
+                 * all of it is exposed, whether the comm thread or this thread (the
+                 * direct shared-memory allreduce, inside the submit) reduced it */
+                if (a->mode == 4 && !(s.buckets == 1 && s.comm_s > 0 && s.exposed_s >= 0.9 * s.comm_s)) {
+                    report(c, "rank %d: one bucket: buckets %d, comm %g s, exposed %g s (expected all of it)",
+                           c->rank, s.buckets, s.comm_s, s.exposed_s);
                     rc = 1;
                 }
             }
@@ -163,6 +174,7 @@ Test(parallel_ddp, bf16_compression_is_close, .timeout = 30) { run_case(2, CT_DT
 Test(parallel_ddp, no_sync_micro_steps_accumulate_locally, .timeout = 30) { run_case(2, 0, 1); }
 Test(parallel_ddp, a_second_backward_before_finish_restarts_the_round, .timeout = 30) { run_case(2, 0, 2); }
 Test(parallel_ddp, a_parameter_one_rank_did_not_use, .timeout = 30) { run_case(2, 0, 3); }
+Test(parallel_ddp, one_bucket_is_all_exposed, .timeout = 30) { run_case(2, 0, 4); }
 
 /* Rank 1 wraps a model without b's bias: every rank fails, naming the mismatch. */
 static int mismatch_rank(rank_ctx *c)
