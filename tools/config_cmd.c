@@ -15,6 +15,14 @@
 
 extern char **environ;
 
+/* The configuration code's messages start "config: "; after "ctrain config ...: " that
+ * would say it twice. */
+static const char *last_error(void)
+{
+    const char *m = ct_last_error();
+    return strncmp(m, "config: ", 8) ? m : m + 8;
+}
+
 static void usage_ask(FILE *f)
 {
     fputs("usage: ctrain config [--config_file PATH]\n"
@@ -131,7 +139,7 @@ static int path_or_default(const char *cmd, const char *given, char *path, size_
         return 0;
     }
     if (ct_cluster_config_default_path(path, n)) {
-        fprintf(stderr, "ctrain %s: %s; give --config_file PATH\n", cmd, ct_last_error());
+        fprintf(stderr, "ctrain %s: %s; give --config_file PATH\n", cmd, last_error());
         return 1;
     }
     return 0;
@@ -166,13 +174,13 @@ static int config_ask(int argc, char **argv)
     ct_cluster_config c;
     ct_cluster_config_defaults(&c);
     if (exists(path) && ct_cluster_config_read(path, &c, NULL)) {
-        fprintf(stderr, "ctrain config: %s (fix or remove the file to start from the defaults)\n", ct_last_error());
+        fprintf(stderr, "ctrain config: %s (fix or remove the file to start from the defaults)\n", last_error());
         return 1;
     }
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     ct_config_ask_machine m = {.gpus = ct_cuda_device_count(), .cores = cores > 0 ? (int)cores : 1};
     if (ct_config_ask(stdin, stdout, &m, &c) || ct_cluster_config_check(&c) || ct_cluster_config_write(&c, path)) {
-        fprintf(stderr, "ctrain config: %s\n", ct_last_error());
+        fprintf(stderr, "ctrain config: %s\n", last_error());
         return 1;
     }
     printf("ctrain configuration saved at %s\n", path);
@@ -218,7 +226,7 @@ static int config_default(int argc, char **argv)
         c.distributed_type = CT_DIST_NO;
     }
     if (ct_cluster_config_write(&c, path)) {
-        fprintf(stderr, "ctrain config default: %s\n", ct_last_error());
+        fprintf(stderr, "ctrain config default: %s\n", last_error());
         return 1;
     }
     printf("ctrain configuration saved at %s\n", path);
@@ -283,17 +291,17 @@ static int config_show(int argc, char **argv)
     ct_cluster_config c;
     bool old = false;
     if (ct_cluster_config_read(path, &c, &old)) {
-        fprintf(stderr, "ctrain config show: %s\n", ct_last_error());
+        fprintf(stderr, "ctrain config show: %s\n", last_error());
         return 1;
     }
     printf("# %s%s\n", path, old ? " (an older form: `ctrain config update` rewrites it)" : "");
     fflush(stdout);
     if (ct_cluster_config_print(&c, stdout)) {
-        fprintf(stderr, "ctrain config show: %s\n", ct_last_error());
+        fprintf(stderr, "ctrain config show: %s\n", last_error());
         return 1;
     }
     if (ct_cluster_config_check(&c)) {
-        fprintf(stderr, "ctrain config show: '%s': %s\n", path, ct_last_error());
+        fprintf(stderr, "ctrain config show: '%s': %s\n", path, last_error());
         return 1;
     }
     char buf[1400];
@@ -315,7 +323,7 @@ static int config_show(int argc, char **argv)
 
     ct_cluster_launch_args la;
     if (ct_cluster_config_launch_args(&c, true, &la)) {
-        printf("launch:       refuses it: %s\n", ct_last_error());
+        printf("launch:       refuses it: %s\n", last_error());
         return 1;
     }
     printf("flags:       ");
@@ -325,12 +333,12 @@ static int config_show(int argc, char **argv)
     char *largv[] = {"launch", "--config_file", path, "true", NULL};
     ct_launch_opts o;
     if (ct_launch_args_parse(4, largv, &o)) {
-        printf("launch:       refuses it: %s\n", ct_last_error());
+        printf("launch:       refuses it: %s\n", last_error());
         return 1;
     }
     char **env = ct_launch_env_new(&o, 0, o.main_process_port ? o.main_process_port : CT_LAUNCH_DEFAULT_PORT, 0);
     if (!env) {
-        fprintf(stderr, "ctrain config show: %s\n", ct_last_error());
+        fprintf(stderr, "ctrain config show: %s\n", last_error());
         return 1;
     }
     printf("rank 0 gets:\n");
@@ -357,7 +365,7 @@ static int config_update(int argc, char **argv)
     ct_cluster_config c;
     bool old = false;
     if (ct_cluster_config_read(path, &c, &old)) {
-        fprintf(stderr, "ctrain config update: %s\n", ct_last_error());
+        fprintf(stderr, "ctrain config update: %s\n", last_error());
         return 1;
     }
     if (!old) {
@@ -365,7 +373,7 @@ static int config_update(int argc, char **argv)
         return 0;
     }
     if (ct_cluster_config_write(&c, path)) {
-        fprintf(stderr, "ctrain config update: %s\n", ct_last_error());
+        fprintf(stderr, "ctrain config update: %s\n", last_error());
         return 1;
     }
     printf("updated the configuration at %s to the current form\n", path);
