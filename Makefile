@@ -71,7 +71,7 @@ SAN      ?=
 # -fvisibility=hidden: libctrain.so exports only what the public headers mark CT_API (core/api.h)
 ALL_CFLAGS  = -std=c11 -D_GNU_SOURCE -DCTRAIN_VERSION='"$(VERSION)"' $(OPT) $(ARCH) -g -fPIC -fvisibility=hidden -fopenmp $(WARN) -I. $(CUDA_DEFS) -MMD -MP $(SAN) $(CFLAGS)
 ALL_LDFLAGS = -fopenmp $(SAN) $(LDFLAGS)
-LDLIBS   += -lopenblas -ldnnl -lcjson -lyaml -luv -lxxhash $(CUDA_LIBS) -lm -lpthread
+LDLIBS   += -lopenblas -ldnnl -lcjson -lyaml -luv -lxxhash -lpcre2-8 $(CUDA_LIBS) -lm -lpthread
 
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(LIB_CU:%.cu=$(BUILD)/obj/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
