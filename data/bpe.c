@@ -7,11 +7,13 @@
 
 #include "data/bpe_internal.h"
 
-/* GPT-2's regex with \s spelled [\s\x{85}]: Hugging Face runs it with Oniguruma,
- * whose Unicode \s holds U+0085 (NEL), which PCRE2's does not. (?!\S) is
- * (?![^\s\x{85}]). */
-static const char GPT2_PATTERN[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\x{85}\\p{L}\\p{N}]+"
-                                   "|[\\s\\x{85}]+(?![^\\s\\x{85}])|[\\s\\x{85}]+";
+/* GPT-2's regex. \s is spelled out as Unicode's White_Space property, which is
+ * what Hugging Face's Oniguruma regex matches: PCRE2's \s differs on U+0085 (NEL,
+ * White_Space but not a separator) and U+180E (a separator in PCRE2's older
+ * tables, no longer White_Space). (?!\S) is (?![^WS]). */
+#define WS "\\t-\\r \\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}\\x{205f}\\x{3000}"
+static const char GPT2_PATTERN[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" WS "\\p{L}\\p{N}]+"
+                                   "|[" WS "]+(?![^" WS "])|[" WS "]+";
 
 /* GPT-2's bytes_to_unicode: the printable bytes 33-126, 161-172 and 174-255 stand
  * for themselves; the other 68 bytes, in order, for U+0100 .. U+0143. cp_byte is

@@ -42,12 +42,15 @@ static void byte_char(int byte, char out[3])
  *   0: t '  -> t'  256      1: a b   -> ab  257      2: ab c -> abc 258
  *   3: Ġ a  -> Ġa  259      4: b c   -> bc  260      5: c Ġ  -> cĠ  261
  *   6: ' s  -> 's  262      7: Ġ Ġ   -> ĠĠ  263      8: Ġ b  -> Ġb  264
- * and the added token <|endoftext|> = 300 (ids 265-299 are unused). */
+ * then "!" with the first byte of some (non-)whitespace characters, 9-14: ! Â
+ * (0xC2), ! á (0xE1), ! â (0xE2), ! ã (0xE3), ! ï (0xEF), ! Ĝ (0x1C) -> 265-270,
+ * and the added token <|endoftext|> = 300 (ids 271-299 are unused). */
 static const char *const MERGES[][3] = {
     {"t", "'", "t'"}, {"a", "b", "ab"},   {"ab", "c", "abc"}, {"Ġ", "a", "Ġa"}, {"b", "c", "bc"},
     {"c", "Ġ", "cĠ"}, {"'", "s", "'s"}, {"Ġ", "Ġ", "ĠĠ"},   {"Ġ", "b", "Ġb"},
+    {"!", "Â", "!Â"}, {"!", "á", "!á"}, {"!", "â", "!â"}, {"!", "ã", "!ã"},   {"!", "ï", "!ï"},   {"!", "Ĝ", "!Ĝ"},
 };
-#define NMERGES 9
+#define NMERGES 15
 
 static cJSON *tiny_vocab(void)
 {
@@ -164,6 +167,36 @@ static void check_tiny(ct_bpe *b)
     /* a lone continuation byte and a truncated 3-byte sequence */
     EXPECT(b, "\x80\xe2\x82", 128, 0xe2, 0x82);
     expect(b, "", 0, NULL, 0);
+}
+
+/* "!" then a character c: the punctuation run " ?[^\s\p{L}\p{N}]+" takes c
+ * (and the merge "!" + c's first byte fires) exactly when c is not whitespace.
+ * Whitespace is Unicode's White_Space, as in the Oniguruma regex of Hugging Face's
+ * tokenizers: U+0085 and U+00A0 are, U+001C, U+180E, U+200B and U+FEFF are not. */
+Test(bpe, regex_whitespace)
+{
+    static const struct {
+        const char *c;
+        bool space;
+        uint32_t merged; /* "!" + the first byte */
+    } cases[] = {
+        {"\xc2\x85", true, 265},     {"\xc2\xa0", true, 265},     {"\xe1\x9a\x80", true, 266},
+        {"\xe2\x80\x80", true, 267}, {"\xe2\x80\x8a", true, 267}, {"\xe2\x80\xa8", true, 267},
+        {"\xe2\x80\xa9", true, 267}, {"\xe2\x80\xaf", true, 267}, {"\xe2\x81\x9f", true, 267},
+        {"\xe3\x80\x80", true, 268}, {"\x1c", false, 270},        {"\xe1\xa0\x8e", false, 266},
+        {"\xe2\x80\x8b", false, 267}, {"\xef\xbb\xbf", false, 269}, {"\xc2\xa9", false, 265},
+    };
+    ct_bpe *b = tiny(true);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char text[8];
+        size_t n = (size_t)snprintf(text, sizeof text, "!%s", cases[i].c);
+        uint32_t want[8], nw = 0;
+        if (cases[i].space) want[nw++] = '!', want[nw++] = (uint8_t)text[1];
+        else want[nw++] = cases[i].merged;
+        for (size_t k = 2; k < n; k++) want[nw++] = (uint8_t)text[k];
+        expect(b, text, n, want, nw);
+    }
+    ct_bpe_free(b);
 }
 
 Test(bpe, tiny_string_merges) { ct_bpe *b = tiny(true); check_tiny(b); ct_bpe_free(b); }
