@@ -63,7 +63,7 @@ static int64_t unmap_token(const char *token, uint8_t *out, long *bad)
     return n;
 }
 
-ct_bpe *bpe_new(const char *name)
+ct_bpe *cti_bpe_new(const char *name)
 {
     init_byte_map();
     ct_bpe *b = calloc(1, sizeof *b);
@@ -108,7 +108,7 @@ static ct_status set_id(ct_bpe *b, int64_t id, const uint8_t *bytes, size_t n)
     return CT_OK;
 }
 
-ct_status bpe_add_token(ct_bpe *b, const char *token, int64_t id)
+ct_status cti_bpe_add_token(ct_bpe *b, const char *token, int64_t id)
 {
     ct_status st = check_id(b, id, "token", token);
     if (st) return st;
@@ -130,11 +130,11 @@ ct_status bpe_add_token(ct_bpe *b, const char *token, int64_t id)
     else if (b->tok[id])
         st = ct_error_set(CT_ERR_FORMAT, "bpe: '%s': id %lld is given to two tokens, the second is '%s'", b->name,
                           (long long)id, token);
-    else if (bpe_str_get(&b->vocab, bytes, (size_t)n) >= 0)
+    else if (cti_bpe_str_get(&b->vocab, bytes, (size_t)n) >= 0)
         st = ct_error_set(CT_ERR_FORMAT, "bpe: '%s': token '%s' appears twice (ids %lld and %lld)", b->name, token,
-                          (long long)bpe_str_get(&b->vocab, bytes, (size_t)n), (long long)id);
+                          (long long)cti_bpe_str_get(&b->vocab, bytes, (size_t)n), (long long)id);
     if (!st) st = set_id(b, id, bytes, (size_t)n);
-    if (!st) st = bpe_str_put(&b->vocab, bytes, (size_t)n, id);
+    if (!st) st = cti_bpe_str_put(&b->vocab, bytes, (size_t)n, id);
     if (!st && n == 1) b->byte_id[bytes[0]] = id;
     free(bytes);
     return st;
@@ -145,10 +145,10 @@ static int64_t token_lookup(const ct_bpe *b, const char *token, uint8_t *scratch
 {
     long bad;
     int64_t n = unmap_token(token, scratch, &bad);
-    return n < 0 ? -1 : bpe_str_get(&b->vocab, scratch, (size_t)n);
+    return n < 0 ? -1 : cti_bpe_str_get(&b->vocab, scratch, (size_t)n);
 }
 
-ct_status bpe_add_merge(ct_bpe *b, const char *left, const char *right, int64_t rank)
+ct_status cti_bpe_add_merge(ct_bpe *b, const char *left, const char *right, int64_t rank)
 {
     size_t ll = strlen(left), rl = strlen(right);
     uint8_t *s = malloc(ll + rl + 1);
@@ -161,7 +161,7 @@ ct_status bpe_add_merge(ct_bpe *b, const char *left, const char *right, int64_t 
     } else {
         memcpy(s, b->tok[a], b->tok_len[a]);
         memcpy(s + b->tok_len[a], b->tok[c], b->tok_len[c]);
-        int64_t m = bpe_str_get(&b->vocab, s, b->tok_len[a] + b->tok_len[c]);
+        int64_t m = cti_bpe_str_get(&b->vocab, s, b->tok_len[a] + b->tok_len[c]);
         if (m < 0)
             st = ct_error_set(CT_ERR_FORMAT,
                               "bpe: '%s': merge %lld ('%s' '%s') makes '%s%s', which is not in the vocabulary", b->name,
@@ -169,14 +169,14 @@ ct_status bpe_add_merge(ct_bpe *b, const char *left, const char *right, int64_t 
         else if (rank > INT32_MAX)
             st = ct_error_set(CT_ERR_FORMAT, "bpe: '%s': more than %d merges", b->name, INT32_MAX);
         else
-            st = bpe_pair_put(&b->merges, (uint32_t)a, (uint32_t)c, (int32_t)rank, (uint32_t)m);
+            st = cti_bpe_pair_put(&b->merges, (uint32_t)a, (uint32_t)c, (int32_t)rank, (uint32_t)m);
     }
     free(s);
     if (!st) b->nmerges = rank + 1;
     return st;
 }
 
-ct_status bpe_add_added(ct_bpe *b, const char *text, int64_t id, bool special)
+ct_status cti_bpe_add_added(ct_bpe *b, const char *text, int64_t id, bool special)
 {
     ct_status st = check_id(b, id, "added token", text);
     if (st) return st;
@@ -207,7 +207,7 @@ static int64_t added_named(const ct_bpe *b, const char *const *names)
     return -1;
 }
 
-ct_status bpe_finish(ct_bpe *b)
+ct_status cti_bpe_finish(ct_bpe *b)
 {
     for (int c = 0; c < 256; c++) {
         if (b->byte_id[c] >= 0) continue;
@@ -248,13 +248,13 @@ void ct_bpe_free(ct_bpe *b)
     for (size_t i = 0; i < b->id_cap; i++) free(b->tok[i]);
     free(b->tok);
     free(b->tok_len);
-    bpe_str_free(&b->vocab);
-    bpe_pair_free(&b->merges);
+    cti_bpe_str_free(&b->vocab);
+    cti_bpe_pair_free(&b->merges);
     for (size_t i = 0; i < b->nadded; i++) free(b->added[i].text);
     free(b->added);
     pcre2_match_data_free(b->md);
     pcre2_code_free(b->re);
-    bpe_str_free(&b->cache);
+    cti_bpe_str_free(&b->cache);
     free(b->cache_ids);
     free(b->sym);
     free(b->name);
@@ -272,5 +272,5 @@ int64_t ct_bpe_token_id(const ct_bpe *b, const char *text, size_t n)
     if (!b || (!text && n)) return -1;
     for (size_t i = 0; i < b->nadded; i++)
         if (b->added[i].len == n && !memcmp(b->added[i].text, text, n)) return b->added[i].id;
-    return bpe_str_get(&b->vocab, text, n);
+    return cti_bpe_str_get(&b->vocab, text, n);
 }

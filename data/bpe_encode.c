@@ -23,7 +23,7 @@ static ct_status merge_piece(ct_bpe *b, const uint8_t *p, size_t n, size_t *coun
         int32_t best = INT32_MAX;
         uint32_t left = 0, right = 0, merged = 0;
         for (size_t i = 0; i + 1 < m; i++) {
-            const struct bpe_pair_entry *e = bpe_pair_get(&b->merges, sym[i], sym[i + 1]);
+            const struct bpe_pair_entry *e = cti_bpe_pair_get(&b->merges, sym[i], sym[i + 1]);
             if (e && e->rank < best) best = e->rank, left = sym[i], right = sym[i + 1], merged = e->merged;
         }
         if (best == INT32_MAX) break;
@@ -40,10 +40,10 @@ static ct_status merge_piece(ct_bpe *b, const uint8_t *p, size_t n, size_t *coun
 
 static ct_status encode_piece(ct_bpe *b, const uint8_t *p, size_t n, bpe_sink *sink)
 {
-    int64_t c = n <= BPE_CACHE_PIECE ? bpe_str_get(&b->cache, p, n) : -1;
+    int64_t c = n <= BPE_CACHE_PIECE ? cti_bpe_str_get(&b->cache, p, n) : -1;
     if (c >= 0) return sink->emit(sink, b->cache_ids + (c >> 16), (size_t)(c & 0xFFFF));
     if (b->ignore_merges) { /* a piece that is a token is that token */
-        int64_t id = bpe_str_get(&b->vocab, p, n);
+        int64_t id = cti_bpe_str_get(&b->vocab, p, n);
         if (id >= 0) {
             uint32_t one = (uint32_t)id;
             return sink->emit(sink, &one, 1);
@@ -62,7 +62,7 @@ static ct_status encode_piece(ct_bpe *b, const uint8_t *p, size_t n, bpe_sink *s
             b->cache_cap = cap;
         }
         memcpy(b->cache_ids + b->cache_n, b->sym, m * sizeof *b->sym);
-        st = bpe_str_put(&b->cache, p, n, (int64_t)b->cache_n << 16 | (int64_t)m);
+        st = cti_bpe_str_put(&b->cache, p, n, (int64_t)b->cache_n << 16 | (int64_t)m);
         if (st) return st;
         b->cache_n += m;
     }
@@ -117,7 +117,7 @@ static const bpe_added *added_at(const ct_bpe *b, const uint8_t *s, size_t n)
     return best;
 }
 
-ct_status bpe_encode_to(ct_bpe *b, const uint8_t *s, size_t n, bpe_sink *sink)
+ct_status cti_bpe_encode_to(ct_bpe *b, const uint8_t *s, size_t n, bpe_sink *sink)
 {
     size_t start = 0;
     for (size_t pos = 0; pos < n;) {
@@ -166,7 +166,7 @@ int64_t ct_bpe_encode(ct_bpe *b, const void *text, size_t n, uint32_t **ids, siz
         return -1;
     }
     array_sink sink = {.base = {.emit = array_emit}, .ids = ids, .cap = cap};
-    if (bpe_encode_to(b, text, n, &sink.base)) return -1;
+    if (cti_bpe_encode_to(b, text, n, &sink.base)) return -1;
     return (int64_t)sink.n;
 }
 

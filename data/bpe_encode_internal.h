@@ -11,6 +11,6 @@ struct bpe_sink {
     ct_status (*emit)(bpe_sink *sink, const uint32_t *ids, size_t n);
 };
 
-ct_status bpe_encode_to(ct_bpe *b, const uint8_t *s, size_t n, bpe_sink *sink);
+ct_status cti_bpe_encode_to(ct_bpe *b, const uint8_t *s, size_t n, bpe_sink *sink);
 
 #endif

@@ -87,7 +87,7 @@ static ct_status encode_file(ct_bpe *b, const char *path, file_sink *w)
     void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
     if (p == MAP_FAILED) return ct_error_set(CT_ERR_IO, "bpe: cannot map '%s': %s", path, strerror(errno));
-    st = bpe_encode_to(b, p, (size_t)sb.st_size, &w->base);
+    st = cti_bpe_encode_to(b, p, (size_t)sb.st_size, &w->base);
     munmap(p, (size_t)sb.st_size);
     return st;
 }

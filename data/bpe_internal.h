@@ -70,22 +70,22 @@ struct ct_bpe {
 };
 
 /* tables (data/bpe_table.c) */
-int64_t bpe_str_get(const bpe_str_table *t, const void *key, size_t len);
-ct_status bpe_str_put(bpe_str_table *t, const void *key, size_t len, int64_t val); /* replaces */
-void bpe_str_free(bpe_str_table *t);
-const struct bpe_pair_entry *bpe_pair_get(const bpe_pair_table *t, uint32_t left, uint32_t right);
-ct_status bpe_pair_put(bpe_pair_table *t, uint32_t left, uint32_t right, int32_t rank, uint32_t merged);
-void bpe_pair_free(bpe_pair_table *t);
+int64_t cti_bpe_str_get(const bpe_str_table *t, const void *key, size_t len);
+ct_status cti_bpe_str_put(bpe_str_table *t, const void *key, size_t len, int64_t val); /* replaces */
+void cti_bpe_str_free(bpe_str_table *t);
+const struct bpe_pair_entry *cti_bpe_pair_get(const bpe_pair_table *t, uint32_t left, uint32_t right);
+ct_status cti_bpe_pair_put(bpe_pair_table *t, uint32_t left, uint32_t right, int32_t rank, uint32_t merged);
+void cti_bpe_pair_free(bpe_pair_table *t);
 
 /* building (data/bpe.c); every error names b->name */
-ct_bpe *bpe_new(const char *name);
+ct_bpe *cti_bpe_new(const char *name);
 /* token: the vocabulary's text (GPT-2's byte-to-unicode characters) */
-ct_status bpe_add_token(ct_bpe *b, const char *token, int64_t id);
-ct_status bpe_add_merge(ct_bpe *b, const char *left, const char *right, int64_t rank);
+ct_status cti_bpe_add_token(ct_bpe *b, const char *token, int64_t id);
+ct_status cti_bpe_add_merge(ct_bpe *b, const char *left, const char *right, int64_t rank);
 /* text: the added token's content, as is */
-ct_status bpe_add_added(ct_bpe *b, const char *text, int64_t id, bool special);
+ct_status cti_bpe_add_added(ct_bpe *b, const char *text, int64_t id, bool special);
 /* checks every byte has a token, compiles the regex, picks bos/eos/pad by name
  * where not set */
-ct_status bpe_finish(ct_bpe *b);
+ct_status cti_bpe_finish(ct_bpe *b);
 
 #endif

@@ -73,7 +73,7 @@ static ct_status add_vocab(ct_bpe *b, const cJSON *vocab, const char *where)
     {
         int64_t id = 0;
         ct_status st = get_id(b, e, "token", e->string, &id);
-        if (!st) st = bpe_add_token(b, e->string, id);
+        if (!st) st = cti_bpe_add_token(b, e->string, id);
         if (st) return st;
     }
     return CT_OK;
@@ -135,7 +135,7 @@ static ct_status read_model(ct_bpe *b, const cJSON *model)
             left = cJSON_GetArrayItem(m, 0)->valuestring;
             right = cJSON_GetArrayItem(m, 1)->valuestring;
         }
-        st = left ? bpe_add_merge(b, left, right, rank)
+        st = left ? cti_bpe_add_merge(b, left, right, rank)
                   : ct_error_set(CT_ERR_FORMAT,
                                  "bpe: '%s': model.merges[%lld] is neither \"a b\" (two tokens, one space) nor "
                                  "[\"a\", \"b\"]",
@@ -167,7 +167,7 @@ static ct_status read_added(ct_bpe *b, const cJSON *added)
         int64_t id = 0;
         ct_status st = get_id(b, cJSON_GetObjectItemCaseSensitive(a, "id"), "added token", content->valuestring, &id);
         if (!st)
-            st = bpe_add_added(b, content->valuestring, id,
+            st = cti_bpe_add_added(b, content->valuestring, id,
                                cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(a, "special")));
         if (st) return st;
         i++;
@@ -222,7 +222,7 @@ ct_bpe *ct_bpe_load_memory(const void *json, size_t n, const char *name)
         ct_error_set(CT_ERR_INVALID, "bpe_load_memory: json is NULL");
         return NULL;
     }
-    ct_bpe *b = bpe_new(name);
+    ct_bpe *b = cti_bpe_new(name);
     if (!b) return NULL;
     cJSON *root = parse_json(json ? json : "", n, b->name);
     ct_status st = root ? CT_OK : CT_ERR_FORMAT;
@@ -230,7 +230,7 @@ ct_bpe *ct_bpe_load_memory(const void *json, size_t n, const char *name)
     if (!st) st = read_model(b, cJSON_GetObjectItemCaseSensitive(root, "model"));
     if (!st) st = read_added(b, cJSON_GetObjectItemCaseSensitive(root, "added_tokens"));
     if (!st) read_post_processor(b, root);
-    if (!st) st = bpe_finish(b);
+    if (!st) st = cti_bpe_finish(b);
     cJSON_Delete(root);
     if (st) {
         ct_bpe_free(b);
@@ -268,7 +268,7 @@ static ct_status read_merges_txt(ct_bpe *b, char *text, const char *path)
                 return ct_error_set(CT_ERR_FORMAT, "bpe: '%s': line %lld is not \"a b\" (two tokens, one space)", path,
                                     (long long)line);
             *sp = '\0';
-            ct_status st = bpe_add_merge(b, p, sp + 1, rank++);
+            ct_status st = cti_bpe_add_merge(b, p, sp + 1, rank++);
             if (st) return st;
         }
         if (!nl) break;
@@ -286,7 +286,7 @@ ct_bpe *ct_bpe_load_gpt2(const char *vocab_path, const char *merges_path)
     size_t n;
     char *text = read_file(vocab_path, &n);
     if (!text) return NULL;
-    ct_bpe *b = bpe_new(vocab_path);
+    ct_bpe *b = cti_bpe_new(vocab_path);
     cJSON *root = b ? parse_json(text, n, vocab_path) : NULL;
     free(text);
     ct_status st = root ? add_vocab(b, root, "the top level") : ct_last_status();
@@ -296,9 +296,9 @@ ct_bpe *ct_bpe_load_gpt2(const char *vocab_path, const char *merges_path)
     if (!st) st = read_merges_txt(b, merges, merges_path);
     free(merges);
     /* GPT-2's only special token, split off as its tokenizer does */
-    int64_t eot = st ? -1 : bpe_str_get(&b->vocab, "<|endoftext|>", 13);
-    if (eot >= 0) st = bpe_add_added(b, "<|endoftext|>", eot, true);
-    if (!st) st = bpe_finish(b);
+    int64_t eot = st ? -1 : cti_bpe_str_get(&b->vocab, "<|endoftext|>", 13);
+    if (eot >= 0) st = cti_bpe_add_added(b, "<|endoftext|>", eot, true);
+    if (!st) st = cti_bpe_finish(b);
     if (st) {
         ct_bpe_free(b);
         return NULL;

@@ -18,7 +18,7 @@ static uint64_t mix64(uint64_t x)
     return x ^ (x >> 31);
 }
 
-int64_t bpe_str_get(const bpe_str_table *t, const void *key, size_t len)
+int64_t cti_bpe_str_get(const bpe_str_table *t, const void *key, size_t len)
 {
     if (!t->cap) return -1;
     uint64_t h = hash_bytes(key, len);
@@ -46,7 +46,7 @@ static ct_status str_grow(bpe_str_table *t)
     return CT_OK;
 }
 
-ct_status bpe_str_put(bpe_str_table *t, const void *key, size_t len, int64_t val)
+ct_status cti_bpe_str_put(bpe_str_table *t, const void *key, size_t len, int64_t val)
 {
     if ((t->n + 1) * 2 > t->cap) {
         ct_status st = str_grow(t);
@@ -69,14 +69,14 @@ ct_status bpe_str_put(bpe_str_table *t, const void *key, size_t len, int64_t val
     return CT_OK;
 }
 
-void bpe_str_free(bpe_str_table *t)
+void cti_bpe_str_free(bpe_str_table *t)
 {
     for (size_t i = 0; i < t->cap; i++) free(t->slot[i].key);
     free(t->slot);
     *t = (bpe_str_table){0};
 }
 
-const struct bpe_pair_entry *bpe_pair_get(const bpe_pair_table *t, uint32_t left, uint32_t right)
+const struct bpe_pair_entry *cti_bpe_pair_get(const bpe_pair_table *t, uint32_t left, uint32_t right)
 {
     if (!t->cap) return NULL;
     uint64_t key = ((uint64_t)left << 32 | right) + 1;
@@ -87,7 +87,7 @@ const struct bpe_pair_entry *bpe_pair_get(const bpe_pair_table *t, uint32_t left
     }
 }
 
-ct_status bpe_pair_put(bpe_pair_table *t, uint32_t left, uint32_t right, int32_t rank, uint32_t merged)
+ct_status cti_bpe_pair_put(bpe_pair_table *t, uint32_t left, uint32_t right, int32_t rank, uint32_t merged)
 {
     if ((t->n + 1) * 2 > t->cap) {
         size_t cap = t->cap ? t->cap * 2 : 1024;
@@ -112,7 +112,7 @@ ct_status bpe_pair_put(bpe_pair_table *t, uint32_t left, uint32_t right, int32_t
     return CT_OK;
 }
 
-void bpe_pair_free(bpe_pair_table *t)
+void cti_bpe_pair_free(bpe_pair_table *t)
 {
     free(t->slot);
     *t = (bpe_pair_table){0};
