@@ -293,7 +293,17 @@ ct_bpe *ct_bpe_load_gpt2(const char *vocab_path, const char *merges_path)
     cJSON_Delete(root);
     char *merges = st ? NULL : read_file(merges_path, &n);
     if (!st && !merges) st = ct_last_status();
-    if (!st) st = read_merges_txt(b, merges, merges_path);
+    if (!st) { /* errors in the merges name merges.txt */
+        char *name = strdup(merges_path);
+        if (!name) st = ct_error_set(CT_ERR_NOMEM, "bpe: out of memory loading '%s'", merges_path);
+        if (!st) {
+            char *vocab_name = b->name;
+            b->name = name;
+            st = read_merges_txt(b, merges, merges_path);
+            b->name = vocab_name;
+            free(name);
+        }
+    }
     free(merges);
     /* GPT-2's only special token, split off as its tokenizer does */
     int64_t eot = st ? -1 : cti_bpe_str_get(&b->vocab, "<|endoftext|>", 13);

@@ -344,7 +344,7 @@ Test(bpe, file_errors)
     cr_assert(strstr(ct_last_error(), "bad.txt': line 3 is not \"a b\""), "%s", ct_last_error());
     write_text(path_of("bad.txt"), "a q\n", 4);
     cr_assert_null(ct_bpe_load_gpt2(path_of("vocab.json"), path_of("bad.txt")));
-    cr_assert(strstr(ct_last_error(), "merge 0 ('a' 'q') makes 'aq'"), "%s", ct_last_error());
+    cr_assert(strstr(ct_last_error(), "bad.txt': merge 0 ('a' 'q') makes 'aq'"), "%s", ct_last_error());
     write_text(path_of("bad.json"), "{\"a\": 1", 7);
     cr_assert_null(ct_bpe_load_gpt2(path_of("bad.json"), path_of("merges.txt")));
     cr_assert(strstr(ct_last_error(), "bad.json' is not JSON"), "%s", ct_last_error());
