@@ -56,8 +56,9 @@ static cJSON *parse_json(const char *text, size_t n, const char *name)
 /* an id: an integral JSON number */
 static ct_status get_id(const ct_bpe *b, const cJSON *v, const char *what, const char *token, int64_t *id)
 {
-    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(int64_t)v->valuedouble || v->valuedouble < 0 ||
-        v->valuedouble >= BPE_MAX_ID)
+    /* the range first: casting a double outside int64's is undefined */
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble < BPE_MAX_ID) ||
+        v->valuedouble != (double)(int64_t)v->valuedouble)
         return ct_error_set(CT_ERR_FORMAT, "bpe: '%s': the id of %s '%s' is not an integer in [0, %d)", b->name, what,
                             token, BPE_MAX_ID);
     *id = (int64_t)v->valuedouble;

@@ -63,13 +63,15 @@ c=$(timeout "$limit" build/bench/tokenizer/bpe_encode "$work/tokenizer.json" "$w
 h=$(timeout "$limit" "$venv/bin/python" bench/tokenizer/hf_encode.py "$work/tokenizer.json" "$work/corpus.txt" "$reps")
 echo "$c"
 echo "$h"
-read -r _ cs _ cmb _ ctok _ csum <<<"$c"
-read -r _ hs _ hmb _ htok _ hsum <<<"$h"
-if [ "$ctok $csum" != "$htok $hsum" ]; then
-    echo "bench/tokenizer/run.sh: the tokens differ (ctrain $ctok tokens, sum $csum; tokenizers $htok, sum $hsum)" >&2
-    exit 1
-fi
 size=$(stat -c %s "$work/corpus.txt")
-echo "corpus: $size bytes, $ctok tokens, vocabulary $vocab; $(python3 -c "import tokenizers" 2>/dev/null; "$venv/bin/python" -c 'import tokenizers; print("tokenizers", tokenizers.__version__)')"
-echo "ratio (tokenizers time / ctrain time): $(awk -v a="$hs" -v b="$cs" 'BEGIN { printf "%.2f", a / b }')"
-echo "cpu: $(lscpu | sed -n 's/^Model name: *//p')"
+echo "corpus: $size bytes of UTF-8 text, vocabulary $vocab; $("$venv/bin/python" -c 'import tokenizers; print("tokenizers", tokenizers.__version__)'), one thread"
+for mode in whole lines; do
+    read -r _ _ _ cs _ _ _ ctok _ csum <<<"$(grep " $mode " <<<"$c")"
+    read -r _ _ _ hs _ _ _ htok _ hsum <<<"$(grep " $mode " <<<"$h")"
+    if [ "$ctok $csum" != "$htok $hsum" ]; then
+        echo "bench/tokenizer/run.sh: $mode: the tokens differ (ctrain $ctok, sum $csum; tokenizers $htok, sum $hsum)" >&2
+        exit 1
+    fi
+    echo "$mode: $ctok tokens; tokenizers time / ctrain time = $(awk -v a="$hs" -v b="$cs" 'BEGIN { printf "%.2f", a / b }')"
+done
+echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores"

@@ -318,6 +318,7 @@ Test(bpe, malformed_model)
     edit_fails("\"abc\":\t258", "\"abc\": -1", CT_ERR_FORMAT, "the id of token 'abc' is not an integer in [0, 16777216)");
     edit_fails("\"abc\":\t258", "\"abc\": 2.5", CT_ERR_FORMAT, "the id of token 'abc' is not an integer");
     edit_fails("\"abc\":\t258", "\"abc\": 1e12", CT_ERR_FORMAT, "the id of token 'abc' is not an integer");
+    edit_fails("\"abc\":\t258", "\"abc\": 1e70", CT_ERR_FORMAT, "the id of token 'abc' is not an integer");
     edit_fails("\"abc\":\t258", "\"abc\": \"258\"", CT_ERR_FORMAT, "the id of token 'abc' is not an integer");
     edit_fails("\"abc\":\t258", "\"abc\": 258, \"xyz\u20ac\": 400", CT_ERR_FORMAT, "holds U+20AC");
     edit_fails("\"abc\":\t258", "\"\": 258", CT_ERR_FORMAT, "the empty token");
