@@ -5,20 +5,16 @@
 
 #include "data/bpe_encode_internal.h"
 
-/* Merges one piece (bytes p[0..n)) into b->sym; returns the count. GPT-2's
- * reference loop: find the adjacent pair of lowest rank, merge it everywhere left
- * to right, repeat until no adjacent pair is a merge. */
-static ct_status merge_piece(ct_bpe *b, const uint8_t *p, size_t n, size_t *count)
+/* Pieces up to this many bytes are merged by the simple loop below; longer ones
+ * (rare: a run of letters without spaces) by the heap, whose cost grows as
+ * m log m instead of m times the number of passes. */
+#define SHORT_PIECE 64
+
+/* GPT-2's reference loop on sym[0..m): find the adjacent pair of lowest rank,
+ * merge it everywhere left to right, repeat until no adjacent pair is a merge.
+ * Returns the new count. */
+static size_t merge_short(const ct_bpe *b, uint32_t *sym, size_t m)
 {
-    if (n > b->sym_cap) {
-        uint32_t *s = realloc(b->sym, n * sizeof *s);
-        if (!s) return ct_error_set(CT_ERR_NOMEM, "bpe: out of memory for a piece of %zu bytes", n);
-        b->sym = s;
-        b->sym_cap = n;
-    }
-    uint32_t *sym = b->sym;
-    for (size_t i = 0; i < n; i++) sym[i] = (uint32_t)b->byte_id[p[i]];
-    size_t m = n;
     while (m > 1) {
         int32_t best = INT32_MAX;
         uint32_t left = 0, right = 0, merged = 0;
@@ -34,8 +30,98 @@ static ct_status merge_piece(ct_bpe *b, const uint8_t *p, size_t n, size_t *coun
         }
         m = j;
     }
-    *count = m;
+    return m;
+}
+
+/* A candidate merge of the symbols at pos and next[pos], ordered by (rank, pos):
+ * the lowest rank first, the leftmost among equals, which is the order the loop
+ * above merges in (Hugging Face's BPE uses this heap). */
+typedef struct cand {
+    int32_t rank;
+    uint32_t pos, left, right;
+} cand;
+
+static bool cand_less(const cand *a, const cand *b) { return a->rank != b->rank ? a->rank < b->rank : a->pos < b->pos; }
+
+static void heap_push(cand *h, size_t *n, cand c)
+{
+    size_t i = (*n)++;
+    while (i > 0 && cand_less(&c, &h[(i - 1) / 2])) h[i] = h[(i - 1) / 2], i = (i - 1) / 2;
+    h[i] = c;
+}
+
+static cand heap_pop(cand *h, size_t *n)
+{
+    cand top = h[0], last = h[--*n];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= *n) break;
+        if (c + 1 < *n && cand_less(&h[c + 1], &h[c])) c++;
+        if (!cand_less(&h[c], &last)) break;
+        h[i] = h[c], i = c;
+    }
+    if (*n) h[i] = last;
+    return top;
+}
+
+static void push_pair(const ct_bpe *b, cand *h, size_t *n, const uint32_t *sym, uint32_t pos, uint32_t next)
+{
+    const struct bpe_pair_entry *e = cti_bpe_pair_get(&b->merges, sym[pos], sym[next]);
+    if (e) heap_push(h, n, (cand){.rank = e->rank, .pos = pos, .left = sym[pos], .right = sym[next]});
+}
+
+/* The same merges for a long piece: symbols in a linked list (next[i], prev[i];
+ * -1 ends), candidates in a heap; a popped candidate whose symbols changed since
+ * it was pushed is dropped. */
+static ct_status merge_long(const ct_bpe *b, uint32_t *sym, size_t m, size_t *count)
+{
+    int64_t *next = malloc(m * sizeof *next), *prev = malloc(m * sizeof *prev);
+    cand *h = malloc(3 * m * sizeof *h); /* m - 1 pairs, then at most 2 per merge */
+    if (!next || !prev || !h) {
+        free(next), free(prev), free(h);
+        return ct_error_set(CT_ERR_NOMEM, "bpe: out of memory for a piece of %zu bytes", m);
+    }
+    size_t nh = 0;
+    for (size_t i = 0; i < m; i++) {
+        next[i] = i + 1 < m ? (int64_t)i + 1 : -1;
+        prev[i] = (int64_t)i - 1;
+        if (i + 1 < m) push_pair(b, h, &nh, sym, (uint32_t)i, (uint32_t)i + 1);
+    }
+    while (nh) {
+        cand c = heap_pop(h, &nh);
+        int64_t r = next[c.pos];
+        /* stale: pos was merged into its left neighbour (prev = -2), or a side changed */
+        if (prev[c.pos] == -2 || r < 0 || sym[c.pos] != c.left || sym[r] != c.right) continue;
+        sym[c.pos] = cti_bpe_pair_get(&b->merges, c.left, c.right)->merged;
+        next[c.pos] = next[r];
+        if (next[r] >= 0) prev[next[r]] = c.pos;
+        prev[r] = -2;
+        if (prev[c.pos] >= 0) push_pair(b, h, &nh, sym, (uint32_t)prev[c.pos], c.pos);
+        if (next[c.pos] >= 0) push_pair(b, h, &nh, sym, c.pos, (uint32_t)next[c.pos]);
+    }
+    size_t j = 0;
+    for (int64_t i = 0; i >= 0; i = next[i]) sym[j++] = sym[i];
+    *count = j;
+    free(next), free(prev), free(h);
     return CT_OK;
+}
+
+/* Merges one piece (bytes p[0..n)) into b->sym; returns the count. */
+static ct_status merge_piece(ct_bpe *b, const uint8_t *p, size_t n, size_t *count)
+{
+    if (n > b->sym_cap) {
+        uint32_t *s = realloc(b->sym, n * sizeof *s);
+        if (!s) return ct_error_set(CT_ERR_NOMEM, "bpe: out of memory for a piece of %zu bytes", n);
+        b->sym = s;
+        b->sym_cap = n;
+    }
+    for (size_t i = 0; i < n; i++) b->sym[i] = (uint32_t)b->byte_id[p[i]];
+    if (n <= SHORT_PIECE) {
+        *count = merge_short(b, b->sym, n);
+        return CT_OK;
+    }
+    return merge_long(b, b->sym, n, count);
 }
 
 static ct_status encode_piece(ct_bpe *b, const uint8_t *p, size_t n, bpe_sink *sink)

@@ -133,7 +133,7 @@ static void expect(ct_bpe *b, const char *text, size_t n, const uint32_t *want, 
     int64_t got = ct_bpe_encode(b, text, n, &ids, &cap);
     cr_assert_eq(got, (int64_t)nwant, "'%s': %lld ids, want %zu (%s)", text, (long long)got, nwant, ct_last_error());
     for (size_t i = 0; i < nwant; i++) cr_assert_eq(ids[i], want[i], "'%s': id %zu is %u, want %u", text, i, ids[i], want[i]);
-    char buf[256];
+    char buf[1024];
     cr_assert_eq(ct_bpe_decode(b, ids, nwant, buf, sizeof buf), (int64_t)n);
     cr_assert(!memcmp(buf, text, n), "'%s' does not round-trip", text);
     free(ids);
@@ -196,6 +196,29 @@ Test(bpe, regex_whitespace)
         for (size_t k = 2; k < n; k++) want[nw++] = (uint8_t)text[k];
         expect(b, text, n, want, nw);
     }
+    ct_bpe_free(b);
+}
+
+/* Pieces longer than 64 bytes take the encoder's other merge path (a heap). */
+Test(bpe, long_pieces)
+{
+    ct_bpe *b = tiny(true);
+    char text[512];
+    uint32_t want[512];
+    /* "abab...": one piece of 200 letters; "a b" merges each pair */
+    for (int i = 0; i < 100; i++) text[2 * i] = 'a', text[2 * i + 1] = 'b', want[i] = 257;
+    expect(b, text, 200, want, 100);
+    /* "abcabc...": ab (rank 1) everywhere, then ab c (rank 2) */
+    for (int i = 0; i < 50; i++) memcpy(text + 3 * i, "abc", 3), want[i] = 258;
+    expect(b, text, 150, want, 50);
+    /* "a", 100 spaces, "b": the pieces "a", 99 spaces (49 ĠĠ and a Ġ), " b" */
+    size_t n = 0, k = 0;
+    text[n++] = 'a', want[k++] = 97;
+    for (int i = 0; i < 100; i++) text[n++] = ' ';
+    text[n++] = 'b';
+    for (int i = 0; i < 49; i++) want[k++] = 263;
+    want[k++] = 32, want[k++] = 264;
+    expect(b, text, n, want, k);
     ct_bpe_free(b);
 }
 
@@ -530,6 +553,18 @@ static size_t write_corpus(const char *path)
     closedir(d);
     for (size_t i = 0; i < sizeof TRICKY / sizeof *TRICKY; i++) {
         fprintf(out, "%s\n", TRICKY[i]);
+        lines++;
+    }
+    /* long pieces (over 64 bytes: the encoder's heap path): letters, digits,
+     * punctuation, each from a fixed linear congruential sequence */
+    uint32_t x = 12345;
+    static const char *const alphabets[] = {"etaoinshrdlucmfwyp", "0123456789", "=-+*#~.,;:!?"};
+    for (int a = 0; a < 3; a++) {
+        for (int i = 0; i < 3000; i++) {
+            x = x * 1103515245u + 12345u;
+            fputc(alphabets[a][(x >> 16) % strlen(alphabets[a])], out);
+        }
+        fputc('\n', out);
         lines++;
     }
     /* the last line has no newline */
