@@ -260,6 +260,29 @@ Test(bpe, prefix_space)
     ct_bpe_free(b);
 }
 
+/* model.ignore_merges: a piece that is a token is that token, merges or not */
+static char *edit(const char *old, const char *new);
+
+Test(bpe, ignore_merges)
+{
+    char *json = edit("\"abc\":\t258", "\"abc\": 258, \"ba\": 280");
+    ct_bpe *b = ct_bpe_load_memory(json, strlen(json), "tiny.json");
+    cr_assert_not_null(b, "%s", ct_last_error());
+    EXPECT(b, "ba", 98, 97); /* no merge makes "ba" */
+    ct_bpe_free(b);
+    char *at = strstr(json, "\"BPE\"");
+    size_t n = strlen(json) + 32;
+    char *with = malloc(n);
+    snprintf(with, n, "%.*s\"BPE\", \"ignore_merges\": true%s", (int)(at - json), json, at + 5);
+    b = ct_bpe_load_memory(with, strlen(with), "tiny.json");
+    cr_assert_not_null(b, "%s", ct_last_error());
+    EXPECT(b, "ba", 280);
+    EXPECT(b, "bcab", 260, 257); /* not a token: merged as usual */
+    ct_bpe_free(b);
+    free(with);
+    free(json);
+}
+
 Test(bpe, decode_errors)
 {
     ct_bpe *b = tiny(true);
