@@ -7,6 +7,7 @@
 #   make bench-ddp  2-process GPT vs PyTorch DDP, Accelerate
 #   make bench-checkpoint  save_state / load_state vs Accelerate and the disk
 #   make bench-gpu  GPT-2 124M on one GPU vs PyTorch eager and torch.compile, kernels vs peak
+#   make bench-tokenizer  byte-level BPE encoding vs Hugging Face tokenizers, one thread
 #   make train      the README's main job            make clean
 #   make api-doc    regenerates docs/api.md from the public headers (tools/api_doc.py)
 #
@@ -71,7 +72,7 @@ SAN      ?=
 # -fvisibility=hidden: libctrain.so exports only what the public headers mark CT_API (core/api.h)
 ALL_CFLAGS  = -std=c11 -D_GNU_SOURCE -DCTRAIN_VERSION='"$(VERSION)"' $(OPT) $(ARCH) -g -fPIC -fvisibility=hidden -fopenmp $(WARN) -I. $(CUDA_DEFS) -MMD -MP $(SAN) $(CFLAGS)
 ALL_LDFLAGS = -fopenmp $(SAN) $(LDFLAGS)
-LDLIBS   += -lopenblas -ldnnl -lcjson -lyaml -luv -lxxhash $(CUDA_LIBS) -lm -lpthread
+LDLIBS   += -lopenblas -ldnnl -lcjson -lyaml -luv -lxxhash -lpcre2-8 $(CUDA_LIBS) -lm -lpthread
 
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(LIB_CU:%.cu=$(BUILD)/obj/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
@@ -83,7 +84,7 @@ TEST_BIN := $(BUILD)/tests/ctrain_tests
 CLI_BIN  := $(if $(CLI_SRC),$(BUILD)/bin/ctrain)
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all setup test test-gpu asan api-doc memcheck fuzz bench bench-gpt bench-gpu bench-collectives bench-ddp bench-strategies bench-checkpoint install uninstall clean train
+.PHONY: all setup test test-gpu asan api-doc memcheck fuzz bench bench-gpt bench-gpu bench-collectives bench-ddp bench-strategies bench-checkpoint bench-tokenizer install uninstall clean train
 .DEFAULT_GOAL := all
 
 all: setup
@@ -205,6 +206,10 @@ bench-checkpoint: setup
 # GPT-2 124M training on one GPU beside PyTorch, and each kernel against the device's peak (bench/gpt_gpu/run.sh)
 bench-gpu: setup
 	bench/gpt_gpu/run.sh --out $(BUILD)/bench/gpt_gpu.md
+
+# byte-level BPE encoding against Hugging Face tokenizers, one thread (bench/tokenizer/run.sh)
+bench-tokenizer: setup
+	bench/tokenizer/run.sh
 
 # The README's main job: train the bundled GPT on its default data.
 GPT_BIN := $(BUILD)/examples/gpt_train

@@ -6,7 +6,7 @@
  *   autograd/  differentiable ops (ct_matmul, ct_softmax, ...), backward, hooks, gradcheck
  *   nn/        modules with named parameters, layers, GPT
  *   optim/     SGD, Adam, AdamW, LR schedules, gradient clipping
- *   data/      datasets, token files, byte tokenizer, data loader
+ *   data/      datasets, token files, byte and BPE tokenizers, data loader
  *   dist/      launcher environment, rendezvous store, process groups, work requests
  *   parallel/  training strategies: DDP and the sharding engine (ZeRO-1/2/3, hybrid, offload)
  *   accel/     the Accelerator, its DeepSpeed and FSDP plugins, ds_config.json, training-state checkpoints
@@ -68,6 +68,7 @@
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "data/token_dataset.h"
+#include "data/bpe.h"
 #include "data/tokenizer.h"
 
 #include "dist/env.h"

@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
     build-essential pkg-config
-    libopenblas-dev libdnnl-dev libuv1-dev libyaml-dev libcjson-dev libcriterion-dev libxxhash-dev
+    libopenblas-dev libdnnl-dev libuv1-dev libyaml-dev libcjson-dev libcriterion-dev libxxhash-dev libpcre2-dev
     clang libclang-rt-14-dev libomp-14-dev valgrind
     fortunes gnuplot-nox
     python3-torch

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The reference for tests/data/test_bpe.c: Hugging Face `tokenizers` trains a
+# byte-level BPE on a text file and encodes each of its lines.
+#
+#   bpe_oracle.sh VENV WORKDIR TEXT
+#
+# VENV (made with /usr/bin/python3 -m venv and `pip install tokenizers` when it
+# does not hold tokenizers yet; reused otherwise). In WORKDIR it writes
+# tokenizer.json, vocab.json + merges.txt (the model's GPT-2-style pair) and
+# ids.txt: for line i of TEXT (split at "\n", UTF-8), line i holds tokenizers'
+# ids, separated by spaces. Exit status 77: the venv cannot be made (the reason is
+# on stderr); the caller skips. Each step is bounded by a timeout.
+set -euo pipefail
+venv=$1 work=$2 text=$3
+
+if ! "$venv/bin/python" -c 'import tokenizers' 2>/dev/null; then
+    rm -rf "$venv"
+    if ! timeout 120 /usr/bin/python3 -m venv "$venv" >"$work/venv.log" 2>&1; then
+        echo "cannot create a venv with /usr/bin/python3 -m venv: $(tail -n 3 "$work/venv.log")" >&2
+        rm -rf "$venv"
+        exit 77
+    fi
+    if ! timeout 300 "$venv/bin/pip" install -q --disable-pip-version-check tokenizers >"$work/pip.log" 2>&1; then
+        echo "pip install tokenizers failed: $(tail -n 3 "$work/pip.log")" >&2
+        rm -rf "$venv"
+        exit 77
+    fi
+fi
+
+# one thread: the test shares the machine with the rest of the suite
+export RAYON_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
+timeout 120 "$venv/bin/python" - "$work" "$text" <<'PY'
+import sys
+from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
+
+work, text = sys.argv[1], sys.argv[2]
+tok = Tokenizer(models.BPE())
+tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+tok.decoder = decoders.ByteLevel()
+trainer = trainers.BpeTrainer(vocab_size=2000, special_tokens=["<|endoftext|>"],
+                              initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+tok.train([text], trainer)
+tok.save(f"{work}/tokenizer.json")
+tok.model.save(work)  # vocab.json + merges.txt
+
+with open(text, "rb") as f:
+    lines = f.read().split(b"\n")
+with open(f"{work}/ids.txt", "w") as out:
+    for line in lines:
+        ids = tok.encode(line.decode("utf-8"), add_special_tokens=False).ids
+        out.write(" ".join(map(str, ids)) + "\n")
+PY
