@@ -292,7 +292,7 @@ Test(config_file, bad_values_name_key_value_line_and_what_is_allowed, .timeout =
          "bad.yaml:3: key 'num_processes' given twice (first on line 2)"},
         {"distributed_type: DEEPSPEED\ndeepspeed_config: [1]\n",
          "bad.yaml:2: deepspeed_config: expected a mapping of deepspeed_config keys, found a list"},
-        {"num_processes: 1\nuse_cpu: true\n", "config: 'bad.yaml' has no distributed_type"},
+        {"num_processes: 1\nuse_cpu: true\n", "'bad.yaml' has no distributed_type"},
         {"distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: ds.json\n  zero_stage: 3\n",
          "bad.yaml:4: deepspeed_config.zero_stage is given beside deepspeed_config_file"},
         /* the combination */
@@ -324,18 +324,18 @@ Test(config_file, unreadable_files, .timeout = 30)
     /* " use_cpu" is indented under a plain scalar: libyaml stops at its ':' (line 3, column 9) */
     expect_error("syn.yaml", "distributed_type: 'NO'\nnum_processes: 1\n use_cpu: true\n",
                  "syn.yaml:3:9: not valid YAML: mapping values are not allowed in this context");
-    expect_error("empty.yaml", "", "config: 'empty.yaml' is empty: expected a mapping of launch settings");
-    expect_error("comment.yaml", "# nothing yet\n", "config: 'comment.yaml' is empty");
+    expect_error("empty.yaml", "", "'empty.yaml' is empty: expected a mapping of launch settings");
+    expect_error("comment.yaml", "# nothing yet\n", "'comment.yaml' is empty");
     expect_error("list.yaml", "- distributed_type\n- 'NO'\n",
                  "list.yaml:1: expected a mapping of launch settings (compute_environment: ..., distributed_type: "
                  "..., ...), found a list");
     cr_assert_eq(mkdir(path_of("adir"), 0755), 0);
     cr_assert_eq(ctrain("config show adir"), 1);
-    assert_has("config: 'adir' is a directory: expected a configuration file (YAML)");
+    assert_has("'adir' is a directory: expected a configuration file (YAML)");
     cr_assert_eq(ctrain("launch --config_file adir true"), 2);
     assert_has("'adir' is a directory");
     cr_assert_eq(ctrain("config show missing.yaml"), 1);
-    assert_has("config: cannot read 'missing.yaml': No such file or directory");
+    assert_has("ctrain config show: cannot read 'missing.yaml': No such file or directory");
     cr_assert_eq(ctrain("launch --config_file missing.yaml true"), 2);
     assert_has("cannot read 'missing.yaml'");
 }
