@@ -28,15 +28,7 @@ static inline void *read_file(const char *name, const char *ext, size_t *n)
 {
     char path[512];
     snprintf(path, sizeof path, "%s/%s.%s", tmpdir, name, ext);
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f, "%s is missing", path);
-    fseek(f, 0, SEEK_END);
-    *n = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    void *p = malloc(*n ? *n : 1);
-    cr_assert_eq(fread(p, 1, *n, f), *n);
-    fclose(f);
-    return p;
+    return read_all(path, n);
 }
 
 /* ||a - b|| / ||b|| over the parameters in files a.params and b.params (f32);

@@ -6,6 +6,11 @@
 
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <sys/prctl.h>
+#include <sys/types.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -34,6 +39,30 @@ static inline void sink_read(sink *s)
     }
     s->len += (size_t)k;
     s->p[s->len] = 0;
+}
+
+/* Starts argv[0] (argv NULL-terminated) with its stdout into out and its stderr into
+ * err (their fds set to the pipes' read ends, buffers untouched). The child gets
+ * deathsig when the test process dies, so no run outlives its test. Returns its pid. */
+static inline pid_t sink_spawn(const char *const *argv, int deathsig, sink *out, sink *err)
+{
+    int po[2], pe[2];
+    cr_assert_eq(pipe2(po, O_CLOEXEC), 0);
+    cr_assert_eq(pipe2(pe, O_CLOEXEC), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0, "fork: %s", strerror(errno));
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, deathsig);
+        dup2(po[1], 1);
+        dup2(pe[1], 2);
+        execv(argv[0], (char *const *)argv);
+        _exit(125);
+    }
+    close(po[1]);
+    close(pe[1]);
+    out->fd = po[0];
+    err->fd = pe[0];
+    return pid;
 }
 
 #endif

@@ -5,7 +5,9 @@
 
 #include <criterion/criterion.h>
 #include <dirent.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -45,6 +47,23 @@ static inline const char *path_of(const char *name)
     k = (k + 1) % 4;
     snprintf(p[k], sizeof p[k], "%s/%s", tmpdir, name);
     return p[k];
+}
+
+/* The whole file at path, malloc'ed with a NUL after its *n bytes (so text can be read
+ * as a string); the caller frees it. A missing file fails the test. */
+static inline uint8_t *read_all(const char *path, size_t *n)
+{
+    FILE *fp = fopen(path, "rb");
+    cr_assert_not_null(fp, "%s", path);
+    fseek(fp, 0, SEEK_END);
+    *n = (size_t)ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    uint8_t *b = malloc(*n + 1);
+    cr_assert_not_null(b);
+    cr_assert_eq(fread(b, 1, *n, fp), *n);
+    b[*n] = 0;
+    fclose(fp);
+    return b;
 }
 
 #endif

@@ -445,20 +445,6 @@ Test(bpe, round_trip_tiny) { ct_bpe *b = tiny(false); round_trips(b); ct_bpe_fre
 
 /* ---- token files ------------------------------------------------------------ */
 
-static uint8_t *read_all(const char *path, size_t *n)
-{
-    FILE *fp = fopen(path, "rb");
-    cr_assert_not_null(fp, "%s", path);
-    fseek(fp, 0, SEEK_END);
-    *n = (size_t)ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    uint8_t *b = malloc(*n + 1);
-    cr_assert_eq(fread(b, 1, *n, fp), *n);
-    b[*n] = 0;
-    fclose(fp);
-    return b;
-}
-
 static uint32_t le(const uint8_t *p, int n)
 {
     uint32_t v = 0;

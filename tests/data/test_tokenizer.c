@@ -33,19 +33,6 @@ static int count_entries(const char *dir)
 
 TestSuite(tokenizer, .init = make_tmpdir, .fini = remove_tmpdir);
 
-static uint8_t *read_all(const char *path, size_t *n)
-{
-    FILE *fp = fopen(path, "rb");
-    cr_assert_not_null(fp, "%s", path);
-    fseek(fp, 0, SEEK_END);
-    *n = (size_t)ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    uint8_t *b = malloc(*n + 1);
-    cr_assert_eq(fread(b, 1, *n, fp), *n);
-    fclose(fp);
-    return b;
-}
-
 static uint32_t le(const uint8_t *p, int nbytes)
 {
     uint32_t v = 0;

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "tests/tmpdir.h"
+#include "tests/shell.h"
 
 static const char *bin_or_skip(const char *var)
 {
@@ -24,12 +25,7 @@ static int run(const char *cmd, char *out, size_t cap)
 {
     char full[4096];
     snprintf(full, sizeof full, "%s 2>&1", cmd);
-    FILE *p = popen(full, "r");
-    cr_assert_not_null(p);
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    return shell_capture(full, out, cap);
 }
 
 static char out[1 << 16];

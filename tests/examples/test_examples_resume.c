@@ -22,6 +22,7 @@
 
 #include "tests/clock.h"
 #include "tests/tmpdir.h"
+#include "tests/shell.h"
 
 static const char *bin_or_skip(const char *var)
 {
@@ -139,7 +140,7 @@ static run_result run_until(const char *cmd, const char *kill_when, double timeo
     close(p[0]);
     int st;
     cr_assert_eq(waitpid(pid, &st, 0), pid);
-    r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    r.status = shell_status(st);
     return r;
 }
 

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "tests/tmpdir.h"
+#include "tests/shell.h"
 
 static char out[1 << 16];
 
@@ -38,12 +39,7 @@ static inline int ctrain(const char *fmt, ...)
              "cd '%s' && env -u CTRAIN_MIXED_PRECISION -u CTRAIN_DEBUG -u CUDA_VISIBLE_DEVICES "
              "CTRAIN_CONFIG_FILE='%s/default.yaml' timeout 60 '%s' %s 2>&1 </dev/null",
              tmpdir, tmpdir, ctrain_bin(), args);
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p);
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    return shell_capture(cmd, out, sizeof out);
 }
 
 static inline void write_file(const char *name, const char *text)

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "tests/tmpdir.h"
+#include "tests/shell.h"
 
 static char out[1 << 16], err[1 << 16];
 
@@ -50,7 +51,7 @@ static int bench(const char *env, const char *args)
     int st = system(cmd);
     slurp(path_of("stdout"), out, sizeof out);
     slurp(path_of("stderr"), err, sizeof err);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    return shell_status(st);
 }
 
 #define TINY "--model gpt:w1 --seq_len 16 --batch_size 2 --steps 1 --warmup_steps 0 "

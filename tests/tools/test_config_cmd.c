@@ -6,6 +6,7 @@
  * (tests/tools/accelerate_config.sh) runs the real Accelerate 1.5.2 against ctrain.
  */
 #include "tests/tools/config_run.h"
+#include "tests/shell.h"
 
 TestSuite(config_cmd, .init = setup_dir, .fini = remove_tmpdir);
 
@@ -290,12 +291,7 @@ Test(config_cmd, accelerate_reads_ctrains_files_and_ctrain_reads_accelerates, .t
     char cmd[2048];
     snprintf(cmd, sizeof cmd, "timeout 400 bash '%s/tests/tools/accelerate_config.sh' '%s' '%s' 2>&1", src,
              ctrain_bin(), tmpdir);
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p);
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = '\0';
-    int st = pclose(p);
-    int rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    int rc = shell_capture(cmd, out, sizeof out);
     if (rc == 77) {
         const char *why = strstr(out, "skip: ");
         cr_skip_test("%s", why ? why : "the Accelerate venv could not be made");

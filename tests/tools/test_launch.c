@@ -56,26 +56,10 @@ static void start(run_t *r, const char *const *args)
         n++;
     }
     argv[n] = NULL;
-    int po[2], pe[2];
-    cr_assert_eq(pipe2(po, O_CLOEXEC), 0);
-    cr_assert_eq(pipe2(pe, O_CLOEXEC), 0);
     *r = (run_t){0};
     clock_gettime(CLOCK_MONOTONIC, &r->t0);
-    r->pid = fork();
-    cr_assert_geq(r->pid, 0, "fork: %s", strerror(errno));
-    if (r->pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        dup2(po[1], 1);
-        dup2(pe[1], 2);
-        execv(bin, (char *const *)argv);
-        _exit(125);
-    }
-    close(po[1]);
-    close(pe[1]);
-    r->out.fd = po[0];
-    r->err.fd = pe[0];
+    r->pid = sink_spawn(argv, SIGKILL, &r->out, &r->err);
 }
-
 
 /* Reads whatever arrives within timeout_s; returns false when both pipes are at EOF. */
 static bool pump(run_t *r, double timeout_s)

@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "tests/clock.h"
+#include "tests/shell.h"
 #include "tests/sink.h"
 #include "tests/tmpdir.h"
 
@@ -55,22 +56,10 @@ static result run_test_cmd(const char *const *args, double deadline_s)
         argv[n] = args[n - 2];
     }
     argv[n] = NULL;
-    int po[2], pe[2];
-    cr_assert_eq(pipe2(po, O_CLOEXEC), 0);
-    cr_assert_eq(pipe2(pe, O_CLOEXEC), 0);
     double t0 = now_s();
-    pid_t pid = fork();
-    cr_assert_geq(pid, 0, "fork: %s", strerror(errno));
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGTERM);
-        dup2(po[1], 1);
-        dup2(pe[1], 2);
-        execv(bin, (char *const *)argv);
-        _exit(125);
-    }
-    close(po[1]);
-    close(pe[1]);
-    sink s[2] = {{.fd = po[0]}, {.fd = pe[0]}};
+    /* SIGTERM, not SIGKILL: the launcher passes it on to the ranks */
+    sink s[2] = {{.fd = -1}, {.fd = -1}};
+    pid_t pid = sink_spawn(argv, SIGTERM, &s[0], &s[1]);
     bool killed = false;
     while (s[0].fd >= 0 || s[1].fd >= 0) {
         struct pollfd p[2] = {{.fd = s[0].fd, .events = POLLIN}, {.fd = s[1].fd, .events = POLLIN}};
@@ -87,7 +76,7 @@ static result run_test_cmd(const char *const *args, double deadline_s)
     cr_assert_eq(waitpid(pid, &st, 0), pid);
     result r = {.out = s[0].p ? s[0].p : calloc(1, 1),
                 .err = s[1].p ? s[1].p : calloc(1, 1),
-                .code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st),
+                .code = shell_status(st),
                 .seconds = now_s() - t0};
     cr_assert(!killed, "ctrain test ran past its %.0f s deadline; stdout:\n%s\nstderr:\n%s", deadline_s, r.out, r.err);
     return r;
