@@ -288,8 +288,7 @@ static ct_status set_choice(const reader *r, const yaml_node_t *n, const section
     return set_string(r, n, s, k, k->choices[i]);
 }
 
-/* "all" or distinct GPU indices separated by commas. */
-static bool gpu_ids_valid(const char *v)
+bool ct_gpu_ids_valid(const char *v)
 {
     if (!strcmp(v, "all")) return true;
     const char *p = v;
@@ -346,7 +345,7 @@ static ct_status special(reader *r, const yaml_node_t *n, const section *s, cons
         return CT_OK;
     }
     if (!strcmp(name, "gpu_ids")) {
-        if (!gpu_ids_valid(v))
+        if (!ct_gpu_ids_valid(v))
             return bad_value(r, n, s, k, v, "all, or GPU indices separated by commas (0,2), each once");
         return set_string(r, n, s, k, v);
     }
@@ -600,7 +599,7 @@ ct_status ct_cluster_config_read(const char *path, ct_cluster_config *c, bool *o
 
 /* ---- the combination ---------------------------------------------------------------- */
 
-static int gpu_id_count(const char *v)
+int ct_gpu_ids_count(const char *v)
 {
     int n = 1;
     for (; *v; v++) n += *v == ',';
@@ -637,14 +636,14 @@ ct_status ct_cluster_config_check(const ct_cluster_config *c)
     if (c->num_machines > 1 && !c->main_process_ip[0])
         return ct_error_set(CT_ERR_INVALID, "config: num_machines %d needs main_process_ip (the address of machine 0)",
                             c->num_machines);
-    if (c->gpu_ids[0] && !gpu_ids_valid(c->gpu_ids))
+    if (c->gpu_ids[0] && !ct_gpu_ids_valid(c->gpu_ids))
         return ct_error_set(CT_ERR_INVALID, "config: gpu_ids '%s': expected all, or GPU indices separated by commas",
                             c->gpu_ids);
     if (c->gpu_ids[0] && strcmp(c->gpu_ids, "all") && !c->use_cpu && c->num_machines == 1 &&
-        gpu_id_count(c->gpu_ids) < c->num_processes)
+        ct_gpu_ids_count(c->gpu_ids) < c->num_processes)
         return ct_error_set(CT_ERR_INVALID, "config: gpu_ids '%s' names %d GPU(s) for num_processes %d: one GPU per "
                                             "process on this machine",
-                            c->gpu_ids, gpu_id_count(c->gpu_ids), c->num_processes);
+                            c->gpu_ids, ct_gpu_ids_count(c->gpu_ids), c->num_processes);
     if (c->mixed_precision[0] && choice_of(PRECISIONS, c->mixed_precision) < 0)
         return ct_error_set(CT_ERR_INVALID, "config: mixed_precision '%s': expected no, fp16, bf16 or fp8",
                             c->mixed_precision);

@@ -122,6 +122,12 @@ ct_status ct_cluster_config_default_path(char *buf, size_t n);
  * old may be NULL. */
 ct_status ct_cluster_config_read(const char *path, ct_cluster_config *c, bool *old);
 
+/* gpu_ids, in a file or as launch's --gpu_ids: "all", or distinct GPU indices 0..1023
+ * separated by commas (spaces around them allowed). */
+bool ct_gpu_ids_valid(const char *v);
+/* The indices a valid gpu_ids other than "all" names. */
+int ct_gpu_ids_count(const char *v);
+
 /* Checks the combination (num_processes a multiple of num_machines, machine_rank in
  * range, the sections that fit distributed_type, ...). CT_ERR_INVALID naming the keys. */
 ct_status ct_cluster_config_check(const ct_cluster_config *c);

@@ -308,25 +308,12 @@ static ct_status parse_value(ct_launch_opts *o, flag_id id, const char *flag, co
         if (!*v) return ct_error_set(CT_ERR_INVALID, "--config_file: expected a file, got an empty string");
         o->config_file = v;
         return CT_OK;
-    case F_GPU_IDS: {
-        bool ok = !strcmp(v, "all");
-        int n = 0;
-        for (const char *p = v; !ok && *p;) {
-            char *end;
-            errno = 0;
-            long x = strtol(p, &end, 10);
-            if (end == p || x < 0 || x > 1023 || errno) break;
-            n++;
-            p = end;
-            if (!*p) ok = true;
-            else if (*p++ != ',') break;
-        }
-        if (!ok || strlen(v) >= sizeof o->gpu_ids)
+    case F_GPU_IDS:
+        if (!ct_gpu_ids_valid(v) || strlen(v) >= sizeof o->gpu_ids)
             return ct_error_set(CT_ERR_INVALID, "--gpu_ids '%s': expected all, or GPU indices separated by commas "
                                                 "(0,2)", v);
         memcpy(o->gpu_ids, v, strlen(v) + 1);
         return CT_OK;
-    }
     case F_LOG_DIR:
         if (!*v) return ct_error_set(CT_ERR_INVALID, "--log_dir: expected a directory, got an empty string");
         o->log_dir = v;
@@ -369,8 +356,7 @@ static ct_status check_opts(ct_launch_opts *o, bool tee_given)
     if (o->log_dir && !tee_given) o->tee = 3;
     o->local_processes = o->num_processes / o->num_machines;
     if (o->gpu_ids[0] && strcmp(o->gpu_ids, "all") && !o->cpu) {
-        int n = 1;
-        for (const char *p = o->gpu_ids; *p; p++) n += *p == ',';
+        int n = ct_gpu_ids_count(o->gpu_ids);
         if (n < o->local_processes)
             return ct_error_set(CT_ERR_INVALID,
                                 "--gpu_ids '%s' names %d GPU(s) for %d local processes (--num_processes %d on %d "
