@@ -49,6 +49,7 @@ typedef struct ct_bpe_trainer ct_bpe_trainer;
 /* A trainer with these settings (copied). NULL and an error naming the bad value
  * (vocab_size too small, min_frequency negative, an empty or non-UTF-8 special). */
 CT_API ct_bpe_trainer *ct_bpe_trainer_new(const ct_bpe_train_config *config);
+/* Frees t and all it holds; NULL is allowed. */
 CT_API void ct_bpe_trainer_free(ct_bpe_trainer *t);
 
 /* Counts the words of n bytes of text, one sequence (as one item of tokenizers'
