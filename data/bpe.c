@@ -71,6 +71,17 @@ static int64_t unmap_token(const char *token, uint8_t *out, long *bad)
     return n;
 }
 
+bool cti_bpe_token_mappable(const char *token)
+{
+    init_byte_map();
+    size_t n = strlen(token);
+    uint8_t small[64], *out = n <= sizeof small ? small : malloc(n);
+    long bad;
+    bool ok = out && unmap_token(token, out, &bad) >= 0;
+    if (out != small) free(out);
+    return ok;
+}
+
 ct_bpe *cti_bpe_new(const char *name)
 {
     init_byte_map();

@@ -81,6 +81,8 @@ void cti_bpe_pair_free(bpe_pair_table *t);
 
 /* GPT-2's byte-to-unicode map: the code point that stands for a byte */
 uint32_t cti_bpe_byte_char(uint8_t byte);
+/* whether a vocabulary token's text is written in the byte-level alphabet */
+bool cti_bpe_token_mappable(const char *token);
 /* GPT-2's pre-tokenisation regex, compiled (and JIT-compiled where allowed); NULL
  * and an error on failure. The caller frees it with pcre2_code_free. */
 pcre2_code *cti_bpe_regex(void);

@@ -216,6 +216,34 @@ Test(bpe_train, load_and_encode)
     cr_assert_eq(files, 2, "a temporary file was left beside tok.json");
 }
 
+/* Special tokens whose text is not in the byte-level alphabet (a space, a
+ * character past U+00FF) are in the model's vocabulary as tokenizers writes it, and
+ * ct_bpe_load takes them as added tokens only. */
+Test(bpe_train, special_tokens_outside_the_alphabet)
+{
+    FILE *fp = fopen(path_of("t.txt"), "wb");
+    fputs("ab ab\n", fp);
+    fclose(fp);
+    const char *const sp[] = {"<my token>", "\xe2\x82\xac"}; /* U+20AC */
+    ct_bpe_train_config cfg = {.vocab_size = 1000, .special_tokens = sp, .nspecial = 2};
+    cr_assert_eq(ct_bpe_train(&cfg, (const char *[]){path_of("t.txt")}, 1, path_of("tok.json")), CT_OK, "%s",
+                 ct_last_error());
+    ct_bpe *b = ct_bpe_load(path_of("tok.json"));
+    cr_assert_not_null(b, "%s", ct_last_error());
+    /* ab 258, Ġab 259 (Ġ a: a = 66) */
+    uint32_t *ids = NULL;
+    size_t cap = 0;
+    const char text[] = "ab<my token> ab\xe2\x82\xac";
+    cr_assert_eq(ct_bpe_encode(b, text, sizeof text - 1, &ids, &cap), 4, "%s", ct_last_error());
+    const uint32_t want[] = {258, 0, 259, 1};
+    for (int i = 0; i < 4; i++) cr_assert_eq(ids[i], want[i], "id %d: %u, want %u", i, ids[i], want[i]);
+    char back[64];
+    cr_assert_eq(ct_bpe_decode(b, ids, 4, back, sizeof back), (int64_t)sizeof text - 1);
+    cr_assert_str_eq(back, text);
+    free(ids);
+    ct_bpe_free(b);
+}
+
 Test(bpe_train, bad_settings)
 {
     const char *const sp[] = {"<s>", ""};
