@@ -422,7 +422,7 @@ static char *index_json(int n, const char *const *names, const int *shard, int n
         qsort_r(order, (size_t)n, sizeof *order, cmp_names, (void *)names); /* HF writes the map sorted */
         bool ok = true;
         for (int k = 0; k < n && ok; k++) {
-            char file[40];
+            char file[64];
             snprintf(file, sizeof file, "model-%05d-of-%05d.safetensors", shard[order[k]] + 1, nshards);
             ok = cJSON_AddStringToObject(map, names[order[k]], file) != NULL;
         }
