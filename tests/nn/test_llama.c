@@ -16,6 +16,7 @@
 #include "core/philox.h"
 #include "nn/kv_cache.h"
 #include "nn/llama.h"
+#include "precision/autocast.h"
 
 /* untied, grouped-query (6 query heads over 2 kv heads of 4), odd sizes */
 static const ct_llama_config gqa = {.vocab_size = 37, .hidden_size = 18, .intermediate_size = 29,
@@ -497,4 +498,26 @@ Test(llama, as_lm_fills_the_interface)
     ct_module_free(&z->base);
     lm->ops->free_model(lm->model);
     free(lm);
+}
+
+Test(llama, bf16_autocast_forward_stays_near_f32)
+{
+    ct_llama *m = random_model(&gqa, CT_DTYPE_F32, 41);
+    int64_t *ids = random_ids(2 * 5, gqa.vocab_size, 42);
+    CT_FRAME {
+        ct_tensor *idx = ct_tensor_from_data(CT_DTYPE_I64, CT_SHAPE(2, 5), ids);
+        ct_tensor *ref = ct_tensor_contiguous(ct_llama_forward(m, idx));
+        cr_assert_eq(ct_autocast_begin(CT_DTYPE_BF16), CT_OK, "%s", ct_last_error());
+        ct_tensor *y = ct_llama_loss(m, idx, idx), *lo = ct_tensor_contiguous(ct_llama_forward(m, idx));
+        ct_autocast_end();
+        cr_assert(y && lo, "%s", ct_last_error());
+        cr_assert_eq(lo->dtype, CT_DTYPE_F32, "the logits come back in f32");
+        cr_assert_eq(ct_backward(y), CT_OK, "%s", ct_last_error());
+        const float *a = ct_tensor_data(ref), *b = ct_tensor_data(lo);
+        double err = 0, mag = 0;
+        for (int64_t i = 0; i < ct_tensor_numel(ref); i++) err = fmax(err, fabs(a[i] - b[i])), mag = fmax(mag, fabs(a[i]));
+        cr_assert(err > 0 && err < 0.05 * mag, "bf16 error %g of a largest logit %g", err, mag);
+    }
+    free(ids);
+    ct_module_free(&m->base);
 }
