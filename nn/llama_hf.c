@@ -194,6 +194,18 @@ static void add_token(cJSON *j, const char *key, int64_t id, int64_t vocab)
     else cJSON_AddNullToObject(j, key);
 }
 
+/* A float as Python reads a float: the shortest text that reads back the same, with a
+ * ".0" when it would look like an integer (transformers' rope validation warns when
+ * "factor" and friends are ints). */
+static void add_float(cJSON *j, const char *key, double v)
+{
+    char buf[40];
+    snprintf(buf, sizeof buf, "%.15g", v);
+    if (strtod(buf, NULL) != v) snprintf(buf, sizeof buf, "%.17g", v);
+    if (!strpbrk(buf, ".eEni")) strcat(buf, ".0");
+    cJSON_AddRawToObject(j, key, buf);
+}
+
 char *ct_llama_config_to_json(const ct_llama_config *cfg)
 {
     ct_llama_config c;
@@ -212,8 +224,8 @@ char *ct_llama_config_to_json(const ct_llama_config *cfg)
     cJSON_AddNumberToObject(j, "head_dim", (double)c.head_dim);
     cJSON_AddNumberToObject(j, "max_position_embeddings", (double)c.max_position_embeddings);
     cJSON_AddStringToObject(j, "hidden_act", "silu");
-    cJSON_AddNumberToObject(j, "rms_norm_eps", c.rms_norm_eps);
-    cJSON_AddNumberToObject(j, "rope_theta", c.rope_theta);
+    add_float(j, "rms_norm_eps", c.rms_norm_eps);
+    add_float(j, "rope_theta", c.rope_theta);
     static const char *const rope_names[] = {"default", "linear", "dynamic", "llama3"};
     if (c.rope_scaling.type == CT_ROPE_DEFAULT) {
         cJSON_AddNullToObject(j, "rope_scaling");
@@ -221,19 +233,19 @@ char *ct_llama_config_to_json(const ct_llama_config *cfg)
         cJSON *r = cJSON_AddObjectToObject(j, "rope_scaling");
         if (r) {
             cJSON_AddStringToObject(r, "rope_type", rope_names[c.rope_scaling.type]);
-            cJSON_AddNumberToObject(r, "factor", c.rope_scaling.factor);
+            add_float(r, "factor", c.rope_scaling.factor);
             if (c.rope_scaling.type == CT_ROPE_LLAMA3) {
-                cJSON_AddNumberToObject(r, "low_freq_factor", c.rope_scaling.low_freq_factor);
-                cJSON_AddNumberToObject(r, "high_freq_factor", c.rope_scaling.high_freq_factor);
+                add_float(r, "low_freq_factor", c.rope_scaling.low_freq_factor);
+                add_float(r, "high_freq_factor", c.rope_scaling.high_freq_factor);
                 cJSON_AddNumberToObject(r, "original_max_position_embeddings",
                                         (double)c.rope_scaling.original_max_position_embeddings);
             }
         }
     }
     cJSON_AddBoolToObject(j, "attention_bias", false);
-    cJSON_AddNumberToObject(j, "attention_dropout", 0.0);
+    add_float(j, "attention_dropout", 0.0);
     cJSON_AddBoolToObject(j, "mlp_bias", false);
-    cJSON_AddNumberToObject(j, "initializer_range", c.initializer_range);
+    add_float(j, "initializer_range", c.initializer_range);
     cJSON_AddNumberToObject(j, "pretraining_tp", 1);
     cJSON_AddBoolToObject(j, "tie_word_embeddings", c.tie_word_embeddings);
     cJSON_AddBoolToObject(j, "use_cache", true);

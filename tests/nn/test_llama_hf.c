@@ -127,6 +127,12 @@ Test(llama_hf, tied_sharded_with_llama3_rope_round_trips)
     cr_assert_eq(cJSON_GetObjectItem(r, "original_max_position_embeddings")->valuedouble, 16);
     cr_assert(cJSON_IsTrue(cJSON_GetObjectItem(j, "tie_word_embeddings")));
     cJSON_Delete(j);
+    /* floats written as floats: transformers warns about an integer "factor" */
+    size_t n;
+    char *text = (char *)read_all(path_of("config.json"), &n);
+    cr_assert(strstr(text, "\"factor\":\t8.0") && strstr(text, "\"low_freq_factor\":\t1.0") &&
+              strstr(text, "\"rope_theta\":\t500000.0") && strstr(text, "\"rms_norm_eps\":\t1e-05"), "%s", text);
+    free(text);
 
     ct_llama *b = ct_llama_from_pretrained(tmpdir);
     cr_assert_not_null(b, "%s", ct_last_error());
