@@ -221,9 +221,7 @@ ct_hf_weights *ct_hf_weights_open(const char *path)
     }
     struct stat sb;
     ct_status st;
-    if (stat(path, &sb)) {
-        st = ct_error_set(CT_ERR_IO, "model weights %s: %s", path, strerror(errno));
-    } else if (!S_ISDIR(sb.st_mode)) {
+    if (stat(path, &sb) || !S_ISDIR(sb.st_mode)) { /* the file reader says what is wrong with a file */
         st = open_single(w, path);
     } else {
         char *single = join(path, SINGLE_NAME), *index = join(path, INDEX_NAME);
