@@ -116,8 +116,10 @@ CT_API ct_llama *ct_llama_new(const ct_llama_config *cfg);
 /* cfg with every zero default filled in, checked (the checks of ct_llama_new). */
 CT_API ct_status ct_llama_config_resolve(const ct_llama_config *cfg, ct_llama_config *out);
 
-/* idx (B, T) integer tokens, 1 <= T <= max_position_embeddings -> logits (B, T, V) f32
- * (f64 for an f64 model) (new reference, current frame). Differentiable. */
+/* idx (B, T) integer tokens -> logits (B, T, V) f32 (f64 for an f64 model) (new
+ * reference, current frame). Differentiable. Positions past max_position_embeddings
+ * are computed as transformers computes them (no limit; "dynamic" rope scaling is for
+ * them). */
 CT_API ct_tensor *ct_llama_forward(ct_llama *m, ct_tensor *idx);
 /* Mean cross-entropy of the logits against targets (B, T) (ignore_index -1). */
 CT_API ct_tensor *ct_llama_loss(ct_llama *m, ct_tensor *idx, ct_tensor *targets);
