@@ -41,6 +41,17 @@ ct_status ct_llama_config_resolve(const ct_llama_config *cfg, ct_llama_config *o
             (long long)c.vocab_size, (long long)c.hidden_size, (long long)c.intermediate_size,
             (long long)c.num_hidden_layers, (long long)c.num_attention_heads, (long long)c.num_key_value_heads,
             (long long)c.head_dim, (long long)c.max_position_embeddings);
+    /* far above any real model, and low enough that no product of two sizes overflows */
+    const int64_t cap = (int64_t)1 << 31;
+    bool big = c.num_attention_heads > cap || c.head_dim > cap;
+    const int64_t sizes[] = {c.vocab_size, c.hidden_size, c.intermediate_size,
+                             big ? 0 : c.num_attention_heads * c.head_dim, c.max_position_embeddings};
+    for (int i = 0; i < 5; i++)
+        if (big || sizes[i] > cap)
+            BAD("sizes above 2^31 are not supported: vocab_size %lld hidden_size %lld intermediate_size %lld "
+                "heads x head_dim %lld x %lld max_position_embeddings %lld", (long long)c.vocab_size,
+                (long long)c.hidden_size, (long long)c.intermediate_size, (long long)c.num_attention_heads,
+                (long long)c.head_dim, (long long)c.max_position_embeddings);
     if (c.num_hidden_layers > 100000) BAD("num_hidden_layers %lld is not plausible", (long long)c.num_hidden_layers);
     if (c.num_attention_heads % c.num_key_value_heads)
         BAD("num_key_value_heads %lld must divide num_attention_heads %lld (each key/value head serves a group of "

@@ -521,3 +521,14 @@ Test(llama, bf16_autocast_forward_stays_near_f32)
     free(ids);
     ct_module_free(&m->base);
 }
+
+Test(llama, implausible_sizes_are_refused_before_allocating)
+{
+    ct_llama_config c = gqa;
+    c.vocab_size = (int64_t)1 << 40;
+    cr_assert_null(ct_llama_new(&c));
+    cr_assert(strstr(ct_last_error(), "above 2^31"), "%s", ct_last_error());
+    c = gqa, c.num_attention_heads = (int64_t)1 << 40, c.num_key_value_heads = 1;
+    cr_assert_null(ct_llama_new(&c));
+    cr_assert(strstr(ct_last_error(), "above 2^31"), "%s", ct_last_error());
+}
