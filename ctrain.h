@@ -57,8 +57,11 @@
 #include "autograd/ops_nn.h"
 #include "autograd/ops_shape.h"
 
+#include "nn/generate.h"
 #include "nn/gpt.h"
+#include "nn/kv_cache.h"
 #include "nn/layers.h"
+#include "nn/lm.h"
 #include "nn/module.h"
 
 #include "optim/clip.h"
