@@ -9,6 +9,7 @@
 #   make bench-gpu  GPT-2 124M on one GPU vs PyTorch eager and torch.compile, kernels vs peak
 #   make bench-tokenizer  byte-level BPE encoding vs Hugging Face tokenizers, one thread
 #   make train      the README's main job            make clean
+#   make generate MODEL=DIR PROMPT=TEXT  text from a model saved in Hugging Face's layout (examples/generate)
 #   make api-doc    regenerates docs/api.md from the public headers (tools/api_doc.py)
 #
 # PORTABLE=1 builds for any x86-64 instead of -march=native.
@@ -84,11 +85,11 @@ TEST_BIN := $(BUILD)/tests/ctrain_tests
 CLI_BIN  := $(if $(CLI_SRC),$(BUILD)/bin/ctrain)
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all setup test test-gpu asan api-doc memcheck fuzz bench bench-gpt bench-gpu bench-collectives bench-ddp bench-strategies bench-checkpoint bench-tokenizer install uninstall clean train
+.PHONY: all setup test test-gpu asan api-doc memcheck fuzz bench bench-gpt bench-gpu bench-collectives bench-ddp bench-strategies bench-checkpoint bench-tokenizer install uninstall clean train generate
 .DEFAULT_GOAL := all
 
 all: setup
-	@$(MAKE) --no-print-directory $(JOBS) $(SO) $(AR_LIB) $(GPT_BIN) $(QUICK_BIN) $(CLI_BIN)
+	@$(MAKE) --no-print-directory $(JOBS) $(SO) $(AR_LIB) $(GPT_BIN) $(QUICK_BIN) $(GEN_BIN) $(CLI_BIN)
 
 setup:
 	@./tools/setup.sh
@@ -129,7 +130,7 @@ $(TEST_BIN): $(TEST_OBJ) $(TEST_CLI_OBJ) $(AR_LIB)
 # user's default launch configuration.
 NO_USER_CONFIG = CTRAIN_CONFIG_FILE=$(abspath $(BUILD))/tests/no-default-config.yaml
 test: setup
-	@$(MAKE) --no-print-directory $(JOBS) $(SO) $(TEST_BIN) $(CLI_BIN) $(GPT_BIN) $(QUICK_BIN)
+	@$(MAKE) --no-print-directory $(JOBS) $(SO) $(TEST_BIN) $(CLI_BIN) $(GPT_BIN) $(QUICK_BIN) $(GEN_BIN)
 	CTRAIN_BIN=$(abspath $(BUILD)/bin/ctrain) CTRAIN_EXAMPLES=$(abspath $(BUILD)/examples) \
 	CTRAIN_LIB=$(abspath $(SO)) CTRAIN_SRC=$(CURDIR) $(NO_USER_CONFIG) \
 	    $(TEST_BIN) --jobs $${CT_TEST_JOBS:-2}
@@ -137,14 +138,14 @@ test: setup
 # The GPU conformance suite alone (suites named gpu_*): every op on the GPU against
 # the CPU reference. Without a GPU each test reports itself skipped, with the reason.
 test-gpu: setup
-	@$(MAKE) --no-print-directory $(JOBS) $(SO) $(TEST_BIN) $(CLI_BIN) $(GPT_BIN) $(QUICK_BIN)
+	@$(MAKE) --no-print-directory $(JOBS) $(SO) $(TEST_BIN) $(CLI_BIN) $(GPT_BIN) $(QUICK_BIN) $(GEN_BIN)
 	CTRAIN_BIN=$(abspath $(BUILD)/bin/ctrain) CTRAIN_EXAMPLES=$(abspath $(BUILD)/examples) \
 	CTRAIN_LIB=$(abspath $(SO)) CTRAIN_SRC=$(CURDIR) $(NO_USER_CONFIG) \
 	    $(TEST_BIN) --filter 'gpu_*/*' --jobs 1 --verbose
 
 asan: setup
 	@$(MAKE) --no-print-directory $(JOBS) BUILD=build-asan OPT=-O1 build-asan/tests/ctrain_tests build-asan/lib/libctrain.so \
-	    $(if $(CLI_SRC),build-asan/bin/ctrain) build-asan/examples/gpt_train build-asan/examples/quickstart \
+	    $(if $(CLI_SRC),build-asan/bin/ctrain) build-asan/examples/gpt_train build-asan/examples/quickstart build-asan/examples/generate \
 	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
 	CTRAIN_BIN=$(abspath build-asan/bin/ctrain) CTRAIN_EXAMPLES=$(abspath build-asan/examples) \
 	CTRAIN_LIB=$(abspath build-asan/lib/libctrain.so) CTRAIN_SRC=$(CURDIR) CTRAIN_CONFIG_FILE=$(abspath build-asan)/tests/no-default-config.yaml \
@@ -228,6 +229,19 @@ train: setup
 	@$(MAKE) --no-print-directory $(JOBS) $(GPT_BIN)
 	$(GPT_BIN) $(TRAIN_ARGS)
 
+# examples/generate/generate.c: ct_lm_from_pretrained + ct_generate (docs/guide.md,
+# "Generating text"); `make generate` continues PROMPT with the model `make train` saved
+GEN_BIN := $(BUILD)/examples/generate
+MODEL ?= $(BUILD)/gpt
+PROMPT ?= The
+$(GEN_BIN): examples/generate/generate.c $(AR_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(ALL_LDFLAGS) -o $@ $< $(AR_LIB) $(LDLIBS)
+
+generate: setup
+	@$(MAKE) --no-print-directory $(JOBS) $(GEN_BIN)
+	$(GEN_BIN) '$(MODEL)' '$(PROMPT)'
+
 install: all
 	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include/ctrain
 	$(if $(CLI_BIN),install -D -m 755 $(CLI_BIN) $(DESTDIR)$(PREFIX)/bin/ctrain)
@@ -249,4 +263,4 @@ api-doc:
 clean:
 	rm -rf build build-asan
 
--include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(GPT_BIN).d $(QUICK_BIN).d
+-include $(LIB_OBJ:.o=.d) $(TEST_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(GPT_BIN).d $(QUICK_BIN).d $(GEN_BIN).d

@@ -57,11 +57,13 @@
 #include "autograd/ops_nn.h"
 #include "autograd/ops_shape.h"
 
+#include "nn/generate.h"
 #include "nn/gpt.h"
 #include "nn/hf_weights.h"
 #include "nn/kv_cache.h"
 #include "nn/layers.h"
 #include "nn/llama.h"
+#include "nn/lm.h"
 #include "nn/module.h"
 
 #include "optim/clip.h"

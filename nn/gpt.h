@@ -23,7 +23,9 @@
 
 #include "core/api.h"
 #include "core/philox.h"
+#include "nn/kv_cache.h"
 #include "nn/layers.h"
+#include "nn/lm.h"
 
 typedef struct ct_gpt_config {
     int64_t vocab_size; /* default 50257 */
@@ -75,6 +77,14 @@ typedef struct ct_gpt {
 CT_API ct_gpt *ct_gpt_new(const ct_gpt_config *cfg);
 /* idx (B, T) integer tokens, T <= block_size -> logits (B, T, V). */
 CT_API ct_tensor *ct_gpt_forward(ct_gpt *m, ct_tensor *idx);
+/* idx (B, T) -> logits (B, T, V) for tokens at positions cache->len .. cache->len + T - 1
+ * (cache->len + T <= block_size): each block appends its keys and values to the cache
+ * (B, n_head, ., n_embd / n_head) and attends over all cached positions; the cache is
+ * advanced by T. cache NULL = ct_gpt_forward. The cache is not differentiable: with a
+ * cache, grad mode must be off (an error otherwise). New reference, current frame. */
+CT_API ct_tensor *ct_gpt_forward_cached(ct_gpt *m, ct_tensor *idx, ct_kv_cache *cache);
+/* m as a causal LM (nn/lm.h); owns: ct_lm_free frees m too. NULL on out of memory. */
+CT_API ct_lm *ct_gpt_as_lm(ct_gpt *m, bool owns);
 /* Mean cross-entropy of the logits against targets (B, T) (ignore_index -1). */
 CT_API ct_tensor *ct_gpt_loss(ct_gpt *m, ct_tensor *idx, ct_tensor *targets);
 

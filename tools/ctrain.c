@@ -12,6 +12,7 @@
 #include "tools/config_cmd.h"
 #include "tools/env.h"
 #include "tools/estimate_memory.h"
+#include "tools/generate_cmd.h"
 #include "tools/launch.h"
 #include "tools/merge_weights.h"
 #include "tools/test_cmd.h"
@@ -33,6 +34,7 @@ static const subcommand COMMANDS[] = {
     {"bench", ct_bench_main, "shard strategies side by side: tokens/s, memory per rank, bytes sent; CSV and plot"},
     {"env", ct_env_main, "this machine, its libraries, each dtype's GEMM path, thread and job settings"},
     {"merge-weights", ct_merge_weights_main, "merge a sharded checkpoint (SHARDED_STATE_DICT) into one file"},
+    {"generate", ct_generate_main, "continue a prompt with a causal language model (Hugging Face layout)"},
     {"checkpoint", ct_checkpoint_main, "describe a training-state checkpoint (save_state) and verify its files"},
     {"tokenizer", ct_tokenizer_main, "train a byte-level BPE tokenizer (as HF tokenizers), encode text to a .bin"},
 };
