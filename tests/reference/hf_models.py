@@ -2,7 +2,7 @@
 """The Hugging Face `transformers` oracle for ctrain's causal LMs (tests/reference/test_hf_models.c).
 
   hf_models.py make DIR --arch gpt2|llama|llama3 [--seed S]
-  hf_models.py check DIR [--input FILE] [--logits FILE] [--tol 1e-5]
+  hf_models.py check DIR [--input FILE] [--logits FILE] [--differs FILE] [--tol 1e-5]
 
 make: transformers builds a small random model and saves it into DIR as Hugging Face
 does (config.json, generation_config.json, model.safetensors, f32), then writes
@@ -48,17 +48,22 @@ check: loads DIR (a model ctrain saved) with AutoModelForCausalLM.from_pretraine
 must log no warning (a missing, unexpected or mis-shaped weight, an unknown config value
 all log one), runs it on the "ids" of --input (default DIR/input.safetensors) and
 compares the logits with the "logits" of --logits (default DIR/ctrain_logits.safetensors):
-max|hf - ctrain| / max|ctrain| <= tol.
+max|hf - ctrain| / max|ctrain| <= tol. --differs FILE: the "logits" of FILE (those of
+another model, e.g. before training) must be off by more than tol: the comparison can
+fail.
 
-Exit status: make 0 when it wrote everything, else non-zero with the reason; check 0
+Exit status: make 0 when it wrote everything and transformers logged no warning, else
+non-zero with the reason; check 0
 when transformers agrees, 1 on a disagreement or a warning (each printed), 2 on a usage
 or file error.
 """
 import argparse
+import contextlib
 import logging
 import os
 import sys
 import warnings
+from math import inf
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -129,6 +134,15 @@ def greedy(model, prompt):
 
 
 def make(args):
+    found = []
+    with warnings_into(found):
+        status = make_files(args)
+    for w in found:  # a config transformers does not take as meant (e.g. a rope_scaling it corrects)
+        print(f"hf_models.py make: transformers warned: {w}", file=sys.stderr)
+    return 1 if found else status
+
+
+def make_files(args):
     os.makedirs(args.dir, exist_ok=True)
     for attempt in range(SEED_TRIES):
         seed = args.seed + attempt
@@ -144,6 +158,7 @@ def make(args):
     else:
         raise SystemExit(f"no seed in [{args.seed}, {args.seed + SEED_TRIES}) gives greedy margins >= {MARGIN}")
 
+    model.loss_type = "ForCausalLM"  # what 4.49 falls back to anyway, with a notice, for GPT-2
     out = model(ids, labels=ids)
     out.loss.backward()
     targets = torch.cat([ids[:, 1:], torch.full((B, 1), -1, dtype=ids.dtype)], dim=1)
@@ -182,15 +197,9 @@ class Collect(logging.Handler):
         self.records.append(f"{record.levelname} {record.name}: {record.getMessage()}")
 
 
-def check(args):
-    inp = args.input or os.path.join(args.dir, "input.safetensors")
-    ref = args.logits or os.path.join(args.dir, "ctrain_logits.safetensors")
-    try:
-        ids = load_file(inp)["ids"]
-        want = load_file(ref)["logits"]
-    except (OSError, KeyError, ValueError) as e:
-        print(f"hf_models.py check: cannot read ids from {inp} / logits from {ref}: {e!r}")
-        return 2
+@contextlib.contextmanager
+def warnings_into(found):
+    """Appends to found every warning transformers logs, and every Python warning, in the block."""
     # transformers' loggers do not propagate to the root logger: listen on its own
     lib = transformers.utils.logging.get_logger()
     transformers.utils.logging.set_verbosity_warning()
@@ -199,13 +208,30 @@ def check(args):
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
+            yield
+    finally:
+        lib.removeHandler(seen)
+        found += seen.records + [f"{w.category.__name__} ({w.filename}:{w.lineno}): {w.message}" for w in caught]
+
+
+def check(args):
+    inp = args.input or os.path.join(args.dir, "input.safetensors")
+    ref = args.logits or os.path.join(args.dir, "ctrain_logits.safetensors")
+    try:
+        ids = load_file(inp)["ids"]
+        want = load_file(ref)["logits"]
+        if args.differs:
+            load_file(args.differs)["logits"]
+    except (OSError, KeyError, ValueError) as e:
+        print(f"hf_models.py check: cannot read the ids of {inp} or the logits of {ref} / {args.differs}: {e!r}")
+        return 2
+    bad = []
+    try:
+        with warnings_into(bad):
             model = AutoModelForCausalLM.from_pretrained(args.dir)
     except Exception as e:  # noqa: BLE001 -- any failure to load is the finding
         print(f"FAIL: transformers cannot load {args.dir}: {type(e).__name__}: {e}")
         return 1
-    finally:
-        lib.removeHandler(seen)
-    bad = seen.records + [f"{w.category.__name__} ({w.filename}:{w.lineno}): {w.message}" for w in caught]
     model.eval()
     with torch.no_grad():
         got = model(ids).logits
@@ -224,6 +250,13 @@ def check(args):
     if not err <= args.tol:
         print("FAIL: the logits differ")
         status = 1
+    if args.differs:
+        other = load_file(args.differs)["logits"].double()
+        off = float((got.double() - other).abs().max() / other.abs().max()) if other.shape == got.shape else inf
+        print(f"logits of {args.differs} (which must differ): off by {off:.3e}")
+        if not off > args.tol:
+            print(f"FAIL: the logits of {args.differs} match too: the comparison cannot fail")
+            status = 1
     return status
 
 
@@ -238,6 +271,7 @@ def main():
     c.add_argument("dir")
     c.add_argument("--input")
     c.add_argument("--logits")
+    c.add_argument("--differs")
     c.add_argument("--tol", type=float, default=1e-5)
     args = ap.parse_args()
     torch.set_num_threads(1)  # the tests share the machine
