@@ -18,7 +18,9 @@ DIR/expect.safetensors:
                                    ids[1, :4]) and prompt + 32 new tokens from
                                    model.generate(do_sample=False, max_new_tokens=32)
                                    with no end-of-sequence token
-and metadata: arch, seed, transformers, torch, n_params, stop_id (a token neither
+and metadata: the sizes a ct_lm takes from config.json (n_layer, n_kv_head, head_dim,
+max_positions, vocab_size, bos_token_id, eos_token_id), arch, seed, transformers,
+torch, n_params, stop_id (a token neither
 generation produces: ctrain passes it as its only stop token so that both sides
 produce exactly 32), min_margin (the smallest gap between the largest and the second
 largest logit over the generation steps).
@@ -119,6 +121,17 @@ def build(arch, seed):
     return model
 
 
+def sizes_of(c):
+    """What a ct_lm reads from config.json, under its field names (nn/lm.h)."""
+    if c.model_type == "gpt2":
+        n_kv, head_dim, max_pos = c.n_head, c.n_embd // c.n_head, c.n_positions
+    else:
+        n_kv, head_dim, max_pos = c.num_key_value_heads, c.head_dim, c.max_position_embeddings
+    return {"n_layer": str(c.num_hidden_layers), "n_kv_head": str(n_kv), "head_dim": str(head_dim),
+            "max_positions": str(max_pos), "vocab_size": str(c.vocab_size), "bos_token_id": str(c.bos_token_id),
+            "eos_token_id": str(c.eos_token_id)}
+
+
 def greedy(model, prompt):
     """prompt (n,) -> (prompt + NEW_TOKENS tokens, the smallest relative top-1/top-2 margin)."""
     out = model.generate(prompt[None], do_sample=False, max_new_tokens=NEW_TOKENS, eos_token_id=None,
@@ -180,7 +193,7 @@ def make_files(args):
     stop_id = min(set(range(model.config.vocab_size)) - produced)
     meta = {"arch": args.arch, "seed": str(seed), "transformers": transformers.__version__,
             "torch": torch.__version__, "n_params": str(sum(1 for _ in model.parameters())),
-            "stop_id": str(stop_id), "min_margin": f"{margin:.3e}"}
+            "stop_id": str(stop_id), "min_margin": f"{margin:.3e}", **sizes_of(model.config)}
     model.save_pretrained(args.dir, safe_serialization=True)
     save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(args.dir, "expect.safetensors"), meta)
     print(f"{args.arch}: seed {seed}, {meta['n_params']} parameters, loss {float(out.loss):.6f}, "

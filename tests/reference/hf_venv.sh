@@ -28,7 +28,7 @@ from transformers import GPT2LMHeadModel, LlamaForCausalLM, AutoModelForCausalLM
 
 mkdir -p "$(dirname "$venv")" || skip "cannot create $(dirname "$venv")"
 exec 9>"$venv.lock" || skip "cannot open the lock file $venv.lock"
-timeout 900 flock 9 || skip "another test held $venv.lock for 900 s"
+timeout 500 flock 9 || skip "another test held $venv.lock for 500 s"
 # the stamp saves the import (seconds) on every later run
 [ "$(cat "$venv/ctrain-ok" 2>/dev/null)" = "$version" ] && [ -x "$py" ] && exit 0
 probe /dev/null && { echo "$version" >"$venv/ctrain-ok"; exit 0; }

@@ -5,7 +5,8 @@
  * scaling and a tied head) tests/reference/hf_models.py `make` has transformers build a
  * small random model and save it (config.json + model.safetensors, f32) with what it
  * computes in expect.safetensors (see the script). Then ctrain:
- *   1. loads the directory with ct_lm_from_pretrained;
+ *   1. loads the directory with ct_lm_from_pretrained: the sizes and token ids of the
+ *      ct_lm are config.json's;
  *   2. logits of ids (2, 11) within 1e-5 (max|a - b| / max|b|), without a cache and
  *      through a cache filled in two pieces (6 + 5 positions);
  *   3. the loss, ct_cross_entropy(logits, targets, -1) with targets = ids shifted left
@@ -163,6 +164,21 @@ static int64_t meta_int(ct_safetensors *f, const char *key)
     const char *v = ct_safetensors_metadata(f, key);
     cr_assert_not_null(v, "expect.safetensors has no metadata %s", key);
     return strtoll(v, NULL, 10);
+}
+
+/* 1. what ct_lm_from_pretrained read from config.json */
+static void check_sizes(ct_lm *lm, ct_safetensors *f)
+{
+    const struct {
+        const char *key;
+        int64_t got;
+    } fields[] = {{"vocab_size", lm->vocab_size},     {"max_positions", lm->max_positions},
+                  {"n_layer", lm->n_layer},           {"n_kv_head", lm->n_kv_head},
+                  {"head_dim", lm->head_dim},         {"bos_token_id", lm->bos_token_id},
+                  {"eos_token_id", lm->eos_token_id}};
+    for (size_t i = 0; i < sizeof fields / sizeof *fields; i++)
+        cr_expect_eq(fields[i].got, meta_int(f, fields[i].key), "ct_lm's %s is %lld, config.json's %lld", fields[i].key,
+                     (long long)fields[i].got, (long long)meta_int(f, fields[i].key));
 }
 
 /* loss = mean cross-entropy of logits (B, T, V) against targets (B, T), ignore -1 */
@@ -356,7 +372,7 @@ static void compare_with_transformers(const char *arch, const char *model_type)
     cr_assert_not_null(f, "%s", ct_last_error());
     CT_FRAME {
         ct_tensor *ids = get(f, "ids"), *targets = get(f, "targets");
-        cr_assert_eq(lm->vocab_size, get(f, "logits")->shape[2]);
+        check_sizes(lm, f);
         ct_tensor *logits = check_logits(lm, ids, get(f, "logits"));
         check_grads(lm, f, logits, targets);
         check_generation(lm, f);
