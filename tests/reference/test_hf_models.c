@@ -202,11 +202,11 @@ static ct_tensor *check_logits(ct_lm *lm, ct_tensor *ids, ct_tensor *want)
     ct_kv_cache *cache = ct_lm_cache_new(lm, B, T);
     cr_assert_not_null(cache, "%s", ct_last_error());
     CT_NO_GRAD {
-        ct_tensor *a = ct_lm_forward(lm, ct_tensor_narrow(ids, 1, 0, first), cache);
+        ct_tensor *a = ct_lm_forward(lm, ct_tensor_contiguous(ct_tensor_narrow(ids, 1, 0, first)), cache);
         cr_assert_not_null(a, "cached forward of positions 0..%d: %s", (int)first - 1, ct_last_error());
         cr_assert_eq(cache->len, first, "the cache holds %lld positions after %lld tokens", (long long)cache->len,
                      (long long)first);
-        ct_tensor *b = ct_lm_forward(lm, ct_tensor_narrow(ids, 1, first, T - first), cache);
+        ct_tensor *b = ct_lm_forward(lm, ct_tensor_contiguous(ct_tensor_narrow(ids, 1, first, T - first)), cache);
         cr_assert_not_null(b, "cached forward of positions %d..%d: %s", (int)first, (int)T - 1, ct_last_error());
         ct_tensor *both = ct_concat(2, (ct_tensor *[]){a, b}, 1);
         cr_assert_not_null(both, "%s", ct_last_error());
@@ -294,8 +294,8 @@ static void check_generation(ct_lm *lm, ct_safetensors *f)
             cfg.use_cache = cached;
             int64_t out[128];
             int64_t got = ct_generate(lm, p, n, &cfg, NULL, NULL, out);
-            cr_assert_eq(got, HF_NEW_TOKENS, "prompt %d (%s cache): %lld new tokens: %s", k, cached ? "with" : "without",
-                         (long long)got, got < 0 ? ct_last_error() : "");
+            cr_assert_eq(got, HF_NEW_TOKENS, "prompt %d (%s cache): %lld new tokens: %s", k,
+                         cached ? "with" : "without", (long long)got, got < 0 ? ct_last_error() : "");
             for (int64_t i = 0; i < n + HF_NEW_TOKENS; i++)
                 cr_assert_eq(out[i], w[i], "prompt %d (%s cache): token %lld is %lld, transformers' %lld", k,
                              cached ? "with" : "without", (long long)i, (long long)out[i], (long long)w[i]);
@@ -340,13 +340,14 @@ static void check_saved(ct_lm *lm, ct_tensor *ids, ct_tensor *targets, ct_tensor
         snprintf(path, sizeof path, "%s/ctrain_logits.safetensors", dir);
         save_logits(path, after);
         snprintf(path, sizeof path, "%s/input.safetensors", dir);
-        cr_assert_eq(ct_safetensors_save(path, 1, (const char *const[]){"ids"}, (ct_tensor *const[]){ids}, 0, NULL, NULL),
-                     CT_OK, "%s", ct_last_error());
+        cr_assert_eq(
+            ct_safetensors_save(path, 1, (const char *const[]){"ids"}, (ct_tensor *const[]){ids}, 0, NULL, NULL), CT_OK,
+            "%s", ct_last_error());
         save_logits(path_of("stale_logits.safetensors"), ct_detach(logits_before));
     }
     char *out;
-    int rc = run_script((char *[]){"check", (char *)dir, "--differs", (char *)path_of("stale_logits.safetensors"), NULL},
-                        &out);
+    char *stale = (char *)path_of("stale_logits.safetensors");
+    int rc = run_script((char *[]){"check", (char *)dir, "--differs", stale, NULL}, &out);
     cr_log_info("%s", out);
     cr_assert_eq(rc, 0, "hf_models.py check exited %d: transformers disagrees with what ctrain saved:\n%s", rc, out);
     free(out);
