@@ -134,6 +134,8 @@ def sizes_of(c):
 
 def greedy(model, prompt):
     """prompt (n,) -> (prompt + NEW_TOKENS tokens, the smallest relative top-1/top-2 margin)."""
+    # synced_gpus=False: left as None, 4.49 asks torch.distributed.fsdp whether the model is
+    # sharded, and torch 1.13's fsdp does not import on Python 3.11
     out = model.generate(prompt[None], do_sample=False, max_new_tokens=NEW_TOKENS, eos_token_id=None,
                          pad_token_id=0, synced_gpus=False, output_logits=True, return_dict_in_generate=True)
     tokens = out.sequences[0]
