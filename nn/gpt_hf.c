@@ -21,6 +21,7 @@
 #include "core/frame.h"
 #include "core/safetensors.h"
 #include "nn/gpt.h"
+#include "nn/hf_config.h"
 #include "nn/hf_weights.h"
 
 static const char *strip_prefix(const char *name)
@@ -108,15 +109,11 @@ static char *hf_config_json(const ct_gpt_config *c)
     cJSON_AddNumberToObject(j, "attn_pdrop", c->dropout);
     cJSON_AddNumberToObject(j, "initializer_range", 0.02);
     cJSON_AddBoolToObject(j, "tie_word_embeddings", true);
-    cJSON_AddStringToObject(j, "torch_dtype", c->dtype == CT_DTYPE_F64 ? "float64" : "float32");
+    cJSON_AddStringToObject(j, "torch_dtype", cti_hf_torch_dtype(c->dtype));
     /* GPT2Config's defaults (50256) lie outside a small vocabulary and make transformers
      * warn: write the model's own ids, null for none */
-    const int64_t ids[2] = {c->bos_token_id, c->eos_token_id};
-    const char *keys[2] = {"bos_token_id", "eos_token_id"};
-    for (int i = 0; i < 2; i++) {
-        if (ids[i] >= 0 && ids[i] < c->vocab_size) cJSON_AddNumberToObject(j, keys[i], (double)ids[i]);
-        else cJSON_AddNullToObject(j, keys[i]);
-    }
+    cti_hf_add_token(j, "bos_token_id", c->bos_token_id, c->vocab_size);
+    cti_hf_add_token(j, "eos_token_id", c->eos_token_id, c->vocab_size);
     char *s = cJSON_Print(j);
     cJSON_Delete(j);
     return s;
@@ -145,41 +142,6 @@ ct_status ct_gpt_save_hf(const ct_gpt *m, const char *dir) { return ct_gpt_save_
 
 /* ---- GPT2Config in ------------------------------------------------------------- */
 
-static const cJSON *item(const cJSON *j, const char *key)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
-    return v && !cJSON_IsNull(v) ? v : NULL;
-}
-
-static ct_status bad_value(const char *label, const char *key, const cJSON *v, const char *what)
-{
-    char *s = v ? cJSON_PrintUnformatted(v) : NULL;
-    ct_status st = v ? ct_error_set(CT_ERR_FORMAT, "config %s: \"%s\" is %.60s; it must be %s", label, key,
-                                    s ? s : "?", what)
-                     : ct_error_set(CT_ERR_FORMAT, "config %s: missing key \"%s\" (%s)", label, key, what);
-    cJSON_free(s);
-    return st;
-}
-
-/* An integer >= lo under key; absent or null: def, or an error when required. */
-static ct_status get_int(const cJSON *j, const char *label, const char *key, bool required, int64_t def, int64_t lo,
-                         int64_t *out)
-{
-    const cJSON *v = item(j, key);
-    if (!v && !required) {
-        *out = def;
-        return CT_OK;
-    }
-    if (!v || !cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < (double)lo ||
-        v->valuedouble > 9007199254740992.0) {
-        char what[48];
-        snprintf(what, sizeof what, "an integer >= %lld", (long long)lo);
-        return bad_value(label, key, v, what);
-    }
-    *out = (int64_t)v->valuedouble;
-    return CT_OK;
-}
-
 ct_status ct_gpt_config_from_json(const char *json, const char *label, ct_gpt_config *out)
 {
     if (!json || !out) return ct_error_set(CT_ERR_INVALID, "gpt_config_from_json: NULL argument");
@@ -192,22 +154,22 @@ ct_status ct_gpt_config_from_json(const char *json, const char *label, ct_gpt_co
     /* GPT2Config's defaults where a key is absent, except the sizes, which must be there */
     ct_gpt_config c = {.token_ids_set = true};
     ct_status st = CT_OK;
-    const cJSON *mt = item(j, "model_type"), *act = item(j, "activation_function"), *eps = item(j, "layer_norm_epsilon");
+    const cJSON *mt = cti_hf_item(j, "model_type"), *act = cti_hf_item(j, "activation_function"), *eps = cti_hf_item(j, "layer_norm_epsilon");
     if (!cJSON_IsObject(j)) st = ct_error_set(CT_ERR_FORMAT, "config %s: not a JSON object", label);
     else if (mt && (!cJSON_IsString(mt) || strcmp(mt->valuestring, "gpt2")))
-        st = bad_value(label, "model_type", mt, "\"gpt2\"");
+        st = cti_hf_bad_value(label, "model_type", mt, "\"gpt2\"");
     else if (act && (!cJSON_IsString(act) || (strcmp(act->valuestring, "gelu_new") &&
                                                strcmp(act->valuestring, "gelu_pytorch_tanh"))))
-        st = bad_value(label, "activation_function", act, "\"gelu_new\" (the tanh GELU ctrain's GPT computes)");
+        st = cti_hf_bad_value(label, "activation_function", act, "\"gelu_new\" (the tanh GELU ctrain's GPT computes)");
     else if (eps && (!cJSON_IsNumber(eps) || !(eps->valuedouble > 0)))
-        st = bad_value(label, "layer_norm_epsilon", eps, "a positive number");
-    if (!st) st = get_int(j, label, "vocab_size", true, 0, 1, &c.vocab_size);
-    if (!st) st = get_int(j, label, "n_positions", true, 0, 1, &c.block_size);
-    if (!st) st = get_int(j, label, "n_embd", true, 0, 1, &c.n_embd);
-    if (!st) st = get_int(j, label, "n_layer", true, 0, 1, &c.n_layer);
-    if (!st) st = get_int(j, label, "n_head", true, 0, 1, &c.n_head);
-    if (!st) st = get_int(j, label, "bos_token_id", false, -1, 0, &c.bos_token_id);
-    if (!st) st = get_int(j, label, "eos_token_id", false, -1, 0, &c.eos_token_id);
+        st = cti_hf_bad_value(label, "layer_norm_epsilon", eps, "a positive number");
+    if (!st) st = cti_hf_int(j, label, "vocab_size", true, 0, 1, &c.vocab_size);
+    if (!st) st = cti_hf_int(j, label, "n_positions", true, 0, 1, &c.block_size);
+    if (!st) st = cti_hf_int(j, label, "n_embd", true, 0, 1, &c.n_embd);
+    if (!st) st = cti_hf_int(j, label, "n_layer", true, 0, 1, &c.n_layer);
+    if (!st) st = cti_hf_int(j, label, "n_head", true, 0, 1, &c.n_head);
+    if (!st) st = cti_hf_token(j, label, "bos_token_id", &c.bos_token_id);
+    if (!st) st = cti_hf_token(j, label, "eos_token_id", &c.eos_token_id);
     if (!st && c.n_embd % c.n_head)
         st = ct_error_set(CT_ERR_FORMAT, "config %s: n_head %lld must divide n_embd %lld", label, (long long)c.n_head,
                           (long long)c.n_embd);

@@ -12,6 +12,8 @@
 
 #include "core/error.h"
 #include "nn/gpt.h"
+#include "nn/hf_config.h"
+#include "nn/hf_weights.h"
 #include "nn/llama.h"
 #include "nn/lm.h"
 
@@ -112,16 +114,18 @@ typedef struct {
     const cJSON *root;
 } config;
 
-/* A token id of the config (null or absent: -1; a list such as Llama 3's eos: its
- * first id); an id outside the vocabulary is dropped with a warning. */
+/* A token id of the config (see cti_hf_token); an id outside the vocabulary is dropped
+ * with a warning, as a model cannot produce it. */
 static int64_t config_token(const config *c, const char *key, int64_t vocab_size)
 {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(c->root, key);
-    if (cJSON_IsArray(v)) v = v->child;
-    if (!cJSON_IsNumber(v)) return -1;
-    double d = v->valuedouble;
-    if (d >= 0 && d < (double)vocab_size && d == floor(d)) return (int64_t)d;
-    fprintf(stderr, "ctrain: %s: %s %g is outside the vocabulary of %lld; ignored\n", c->path, key, d,
+    int64_t id = -1;
+    if (cti_hf_token(c->root, c->path, key, &id)) {
+        fprintf(stderr, "ctrain: %s; ignored\n", ct_last_error());
+        ct_error_clear();
+        return -1;
+    }
+    if (id < vocab_size) return id;
+    fprintf(stderr, "ctrain: %s: %s %lld is outside the vocabulary of %lld; ignored\n", c->path, key, (long long)id,
             (long long)vocab_size);
     return -1;
 }
@@ -158,24 +162,6 @@ static const struct {
 };
 #define N_MODEL_TYPES (sizeof MODEL_TYPES / sizeof *MODEL_TYPES)
 
-static char *read_text(const char *path, size_t max, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    char *buf = malloc(max + 1);
-    size_t n = buf ? fread(buf, 1, max + 1, f) : 0;
-    bool ok = buf && !ferror(f) && n <= max;
-    fclose(f);
-    if (!ok) {
-        free(buf);
-        errno = buf ? EFBIG : ENOMEM;
-        return NULL;
-    }
-    buf[n] = 0;
-    *len = n;
-    return buf;
-}
-
 ct_lm *ct_lm_from_pretrained(const char *dir)
 {
     if (!dir) {
@@ -196,13 +182,12 @@ ct_lm *ct_lm_from_pretrained(const char *dir)
         ct_error_set(CT_ERR_INVALID, "lm_from_pretrained: directory name too long");
         return NULL;
     }
-    size_t len = 0;
-    char *text = read_text(path, 1u << 20, &len);
+    char *text = ct_hf_text_read(path);
     if (!text) {
-        ct_error_set(CT_ERR_IO, "lm_from_pretrained: cannot read %s: %s", path, strerror(errno));
+        ct_error_prefix("lm_from_pretrained: ");
         return NULL;
     }
-    cJSON *root = cJSON_ParseWithLength(text, len);
+    cJSON *root = cJSON_Parse(text);
     free(text);
     config c = {path, root};
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "model_type");
