@@ -98,4 +98,14 @@ ct_status cti_bpe_add_added(ct_bpe *b, const char *text, int64_t id, bool specia
  * where not set */
 ct_status cti_bpe_finish(ct_bpe *b);
 
+/* a 64-bit mix (splitmix64's finaliser) for the hash tables of pair keys */
+static inline uint64_t cti_bpe_mix64(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
 #endif

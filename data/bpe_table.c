@@ -8,16 +8,6 @@
 
 static uint64_t hash_bytes(const void *p, size_t n) { return XXH3_64bits(p, n); }
 
-/* a 64-bit mix (splitmix64's finaliser) for pair keys */
-static uint64_t mix64(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
-
 int64_t cti_bpe_str_get(const bpe_str_table *t, const void *key, size_t len)
 {
     if (!t->cap) return -1;
@@ -90,7 +80,7 @@ const struct bpe_pair_entry *cti_bpe_pair_get(const bpe_pair_table *t, uint32_t 
 {
     if (!t->cap) return NULL;
     uint64_t key = ((uint64_t)left << 32 | right) + 1;
-    for (size_t i = mix64(key) & (t->cap - 1);; i = (i + 1) & (t->cap - 1)) {
+    for (size_t i = cti_bpe_mix64(key) & (t->cap - 1);; i = (i + 1) & (t->cap - 1)) {
         const struct bpe_pair_entry *e = &t->slot[i];
         if (e->key == key) return e;
         if (!e->key) return NULL;
@@ -105,7 +95,7 @@ ct_status cti_bpe_pair_put(bpe_pair_table *t, uint32_t left, uint32_t right, int
         if (!s) return ct_error_set(CT_ERR_NOMEM, "bpe: out of memory for %zu merges", cap / 2);
         for (size_t k = 0; k < t->cap; k++) {
             if (!t->slot[k].key) continue;
-            size_t i = mix64(t->slot[k].key) & (cap - 1);
+            size_t i = cti_bpe_mix64(t->slot[k].key) & (cap - 1);
             while (s[i].key) i = (i + 1) & (cap - 1);
             s[i] = t->slot[k];
         }
@@ -114,7 +104,7 @@ ct_status cti_bpe_pair_put(bpe_pair_table *t, uint32_t left, uint32_t right, int
         t->cap = cap;
     }
     uint64_t key = ((uint64_t)left << 32 | right) + 1;
-    size_t i = mix64(key) & (t->cap - 1);
+    size_t i = cti_bpe_mix64(key) & (t->cap - 1);
     while (t->slot[i].key && t->slot[i].key != key) i = (i + 1) & (t->cap - 1);
     if (!t->slot[i].key) t->n++;
     /* a repeated merge takes its later rank, as Hugging Face's loader does */

@@ -40,15 +40,6 @@ typedef struct pair_map {
 
 static uint64_t pair_key(uint32_t left, uint32_t right) { return ((uint64_t)left << 32 | right) + 1; }
 
-static uint64_t mix64(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
-
 static bool live(const pair_map *m, const pair_slot *s) { return s->key && s->gen == m->gen; }
 
 /* the value of key, inserted as 0 when absent; NULL when out of memory */
@@ -63,7 +54,7 @@ static int64_t *pair_ref(pair_map *m, uint64_t key, bool *fresh)
         }
         for (size_t k = 0; k < m->cap; k++) {
             if (!live(m, &m->slot[k])) continue;
-            size_t i = mix64(m->slot[k].key) & (cap - 1);
+            size_t i = cti_bpe_mix64(m->slot[k].key) & (cap - 1);
             while (s[i].key) i = (i + 1) & (cap - 1);
             s[i] = m->slot[k];
             s[i].gen = 1;
@@ -73,7 +64,7 @@ static int64_t *pair_ref(pair_map *m, uint64_t key, bool *fresh)
         m->cap = cap;
         m->gen = 1;
     }
-    size_t i = mix64(key) & (m->cap - 1);
+    size_t i = cti_bpe_mix64(key) & (m->cap - 1);
     for (; live(m, &m->slot[i]); i = (i + 1) & (m->cap - 1))
         if (m->slot[i].key == key) {
             if (fresh) *fresh = false;
@@ -88,7 +79,7 @@ static int64_t *pair_ref(pair_map *m, uint64_t key, bool *fresh)
 static int64_t pair_get(const pair_map *m, uint64_t key)
 {
     if (!m->cap) return 0;
-    for (size_t i = mix64(key) & (m->cap - 1); live(m, &m->slot[i]); i = (i + 1) & (m->cap - 1))
+    for (size_t i = cti_bpe_mix64(key) & (m->cap - 1); live(m, &m->slot[i]); i = (i + 1) & (m->cap - 1))
         if (m->slot[i].key == key) return m->slot[i].val;
     return 0;
 }

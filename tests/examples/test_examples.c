@@ -166,16 +166,18 @@ static double final_val(const char *text)
  * batch 8) trained 300 steps on the default text with CTRAIN_MIXED_PRECISION=mp (what
  * `ctrain launch --mixed_precision mp` sets), alone or under ctrain launch with 2 ranks
  * of 4 sequences each (the same 8 per step); the final validation loss. The time
- * limits only catch a hang: alone a run takes about two minutes, but the parallel suite
- * puts it beside multi-rank tests on two cores, where it has taken over six. */
+ * limits only catch a hang: a run takes about two minutes on one core. The suite runs
+ * two tests at a time on two cores, so the single process gets one thread (launch gives
+ * each of its 2 ranks one): two OpenMP threads sharing a core with another test's
+ * threads wait on each other's barriers, and a run then took over 15 minutes. */
 static double w1_val_loss(const char *mp, int ranks)
 {
     const char *ctrain = bin_or_skip("CTRAIN_BIN"), *ex = bin_or_skip("CTRAIN_EXAMPLES");
     char cmd[4096];
     const char *common = "--steps 300 --eval_every 300 --eval_batches 8 --sample_tokens 0";
     if (ranks == 1)
-        snprintf(cmd, sizeof cmd, "env CTRAIN_MIXED_PRECISION=%s timeout 900 %s/gpt_train %s --out_dir %s/%s1", mp, ex,
-                 common, tmpdir, mp);
+        snprintf(cmd, sizeof cmd, "env CTRAIN_MIXED_PRECISION=%s timeout 900 %s/gpt_train %s --threads 1 --out_dir %s/%s1",
+                 mp, ex, common, tmpdir, mp);
     else
         snprintf(cmd, sizeof cmd,
                  "env CTRAIN_MIXED_PRECISION=%s timeout 900 %s launch --num_processes 2 --main_process_port 0 "

@@ -45,9 +45,9 @@
 #include "nn/lm.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
+#include "tests/spawn_timeout.h"
 #include "tests/tmpdir.h"
 
-extern char **environ;
 
 #define HF_TOL 1e-5
 #define HF_NEW_TOKENS 32
@@ -56,37 +56,6 @@ extern char **environ;
 #define HF_VENV_TIMEOUT_S 540 /* the first run builds the venv (pip) */
 #define HF_SCRIPT_TIMEOUT_S 180
 
-/* Runs argv with its stdout and stderr into log and a wall-clock limit; returns the
- * exit status, or -1 when it could not start, was killed by a signal or ran out of
- * time (then killed). */
-static int run_logged(char *const argv[], const char *log, int timeout_s)
-{
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    pid_t pid;
-    int rc = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    if (rc != 0) return -1;
-    struct timespec start;
-    clock_gettime(CLOCK_MONOTONIC, &start);
-    for (;;) {
-        int status;
-        pid_t r = waitpid(pid, &status, WNOHANG);
-        if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-        if (r < 0 && errno != EINTR) return -1;
-        struct timespec now;
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        if (now.tv_sec - start.tv_sec > timeout_s) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-            cr_log_error("%s: killed after %d s", argv[0], timeout_s);
-            return -1;
-        }
-        nanosleep(&(struct timespec){.tv_nsec = 20 * 1000 * 1000}, NULL);
-    }
-}
 
 /* What a process wrote (for a failure message); the caller frees it. */
 static char *log_text(const char *log)
@@ -111,7 +80,7 @@ static void need_venv(void)
     snprintf(script, sizeof script, "%s/tests/reference/hf_models.py", src);
     snprintf(venv_py, sizeof venv_py, "%s/bin/python", venv);
     char *argv[] = {"bash", sh, venv, NULL};
-    int rc = run_logged(argv, path_of("venv.log"), HF_VENV_TIMEOUT_S);
+    int rc = spawn_with_timeout(argv, path_of("venv.log"), HF_VENV_TIMEOUT_S);
     char *out = log_text(path_of("venv.log"));
     if (rc == 77) cr_skip_test("Hugging Face transformers is not available: %s", out);
     cr_assert_eq(rc, 0, "hf_venv.sh failed (status %d): %s", rc, out);
@@ -129,7 +98,7 @@ static int run_script(char *const args[], char **out)
         argv[n] = args[n - 2];
     }
     argv[n] = NULL;
-    int rc = run_logged(argv, path_of("script.log"), HF_SCRIPT_TIMEOUT_S);
+    int rc = spawn_with_timeout(argv, path_of("script.log"), HF_SCRIPT_TIMEOUT_S);
     *out = log_text(path_of("script.log"));
     return rc;
 }

@@ -35,9 +35,9 @@
 #include "nn/gpt.h"
 #include "optim/clip.h"
 #include "optim/optimizer.h"
+#include "tests/spawn_timeout.h"
 #include "tests/tmpdir.h"
 
-extern char **environ;
 
 #define REF_B 3
 #define REF_T 20
@@ -49,33 +49,6 @@ extern char **environ;
 static const ct_gpt_config ref_cfg = {.vocab_size = 67, .block_size = 24, .n_layer = 2, .n_head = 2, .n_embd = 32};
 static const double ref_lr = 1e-3, ref_wd = 0.1, ref_beta2 = 0.95;
 
-/* Runs argv with a wall-clock limit; returns the exit status, or -1 when it
- * could not start, was killed by a signal or ran out of time (then killed). */
-static int run_with_timeout(char *const argv[], int timeout_s)
-{
-    pid_t pid;
-    if (posix_spawnp(&pid, argv[0], NULL, NULL, argv, environ) != 0) return -1;
-    struct timespec start;
-    clock_gettime(CLOCK_MONOTONIC, &start);
-    for (;;) {
-        int status;
-        pid_t r = waitpid(pid, &status, WNOHANG);
-        if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-        if (r < 0 && errno != EINTR) return -1;
-        struct timespec now;
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        if (now.tv_sec - start.tv_sec > timeout_s) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-            cr_log_error("%s: killed after %d s", argv[0], timeout_s);
-            return -1;
-        }
-        nanosleep(&(struct timespec){.tv_nsec = 20 * 1000 * 1000}, NULL);
-    }
-}
-
-/* The first interpreter that imports torch: $CT_PYTHON, python3 on PATH, then
- * Debian's own (which is where python3-torch installs). */
 static const char *find_python(void)
 {
     static const char *cands[3];
@@ -87,7 +60,7 @@ static const char *find_python(void)
         /* find_spec prints nothing when torch is missing, unlike a failing import */
         char *argv[] = {(char *)cands[i], "-c",
                         "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)", NULL};
-        int rc = run_with_timeout(argv, 120);
+        int rc = spawn_with_timeout(argv, NULL, 120);
         if (rc == 0) return cands[i];
     }
     return NULL;
@@ -209,7 +182,7 @@ static int compare_with_torch(const char *perturb)
     char *argv[16] = {(char *)py, (char *)torch_script(), "--dir", tmpdir, "--lr", lr, "--weight_decay", wd,
                       "--beta2", b2, "--n_head", "2", NULL};
     if (perturb) argv[12] = "--perturb", argv[13] = (char *)perturb, argv[14] = NULL;
-    return run_with_timeout(argv, REF_TIMEOUT_S);
+    return spawn_with_timeout(argv, NULL, REF_TIMEOUT_S);
 }
 
 static void setup(void) { make_tmpdir_with("/tmp/ctrain-ref-"); }
