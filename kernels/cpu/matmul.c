@@ -33,6 +33,7 @@
 
 #include <cblas.h>
 #include <dnnl.h>
+#include <omp.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -53,6 +54,9 @@ int openblas_get_num_threads(void);
  * threshold, 65536 * GEMM_MULTITHREAD_THRESHOLD 4), so a batch of such GEMMs is
  * spread over OpenMP threads instead; bigger ones use the library's threads. */
 #define SMALL_GEMM_MNK (64 * 64 * 64)
+/* M * N * K below which dnnl_sgemm runs on the calling thread only: ~4 MFLOP, tens of
+ * microseconds on one core, the cost of waking a contended second thread. */
+#define ONEDNN_SERIAL_MNK (1 << 21)
 
 /* ---- geometry -------------------------------------------------------------- */
 
@@ -282,6 +286,13 @@ static ct_status gemm_batched(ct_tensor *out, const ct_tensor *a, const ct_tenso
             }
         }
     } else {
+        /* dnnl_sgemm starts a parallel region on every OpenMP thread whatever the size.
+         * For a small product (a decoding step's 1 x C x 4C) that region costs more than
+         * the product, and when another process holds a core each one waits for a
+         * scheduler slice: generation ran 4 tokens/s instead of 900 on a shared 2-core
+         * machine. Below ONEDNN_SERIAL_MNK it runs on this thread alone. */
+        bool serial = be == CT_GEMM_ONEDNN && dt == CT_DTYPE_F32 && mnk < ONEDNN_SERIAL_MNK && ct_get_num_threads() > 1;
+        if (serial) omp_set_num_threads(1);
         for (int64_t i = 0; i < nbatch && !failed; i++) {
             const char *A = ap + cti_mm_batch_offset(&g, g.as, i) * es, *B = bp + cti_mm_batch_offset(&g, g.bs, i) * es;
             char *C = cp + i * g.M * g.N * es;
@@ -290,6 +301,7 @@ static ct_status gemm_batched(ct_tensor *out, const ct_tensor *a, const ct_tenso
             else
                 failed = gemm_one(dt, be, at, bt, g.M, g.N, g.K, alpha, A, lda, B, ldb, beta, C, g.N);
         }
+        if (serial) omp_set_num_threads(ct_get_num_threads());
     }
     if (failed)
         return ct_error_set(CT_ERR_INTERNAL, "matmul: dnnl_sgemm failed (status %d) for M=%lld N=%lld K=%lld", failed,
