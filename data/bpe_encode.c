@@ -160,8 +160,8 @@ ct_status cti_bpe_split(const pcre2_code *re, pcre2_match_data *md, const uint8_
 {
     /* As Hugging Face's Split (behavior Isolated): each match is a piece, and so is
      * each stretch between matches. An empty match (GPT-2's regex has none; a
-     * file's may) makes no piece: the search goes on one character later and the
-     * character joins the stretch that follows. */
+     * file's may) makes no piece but ends the stretch before it; the search goes on
+     * one character later, and that character starts the next stretch. */
     ct_status st = CT_OK;
     size_t pos = 0, gap = 0; /* gap: where the text not yet in a piece starts */
     while (pos < n && !st) {
@@ -173,7 +173,9 @@ ct_status cti_bpe_split(const pcre2_code *re, pcre2_match_data *md, const uint8_
             return ct_error_set(CT_ERR_INTERNAL, "bpe: PCRE2 match failed at byte %zu: %s", pos, msg);
         }
         const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
-        if (ov[1] == ov[0]) { /* past one UTF-8 character (or one invalid byte) */
+        if (ov[1] == ov[0]) { /* it ends the stretch before it; search on one UTF-8 character (or byte) later */
+            if (ov[0] > gap) st = fn(ctx, s + gap, ov[0] - gap);
+            gap = ov[0];
             pos = ov[0] + 1;
             while (pos < n && (s[pos] & 0xC0) == 0x80 && (s[ov[0]] & 0xC0) == 0xC0) pos++;
             continue;

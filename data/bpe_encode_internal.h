@@ -12,7 +12,8 @@ struct bpe_sink {
 };
 
 /* Cuts s[0..n) into pieces with a pre-tokenisation regex (re, with its match data
- * md) and calls fn on each, in order: the matches and the stretches between them.
+ * md) and calls fn on each, in order: the matches and the stretches between them
+ * (an empty match is no piece but a boundary, as in Hugging Face's Split).
  * A run of bytes that are not valid UTF-8 matches nothing and lies between two
  * matches (or the ends): it is a piece of its own. */
 typedef ct_status (*bpe_piece_fn)(void *ctx, const uint8_t *piece, size_t n);

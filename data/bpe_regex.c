@@ -8,10 +8,11 @@
  *   \s, \S    Oniguruma: Unicode White_Space (PCRE2's \s differs on U+0085 and
  *             U+180E); spelled out as the class below. \S inside [...] is refused.
  *   \v        Oniguruma: the character U+000B; PCRE2: vertical whitespace.
+ *   \h, \H    Oniguruma: a hex digit (or not); PCRE2: horizontal whitespace.
  *   \uHHHH    Oniguruma's spelling of \x{HHHH}.
  *   {,n}      Oniguruma: {0,n}; PCRE2 10.42: the literal text.
  *   {n,m}+    Oniguruma: a repeat of the interval; PCRE2: possessive. Refused.
- *   \w \W \b \B \h \H, digits after \, [[:class:]], nested [..[..]], &&, and
+ *   \w \W \b \B, digits after \, [[:class:]], nested [..[..]], &&, and
  *             inline options other than i: refused (word characters, \h and the
  *             options mean different things; the rest have no PCRE2 spelling).
  *   ^ $ .     Oniguruma's are line anchors and "not \n": PCRE2 compiles with
@@ -86,6 +87,11 @@ static ct_status translate(const char *src, const char *name, const char *where,
                 if (in_class) return refuse(name, where, at, "\\S inside a character class");
                 puts_(o, "[^" WS "]");
             } else if (e == 'v') puts_(o, "\\x{0b}");
+            else if (e == 'h') puts_(o, in_class ? "0-9a-fA-F" : "[0-9a-fA-F]");
+            else if (e == 'H') {
+                if (in_class) return refuse(name, where, at, "\\H inside a character class");
+                puts_(o, "[^0-9a-fA-F]");
+            }
             else if (e == 'u') {
                 size_t k = 0;
                 while (k < 4 && src[i + k] && strchr("0123456789abcdefABCDEF", src[i + k])) k++;

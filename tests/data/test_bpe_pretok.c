@@ -158,14 +158,17 @@ Test(bpe_pretok, byte_level_forms)
     ct_bpe_free(b);
 }
 
-/* A regex that matches the empty string: as in tokenizers, an empty match makes
- * no piece and the character after it joins the text between matches. */
+/* A regex that matches the empty string: as in tokenizers (checked with its
+ * Split), an empty match makes no piece but ends the text before it. */
 Test(bpe_pretok, empty_matches)
 {
     ct_bpe *b = load_pre(sequence("\"x*\"", "Isolated"), false);
     EXPECT(b, "Sxx", 'S', 'x', 'x');             /* "S" "xx": S x is not merged */
-    EXPECT(b, "\xc3\xa9Sx", 0xc3, 0xa9, 'S', 'x'); /* "éS" "x" */
-    EXPECT(b, "12 34", 257, ' ', 256);           /* no x: one piece */
+    EXPECT(b, "\xc3\xa9Sx", 0xc3, 0xa9, 'S', 'x'); /* "é" "S" "x" */
+    EXPECT(b, "12 34", '1', '2', ' ', '3', '4'); /* an empty match before each character */
+    ct_bpe_free(b);
+    b = load_pre(sequence("\"(?=4)\"", "Isolated"), false);
+    EXPECT(b, "1234", 258, '4'); /* "123" "4"; as one piece: 12 34 */
     ct_bpe_free(b);
     /* \s translated as White_Space: U+0085 and U+00A0 split "34" from "y" */
     b = load_pre(sequence("\"\\\\s+\"", "Isolated"), false);
@@ -205,7 +208,7 @@ Test(bpe_pretok, refusals)
     fails("{\"type\": \"Metaspace\"}", "pre_tokenizer.type is \"Metaspace\"");
     /* constructs Oniguruma and PCRE2 read differently */
     static const char *const bad[][2] = {
-        {"\"\\\\w+\"", "escape \\w"},           {"\"\\\\h\"", "escape \\h"},
+        {"\"\\\\w+\"", "escape \\w"},           {"\"[\\\\H]\"", "\\H inside"},
         {"\"[^\\\\S]\"", "\\S inside"},         {"\"[[:alpha:]]\"", "[:class:]"},
         {"\"[a[b]]\"", "nested"},          {"\"[a-z&&b]\"", "intersection"},
         {"\"(?m:a.)\"", "inline option"},       {"\"a{1,2}+\"", "interval followed by +"},
@@ -219,7 +222,8 @@ Test(bpe_pretok, refusals)
     cJSON_free(json);
 }
 
-/* Oniguruma's spellings that PCRE2 reads otherwise, translated: {,n}, \uHHHH, \v */
+/* Oniguruma's spellings that PCRE2 reads otherwise, translated: {,n}, \uHHHH, \h, \v
+ * (what tokenizers' Split makes of each, checked by hand) */
 Test(bpe_pretok, translations)
 {
     ct_bpe *b = load_pre(sequence("\"\\\\p{N}{,2}\"", "Isolated"), false);
@@ -227,6 +231,9 @@ Test(bpe_pretok, translations)
     ct_bpe_free(b);
     b = load_pre(sequence("\"\\\\u0031\\\\u0032\"", "Isolated"), false);
     EXPECT(b, "3124", '3', 257, '4'); /* "3" "12" "4" */
+    ct_bpe_free(b);
+    b = load_pre(sequence("\"\\\\h+\"", "Isolated"), false); /* hex digits, not blanks */
+    EXPECT(b, "x12 34", 'x', 257, ' ', 256);
     ct_bpe_free(b);
     b = load_pre(sequence("\"\\\\v\"", "Isolated"), false);
     EXPECT(b, "12\n34\x0b", 257, '\n', 256, 0x0b); /* \v is U+000B alone: "12\n34" */
