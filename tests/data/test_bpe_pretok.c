@@ -112,7 +112,8 @@ static void expect(ct_bpe *b, const char *text, const uint32_t *want, size_t nwa
     size_t cap = 0, n = strlen(text);
     int64_t k = ct_bpe_encode(b, text, n, &ids, &cap);
     cr_assert_eq(k, (int64_t)nwant, "'%s': %lld ids, want %zu (%s)", text, (long long)k, nwant, ct_last_error());
-    for (size_t i = 0; i < nwant; i++) cr_assert_eq(ids[i], want[i], "'%s': id %zu is %u, want %u", text, i, ids[i], want[i]);
+    for (size_t i = 0; i < nwant; i++)
+        cr_assert_eq(ids[i], want[i], "'%s': id %zu is %u, want %u", text, i, ids[i], want[i]);
     char *back = malloc(n + 1);
     cr_assert_eq(ct_bpe_decode(b, ids, (size_t)k, back, n + 1), (int64_t)n);
     cr_assert(!memcmp(back, text, n), "'%s' decodes to '%s'", text, back);
