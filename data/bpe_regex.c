@@ -182,7 +182,8 @@ pcre2_code *cti_bpe_regex_onig(const char *pattern, const char *name, const char
         char msg[256];
         pcre2_get_error_message(err, (PCRE2_UCHAR *)msg, sizeof msg);
         ct_error_set(CT_ERR_FORMAT,
-                     "bpe: '%s': %s: PCRE2 cannot compile the regex (as translated: '%s') at offset %zu: %s", name, where, o.p ? o.p : "", (size_t)off, msg);
+                     "bpe: '%s': %s: PCRE2 cannot compile the regex (as translated: '%s') at offset %zu: %s", name,
+                     where, o.p ? o.p : "", (size_t)off, msg);
     } else (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);
     free(o.p);
     return re;
