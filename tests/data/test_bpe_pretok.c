@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 
 #include "data/bpe.h"
 #include "tests/data/fortunes.h"
@@ -295,11 +296,16 @@ Test(bpe_pretok, hugging_face_llama3, .timeout = 600)
 
     uint32_t *ids = NULL;
     size_t cap = 0, line = 0, tokens = 0, one_id = 0;
+    double seconds = 0;
     const char *w = want;
     for (size_t i = 0; i <= tn; line++) {
         const uint8_t *nl = i < tn ? memchr(text + i, '\n', tn - i) : NULL;
         size_t len = nl ? (size_t)(nl - (text + i)) : tn - i;
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
         int64_t k = ct_bpe_encode(b, text + i, len, &ids, &cap);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        seconds += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
         cr_assert_geq(k, 0, "line %zu: %s", line + 1, ct_last_error());
         const char *eol = strchr(w, '\n');
         cr_assert_not_null(eol, "llama3_ids.txt ends before line %zu", line + 1);
@@ -328,7 +334,8 @@ Test(bpe_pretok, hugging_face_llama3, .timeout = 600)
         i += len + 1;
     }
     cr_assert_geq(one_id, 3, "the hand-added whole-word tokens appear %zu times", one_id);
-    cr_log_info("llama3: %zu lines, %zu tokens identical to tokenizers", line + 1, tokens);
+    cr_log_info("llama3: %zu lines, %zu tokens identical to tokenizers; encoded in %.3f s (%.1f MB/s)", line + 1,
+                tokens, seconds, (double)tn / seconds / 1e6);
     free(ids);
     free(want);
     free(text);
