@@ -262,7 +262,7 @@ ct_status cti_bpe_finish(ct_bpe *b)
     if (b->pad < 0) b->pad = added_named(b, PAD);
 
     if (b->no_split) return CT_OK;
-    b->re = b->split_regex ? cti_bpe_regex_onig(b->split_regex, b->name, "pre_tokenizer's Split pattern")
+    b->re = b->split_regex ? cti_bpe_regex_onig(b->split_regex, b->name, "pre_tokenizer.pretokenizers[0].pattern.Regex")
                            : cti_bpe_regex();
     if (!b->re) return ct_last_status();
     b->md = pcre2_match_data_create_from_pattern(b->re, NULL);

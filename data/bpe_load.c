@@ -196,22 +196,21 @@ static ct_status read_added(ct_bpe *b, const cJSON *added)
 
 /* pre: a ByteLevel pre-tokenizer at where; alone (GPT-2's form, or no split at all
  * when use_regex is false) or after a Split (in_sequence: its regex must be off) */
+/* pre: a ByteLevel pre-tokenizer at where; alone (GPT-2's form, or no split at all
+ * when use_regex is false) or after a Split (in_sequence: its regex must be off) */
 static ct_status read_byte_level(ct_bpe *b, const cJSON *pre, const char *where, bool in_sequence)
 {
-    char what[160];
     const cJSON *use_regex = cJSON_GetObjectItemCaseSensitive(pre, "use_regex");
     bool prefix = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(pre, "add_prefix_space"));
-    if (in_sequence) {
-        if (!cJSON_IsFalse(use_regex)) { /* GPT-2's regex after another split */
-            snprintf(what, sizeof what, "%s.use_regex = true after a Split (only false is)", where);
-            return unsupported(b, what);
-        }
-        if (prefix) {
-            snprintf(what, sizeof what, "%s.add_prefix_space = true after a Split", where);
-            return unsupported(b, what);
-        }
-        return CT_OK;
-    }
+    if (in_sequence && !cJSON_IsFalse(use_regex)) /* GPT-2's regex after another split */
+        return ct_error_set(CT_ERR_UNSUPPORTED,
+                            "bpe: '%s': %s.use_regex = true after a Split is not supported (only false is)", b->name,
+                            where);
+    if (in_sequence && prefix)
+        return ct_error_set(CT_ERR_UNSUPPORTED,
+                            "bpe: '%s': %s.add_prefix_space = true after a Split is not supported (only false is)",
+                            b->name, where);
+    if (in_sequence) return CT_OK;
     b->no_split = cJSON_IsFalse(use_regex);
     b->add_prefix_space = prefix;
     return CT_OK;
@@ -220,25 +219,22 @@ static ct_status read_byte_level(ct_bpe *b, const cJSON *pre, const char *where,
 /* a Split pre-tokenizer at where: a regex, each match its own piece */
 static ct_status read_split(ct_bpe *b, const cJSON *pre, const char *where)
 {
-    char what[160];
     const cJSON *pattern = cJSON_GetObjectItemCaseSensitive(pre, "pattern");
     const cJSON *regex = cJSON_GetObjectItemCaseSensitive(pattern, "Regex");
-    if (!cJSON_IsString(regex)) {
-        snprintf(what, sizeof what, "%s.pattern other than {\"Regex\": \"...\"}%s", where,
-                 cJSON_GetObjectItemCaseSensitive(pattern, "String") ? " (a String)" : "");
-        return unsupported(b, what);
-    }
+    if (!cJSON_IsString(regex))
+        return ct_error_set(CT_ERR_UNSUPPORTED,
+                            "bpe: '%s': %s.pattern is not supported: only {\"Regex\": \"...\"} is%s", b->name, where,
+                            cJSON_GetObjectItemCaseSensitive(pattern, "String") ? " (this is a String)" : "");
     const cJSON *behavior = cJSON_GetObjectItemCaseSensitive(pre, "behavior");
     if (!cJSON_IsString(behavior) || strcmp(behavior->valuestring, "Isolated")) {
-        snprintf(what, sizeof what, "%s.behavior %s%.40s%s (only \"Isolated\" is)", where,
-                 cJSON_IsString(behavior) ? "\"" : "", cJSON_IsString(behavior) ? behavior->valuestring : "missing",
-                 cJSON_IsString(behavior) ? "\"" : "");
-        return unsupported(b, what);
+        const char *q = cJSON_IsString(behavior) ? "\"" : "";
+        return ct_error_set(CT_ERR_UNSUPPORTED,
+                            "bpe: '%s': %s.behavior %s%.40s%s is not supported (only \"Isolated\" is)", b->name, where,
+                            q, cJSON_IsString(behavior) ? behavior->valuestring : "(missing)", q);
     }
-    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(pre, "invert"))) {
-        snprintf(what, sizeof what, "%s.invert = true", where);
-        return unsupported(b, what);
-    }
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(pre, "invert")))
+        return ct_error_set(CT_ERR_UNSUPPORTED, "bpe: '%s': %s.invert = true is not supported (only false is)",
+                            b->name, where);
     b->split_regex = strdup(regex->valuestring);
     return b->split_regex ? CT_OK : ct_error_set(CT_ERR_NOMEM, "bpe: '%s': out of memory", b->name);
 }
