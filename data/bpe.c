@@ -261,7 +261,9 @@ ct_status cti_bpe_finish(ct_bpe *b)
     if (b->eos < 0) b->eos = added_named(b, EOS);
     if (b->pad < 0) b->pad = added_named(b, PAD);
 
-    b->re = cti_bpe_regex();
+    if (b->no_split) return CT_OK;
+    b->re = b->split_regex ? cti_bpe_regex_onig(b->split_regex, b->name, "pre_tokenizer.pretokenizers[0].pattern.Regex")
+                           : cti_bpe_regex();
     if (!b->re) return ct_last_status();
     b->md = pcre2_match_data_create_from_pattern(b->re, NULL);
     if (!b->md) return ct_error_set(CT_ERR_NOMEM, "bpe: out of memory for PCRE2 match data");
@@ -280,6 +282,7 @@ void ct_bpe_free(ct_bpe *b)
     free(b->added);
     pcre2_match_data_free(b->md);
     pcre2_code_free(b->re);
+    free(b->split_regex);
     cti_bpe_str_free(&b->cache);
     free(b->cache_ids);
     free(b->sym);

@@ -158,21 +158,33 @@ static ct_status encode_piece(ct_bpe *b, const uint8_t *p, size_t n, bpe_sink *s
 ct_status cti_bpe_split(const pcre2_code *re, pcre2_match_data *md, const uint8_t *s, size_t n, bpe_piece_fn fn,
                         void *ctx)
 {
+    /* As Hugging Face's Split (behavior Isolated): each match is a piece, and so is
+     * each stretch between matches. An empty match (GPT-2's regex has none; a
+     * file's may) makes no piece but ends the stretch before it; the search goes on
+     * one character later, and that character starts the next stretch. */
     ct_status st = CT_OK;
-    size_t pos = 0;
+    size_t pos = 0, gap = 0; /* gap: where the text not yet in a piece starts */
     while (pos < n && !st) {
         int rc = pcre2_match(re, s, n, pos, 0, md, NULL);
-        if (rc == PCRE2_ERROR_NOMATCH) return fn(ctx, s + pos, n - pos);
+        if (rc == PCRE2_ERROR_NOMATCH) break;
         if (rc < 0) {
             char msg[256];
             pcre2_get_error_message(rc, (PCRE2_UCHAR *)msg, sizeof msg);
             return ct_error_set(CT_ERR_INTERNAL, "bpe: PCRE2 match failed at byte %zu: %s", pos, msg);
         }
         const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
-        if (ov[0] > pos) st = fn(ctx, s + pos, ov[0] - pos);
+        if (ov[1] == ov[0]) { /* it ends the stretch before it; search on one UTF-8 character (or byte) later */
+            if (ov[0] > gap) st = fn(ctx, s + gap, ov[0] - gap);
+            gap = ov[0];
+            pos = ov[0] + 1;
+            while (pos < n && (s[pos] & 0xC0) == 0x80 && (s[ov[0]] & 0xC0) == 0xC0) pos++;
+            continue;
+        }
+        if (ov[0] > gap) st = fn(ctx, s + gap, ov[0] - gap);
         if (!st) st = fn(ctx, s + ov[0], ov[1] - ov[0]);
-        pos = ov[1] > ov[0] ? ov[1] : ov[0] + 1; /* no part of the regex matches empty; never loop */
+        pos = gap = ov[1];
     }
+    if (!st && gap < n) st = fn(ctx, s + gap, n - gap);
     return st;
 }
 
@@ -199,7 +211,8 @@ static ct_status encode_stretch(ct_bpe *b, const uint8_t *s, size_t n, bpe_sink 
         memcpy(tmp + 1, s, n);
         s = tmp, n++;
     }
-    ct_status st = cti_bpe_split(b->re, b->md, s, n, piece_to_sink, &(piece_ctx){.b = b, .sink = sink});
+    ct_status st = b->re ? cti_bpe_split(b->re, b->md, s, n, piece_to_sink, &(piece_ctx){.b = b, .sink = sink})
+                         : encode_piece(b, s, n, sink); /* no regex: the stretch is one piece */
     free(tmp);
     return st;
 }

@@ -11,9 +11,11 @@ struct bpe_sink {
     ct_status (*emit)(bpe_sink *sink, const uint32_t *ids, size_t n);
 };
 
-/* Cuts s[0..n) into pieces with GPT-2's regex (re, with its match data md) and
- * calls fn on each, in order. A run of bytes that are not valid UTF-8 matches
- * nothing and lies between two matches (or the ends): it is a piece of its own. */
+/* Cuts s[0..n) into pieces with a pre-tokenisation regex (re, with its match data
+ * md) and calls fn on each, in order: the matches and the stretches between them
+ * (an empty match is no piece but a boundary, as in Hugging Face's Split).
+ * A run of bytes that are not valid UTF-8 matches nothing and lies between two
+ * matches (or the ends): it is a piece of its own. */
 typedef ct_status (*bpe_piece_fn)(void *ctx, const uint8_t *piece, size_t n);
 ct_status cti_bpe_split(const pcre2_code *re, pcre2_match_data *md, const uint8_t *s, size_t n, bpe_piece_fn fn,
                         void *ctx);

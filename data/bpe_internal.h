@@ -60,7 +60,9 @@ struct ct_bpe {
     uint8_t added_first[256]; /* 1 where some added token starts with that byte */
     int64_t bos, eos, pad;
     bool add_prefix_space, ignore_merges;
-    pcre2_code *re;
+    char *split_regex;      /* the file's Split regex (Oniguruma's syntax); NULL: GPT-2's */
+    bool no_split;          /* ByteLevel without a regex: a stretch is one piece */
+    pcre2_code *re;         /* NULL when no_split */
     pcre2_match_data *md;
     bpe_str_table cache;    /* piece -> (offset << 16 | count) in cache_ids */
     uint32_t *cache_ids;
@@ -86,6 +88,10 @@ bool cti_bpe_token_mappable(const char *token);
 /* GPT-2's pre-tokenisation regex, compiled (and JIT-compiled where allowed); NULL
  * and an error on failure. The caller frees it with pcre2_code_free. */
 pcre2_code *cti_bpe_regex(void);
+/* a tokenizer.json's own regex, written for Oniguruma (data/bpe_regex.c): translated
+ * to PCRE2 and compiled; NULL and an error naming the file (name) and the field
+ * (where) when it holds a construct the two engines read differently */
+pcre2_code *cti_bpe_regex_onig(const char *pattern, const char *name, const char *where);
 
 /* building (data/bpe.c); every error names b->name */
 ct_bpe *cti_bpe_new(const char *name);

@@ -194,6 +194,53 @@ static ct_status read_added(ct_bpe *b, const cJSON *added)
     return CT_OK;
 }
 
+/* pre: a ByteLevel pre-tokenizer at where; alone (GPT-2's form, or no split at all
+ * when use_regex is false) or after a Split (in_sequence: its regex must be off) */
+/* pre: a ByteLevel pre-tokenizer at where; alone (GPT-2's form, or no split at all
+ * when use_regex is false) or after a Split (in_sequence: its regex must be off) */
+static ct_status read_byte_level(ct_bpe *b, const cJSON *pre, const char *where, bool in_sequence)
+{
+    const cJSON *use_regex = cJSON_GetObjectItemCaseSensitive(pre, "use_regex");
+    bool prefix = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(pre, "add_prefix_space"));
+    if (in_sequence && !cJSON_IsFalse(use_regex)) /* GPT-2's regex after another split */
+        return ct_error_set(CT_ERR_UNSUPPORTED,
+                            "bpe: '%s': %s.use_regex = true after a Split is not supported (only false is)", b->name,
+                            where);
+    if (in_sequence && prefix)
+        return ct_error_set(CT_ERR_UNSUPPORTED,
+                            "bpe: '%s': %s.add_prefix_space = true after a Split is not supported (only false is)",
+                            b->name, where);
+    if (in_sequence) return CT_OK;
+    b->no_split = cJSON_IsFalse(use_regex);
+    b->add_prefix_space = prefix;
+    return CT_OK;
+}
+
+/* a Split pre-tokenizer at where: a regex, each match its own piece */
+static ct_status read_split(ct_bpe *b, const cJSON *pre, const char *where)
+{
+    const cJSON *pattern = cJSON_GetObjectItemCaseSensitive(pre, "pattern");
+    const cJSON *regex = cJSON_GetObjectItemCaseSensitive(pattern, "Regex");
+    if (!cJSON_IsString(regex))
+        return ct_error_set(CT_ERR_UNSUPPORTED,
+                            "bpe: '%s': %s.pattern is not supported: only {\"Regex\": \"...\"} is%s", b->name, where,
+                            cJSON_GetObjectItemCaseSensitive(pattern, "String") ? " (this is a String)" : "");
+    const cJSON *behavior = cJSON_GetObjectItemCaseSensitive(pre, "behavior");
+    if (!cJSON_IsString(behavior) || strcmp(behavior->valuestring, "Isolated")) {
+        const char *q = cJSON_IsString(behavior) ? "\"" : "";
+        return ct_error_set(CT_ERR_UNSUPPORTED,
+                            "bpe: '%s': %s.behavior %s%.40s%s is not supported (only \"Isolated\" is)", b->name, where,
+                            q, cJSON_IsString(behavior) ? behavior->valuestring : "(missing)", q);
+    }
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(pre, "invert")))
+        return ct_error_set(CT_ERR_UNSUPPORTED, "bpe: '%s': %s.invert = true is not supported (only false is)",
+                            b->name, where);
+    b->split_regex = strdup(regex->valuestring);
+    return b->split_regex ? CT_OK : ct_error_set(CT_ERR_NOMEM, "bpe: '%s': out of memory", b->name);
+}
+
+/* The forms read: ByteLevel (with or without GPT-2's regex), and Sequence [Split
+ * (Regex, Isolated), ByteLevel (use_regex false)] as Llama 3 and Qwen2 write it. */
 static ct_status read_pre_tokenizer(ct_bpe *b, const cJSON *root)
 {
     const cJSON *norm = cJSON_GetObjectItemCaseSensitive(root, "normalizer");
@@ -202,21 +249,39 @@ static ct_status read_pre_tokenizer(ct_bpe *b, const cJSON *root)
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(pre, "type");
     if (!cJSON_IsObject(pre) || !cJSON_IsString(type))
         return ct_error_set(CT_ERR_FORMAT, "bpe: '%s': pre_tokenizer is not an object with a \"type\"", b->name);
-    if (strcmp(type->valuestring, "ByteLevel"))
-        return ct_error_set(CT_ERR_UNSUPPORTED, "bpe: '%s': pre_tokenizer.type is \"%s\"; only \"ByteLevel\" is supported",
+    if (!strcmp(type->valuestring, "ByteLevel")) return read_byte_level(b, pre, "pre_tokenizer", false);
+    if (strcmp(type->valuestring, "Sequence"))
+        return ct_error_set(CT_ERR_UNSUPPORTED,
+                            "bpe: '%s': pre_tokenizer.type is \"%s\"; only \"ByteLevel\" and \"Sequence\" (Split, "
+                            "ByteLevel) are supported",
                             b->name, type->valuestring);
-    const cJSON *use_regex = cJSON_GetObjectItemCaseSensitive(pre, "use_regex");
-    if (cJSON_IsFalse(use_regex)) return unsupported(b, "pre_tokenizer.use_regex = false");
-    b->add_prefix_space = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(pre, "add_prefix_space"));
-    return CT_OK;
+    const cJSON *seq = cJSON_GetObjectItemCaseSensitive(pre, "pretokenizers");
+    const cJSON *t0 = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(seq, 0), "type");
+    const cJSON *t1 = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(seq, 1), "type");
+    if (!cJSON_IsArray(seq) || cJSON_GetArraySize(seq) != 2 || !cJSON_IsString(t0) || !cJSON_IsString(t1) ||
+        strcmp(t0->valuestring, "Split") || strcmp(t1->valuestring, "ByteLevel"))
+        return ct_error_set(CT_ERR_UNSUPPORTED,
+                            "bpe: '%s': pre_tokenizer.pretokenizers is not supported: only a Sequence of a \"Split\" "
+                            "then a \"ByteLevel\" is",
+                            b->name);
+    ct_status st = read_split(b, cJSON_GetArrayItem(seq, 0), "pre_tokenizer.pretokenizers[0]");
+    return st ? st : read_byte_level(b, cJSON_GetArrayItem(seq, 1), "pre_tokenizer.pretokenizers[1]", true);
 }
 
-/* bos/eos from a TemplateProcessing post-processor: the special tokens before and
- * after $A in "single" */
+/* bos/eos from a TemplateProcessing post-processor (alone or in a Sequence): the
+ * special tokens before and after $A in "single" */
 static void read_post_processor(ct_bpe *b, const cJSON *root)
 {
     const cJSON *pp = cJSON_GetObjectItemCaseSensitive(root, "post_processor");
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(pp, "type");
+    if (cJSON_IsString(type) && !strcmp(type->valuestring, "Sequence")) { /* Llama 3: ByteLevel, TemplateProcessing */
+        const cJSON *p;
+        cJSON_ArrayForEach(p, cJSON_GetObjectItemCaseSensitive(pp, "processors"))
+        {
+            const cJSON *t = cJSON_GetObjectItemCaseSensitive(p, "type");
+            if (cJSON_IsString(t) && !strcmp(t->valuestring, "TemplateProcessing")) pp = p, type = t;
+        }
+    }
     if (!cJSON_IsString(type) || strcmp(type->valuestring, "TemplateProcessing")) return;
     bool seen_a = false;
     const cJSON *item;

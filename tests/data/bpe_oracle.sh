@@ -5,6 +5,7 @@
 #
 #   bpe_oracle.sh VENV WORKDIR TEXT
 #   bpe_oracle.sh VENV WORKDIR TEXT train CT_JSON VOCAB_SIZE MIN_FREQUENCY SPECIALS
+#   bpe_oracle.sh VENV WORKDIR TEXT llama3
 #
 # VENV (made with /usr/bin/python3 -m venv and `pip install tokenizers` when it
 # does not hold tokenizers yet; reused otherwise). In WORKDIR it writes
@@ -16,7 +17,13 @@
 # initial_alphabet=ByteLevel.alphabet()) into WORKDIR/hf_train.json (and the
 # seconds it took into hf_train_seconds.txt), then loads ctrain's CT_JSON with
 # Tokenizer.from_file and writes its encoding of each line of TEXT into
-# ct_ids.txt, as above. Exit status 77: the venv cannot be made (the reason is
+# ct_ids.txt, as above.
+# With "llama3": a tokenizer in Llama 3's form (pre_tokenizer Sequence [Split with
+# Llama 3's regex, Isolated; ByteLevel without its regex], model.ignore_merges
+# true, post_processor Sequence [ByteLevel, TemplateProcessing adding
+# <|begin_of_text|>]) trained on TEXT (vocab 4000) plus a few tokens no merge
+# makes (so that ignore_merges shows), into WORKDIR/llama3.json, and its ids of
+# each line of TEXT into llama3_ids.txt. Exit status 77: the venv cannot be made (the reason is
 # on stderr); the caller skips. Each step is bounded by a timeout.
 set -euo pipefail
 venv=$1 work=$2 text=$3
@@ -47,6 +54,46 @@ flock -u 9
 
 # one thread: the test shares the machine with the rest of the suite
 export RAYON_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
+if [ "${4:-}" = llama3 ]; then
+    timeout 120 "$venv/bin/python" - "$work" "$text" <<'PY'
+import json, sys
+from tokenizers import Regex, Tokenizer, models, pre_tokenizers, decoders, processors, trainers
+
+work, text = sys.argv[1], sys.argv[2]
+LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+          r"|\s+(?!\S)|\s+")
+tok = Tokenizer(models.BPE())
+tok.pre_tokenizer = pre_tokenizers.Sequence([
+    pre_tokenizers.Split(Regex(LLAMA3), behavior="isolated", invert=False),
+    pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False)])
+tok.decoder = decoders.ByteLevel()
+tok.post_processor = processors.Sequence([
+    processors.ByteLevel(trim_offsets=False),
+    processors.TemplateProcessing(single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", 0)])])
+trainer = trainers.BpeTrainer(vocab_size=4000, special_tokens=["<|begin_of_text|>", "<|end_of_text|>"],
+                              initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+tok.train([text], trainer)
+spec = json.loads(tok.to_str())
+model = spec["model"]
+model["ignore_merges"] = True
+# whole pre-tokens that no merge makes: ignore_merges gives them one id
+vocab = model["vocab"]
+for word in ["\u0120xyzzyplugh", "\u0120Supercalifragilistic", "quuxbaz", "\u0120\u0120\u0120\u0120\u0120"]:
+    if word not in vocab:
+        vocab[word] = max(vocab.values()) + 1
+with open(f"{work}/llama3.json", "w") as f:
+    json.dump(spec, f, ensure_ascii=False)
+tok = Tokenizer.from_file(f"{work}/llama3.json")
+
+with open(text, "rb") as f:
+    lines = f.read().split(b"\n")
+with open(f"{work}/llama3_ids.txt", "w") as out:
+    for line in lines:
+        ids = tok.encode(line.decode("utf-8"), add_special_tokens=False).ids
+        out.write(" ".join(map(str, ids)) + "\n")
+PY
+    exit
+fi
 if [ "${4:-}" = train ]; then
     timeout 120 "$venv/bin/python" - "$work" "$text" "$5" "$6" "$7" "$8" <<'PY'
 import sys, time
