@@ -43,7 +43,16 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_gpt import fail, make_adamw, param_groups, pick_adamw  # noqa: E402
+import torch_gpt  # noqa: E402
+from torch_gpt import make_adamw, param_groups, pick_adamw  # noqa: E402
+
+
+def fail(msg):
+    print(f"torch_llama: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+torch_gpt.fail = fail  # pick_adamw's messages name this program
 
 LLAMA = dict(vocab_size=2048, hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=2048, rms_norm_eps=1e-6, rope_theta=10000.0,
