@@ -183,7 +183,7 @@ bench: setup
 	@$(MAKE) --no-print-directory $(JOBS) $(BENCH_BIN)
 	@set -e; for b in $(filter $(BUILD)/bench/kernels/%,$(BENCH_BIN)); do echo "== $$b"; $$b; done
 
-# GPT training throughput against PyTorch CPU (bench/gpt_cpu/run.sh; about 15 minutes on 2 cores).
+# GPT and Llama training and generation throughput against PyTorch CPU (bench/gpt_cpu/run.sh; about 25 minutes on 2 cores).
 bench-gpt: setup
 	@$(MAKE) --no-print-directory $(JOBS) $(BENCH_BIN)
 	bench/gpt_cpu/run.sh --out $(BUILD)/bench/gpt_cpu.md

@@ -6,6 +6,10 @@
  * Configs (HF GPT-2 architecture, nn/gpt.h; dropout 0):
  *   w1    vocab 256,   block 256,  4 layers,  4 heads, width 256, batch 8, seq 256
  *   124m  vocab 50257, block 1024, 12 layers, 12 heads, width 768, batch 1, seq 256
+ * and one Llama (HF LlamaForCausalLM architecture, nn/llama.h: RMSNorm eps 1e-6, RoPE
+ * theta 10000, SwiGLU MLP, no biases, untied lm_head, HF initialisation):
+ *   llama-w1  vocab 2048, 4 layers, 4 heads (head_dim 64), 2 key/value heads, hidden
+ *             256, intermediate 688, batch 8, seq 256
  *
  * One step = forward + mean cross-entropy + backward + clip_grad_norm(1.0) + AdamW step
  * (lr 1e-4, betas 0.9/0.95, weight decay 0.1 on the 2-D weights -- wte, wpe and the
@@ -27,6 +31,8 @@
  *                 causal mask leaves half of the T x T scores (nanoGPT counts 12*L*T*C,
  *                 the full square; this benchmark counts only the work a causal kernel
  *                 must do)
+ *   Llama: N = every parameter except embed_tokens (a lookup; the untied lm_head is
+ *   counted), the attention term the same 6*L*T*C (C = heads * head_dim = hidden).
  *     gflops = flops / median step time. Softmax, LayerNorm, GELU, cross-entropy and the
  *     optimizer are not counted: their time is in the step, their FLOPs are not.
  *
@@ -40,7 +46,7 @@
  *     sum over shapes of count * 2*M*N*K  /  sum over shapes of count * median time
  * i.e. the rate at which those GEMMs of one step would run back to back. The attention
  * products (ctrain's fused attention kernel) are not sgemm calls and are left out.
- * The JSON line then gives gflops = the ceiling, step_ms and tokens_per_s = what a step
+ * (GPT configs only.) The JSON line then gives gflops = the ceiling, step_ms and tokens_per_s = what a step
  * of `flops` above would take at that rate, and loss0 null.
  *
  * Output: one JSON line on stdout
@@ -71,11 +77,14 @@ typedef struct bench_config {
     const char *name;
     int64_t vocab, block, n_layer, n_head, n_embd, batch, seq;
     int warmup, steps;
+    bool llama;               /* nn/llama.h's model instead of nn/gpt.h's */
+    int64_t n_kv_head, inter; /* llama: key/value heads, MLP width */
 } bench_config;
 
 static const bench_config configs[] = {
-    {"w1", 256, 256, 4, 4, 256, 8, 256, 3, 20},
-    {"124m", 50257, 1024, 12, 12, 768, 1, 256, 2, 6},
+    {"w1", 256, 256, 4, 4, 256, 8, 256, 3, 20, false, 0, 0},
+    {"124m", 50257, 1024, 12, 12, 768, 1, 256, 2, 6, false, 0, 0},
+    {"llama-w1", 2048, 2048, 4, 4, 256, 8, 256, 3, 20, true, 2, 688},
 };
 
 typedef struct options {
@@ -90,9 +99,10 @@ typedef struct options {
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: " PROG " --config w1|124m --threads N [--steps S] [--warmup W] [--seed X] [--sgemm]\n"
+            "usage: " PROG " --config w1|124m|llama-w1 --threads N [--steps S] [--warmup W] [--seed X] [--sgemm]\n"
             "               [--precision f32|bf16|f16|fp8]\n"
-            "  --config C    w1 (vocab 256, 4x256, batch 8 x 256) or 124m (GPT-2 124M, batch 1 x 256)\n"
+            "  --config C    w1 (vocab 256, 4x256, batch 8 x 256), 124m (GPT-2 124M, batch 1 x 256) or\n"
+            "                llama-w1 (Llama, vocab 2048, 4x256, 2 kv heads, MLP 688, batch 8 x 256)\n"
             "  --threads N   threads for ctrain (ct_set_num_threads) or OpenBLAS (--sgemm), N >= 1\n"
             "  --steps S     timed steps (default w1 20, 124m 6; --sgemm: calls per shape, default 10)\n"
             "  --warmup W    untimed steps first (default w1 3, 124m 2; --sgemm: 3)\n"
@@ -117,14 +127,14 @@ static int parse_args(int argc, char **argv, options *o)
             o->sgemm = true;
         } else if (!strcmp(a, "--config")) {
             if (!v) {
-                fprintf(stderr, PROG ": --config needs a value: w1 or 124m\n");
+                fprintf(stderr, PROG ": --config needs a value: w1, 124m or llama-w1\n");
                 return -1;
             }
             o->cfg = NULL;
             for (size_t k = 0; k < sizeof configs / sizeof *configs; k++)
                 if (!strcmp(v, configs[k].name)) o->cfg = &configs[k];
             if (!o->cfg) {
-                fprintf(stderr, PROG ": --config %s: unknown config (expected w1 or 124m)\n", v);
+                fprintf(stderr, PROG ": --config %s: unknown config (expected w1, 124m or llama-w1)\n", v);
                 return -1;
             }
             i++;
@@ -158,7 +168,12 @@ static int parse_args(int argc, char **argv, options *o)
         }
     }
     if (!o->cfg) {
-        fprintf(stderr, PROG ": --config w1|124m is required (see --help)\n");
+        fprintf(stderr, PROG ": --config w1|124m|llama-w1 is required (see --help)\n");
+        return -1;
+    }
+    if (o->cfg->llama && (o->sgemm || o->fp8)) {
+        fprintf(stderr, PROG ": --config %s: %s is for the GPT configs only\n", o->cfg->name,
+                o->sgemm ? "--sgemm" : "--precision fp8");
         return -1;
     }
     if (!o->threads) {
@@ -172,12 +187,26 @@ static int parse_args(int argc, char **argv, options *o)
 
 static void count_params(const bench_config *c, double *n_matmul, double *n_total)
 {
-    gpt_count_params(c->vocab, c->block, c->n_layer, c->n_embd, n_matmul, n_total);
+    if (!c->llama) {
+        gpt_count_params(c->vocab, c->block, c->n_layer, c->n_embd, n_matmul, n_total);
+        return;
+    }
+    double C = (double)c->n_embd, V = (double)c->vocab, F = (double)c->inter;
+    double kv = C / (double)c->n_head * (double)c->n_kv_head; /* n_kv_head * head_dim */
+    double per_layer = 2 * C                                   /* the two RMSNorms */
+                       + 2 * C * C + 2 * C * kv               /* q, o; k, v */
+                       + 3 * C * F;                           /* gate, up, down */
+    *n_matmul = (double)c->n_layer * per_layer + C + V * C;   /* layers, norm, lm_head */
+    *n_total = *n_matmul + V * C;                              /* + embed_tokens */
 }
 
 static double step_flops(const bench_config *c)
 {
-    return gpt_step_flops(c->vocab, c->block, c->n_layer, c->n_embd, c->batch, c->seq);
+    if (!c->llama) return gpt_step_flops(c->vocab, c->block, c->n_layer, c->n_embd, c->batch, c->seq);
+    double n_matmul, n_total;
+    count_params(c, &n_matmul, &n_total);
+    return (double)(c->batch * c->seq) *
+           (6 * n_matmul + 6 * (double)c->n_layer * (double)c->seq * (double)c->n_embd);
 }
 
 static void print_json(const char *impl, const options *o, double step_s, double gflops, double loss0, double params)
@@ -289,6 +318,8 @@ static int run_ctrain(const options *o)
     ct_rng_init(&rng, o->seed ^ 0x70c3e5ULL);
 
     ct_gpt *model = NULL;
+    ct_llama *llama = NULL;
+    ct_module *mod = NULL;
     ct_optimizer *opt = NULL;
     ct_fp8_state *fp8 = NULL;
     ct_param_list params = {0};
@@ -300,13 +331,23 @@ static int run_ctrain(const options *o)
         fprintf(stderr, PROG ": out of memory for the token buffers\n");
         goto out;
     }
-    model = ct_gpt_new(&(ct_gpt_config){.vocab_size = c->vocab, .block_size = c->block, .n_layer = c->n_layer,
-                                        .n_head = c->n_head, .n_embd = c->n_embd, .dropout = 0.0, .ln_eps = 1e-5});
-    if (!model) {
-        fprintf(stderr, PROG ": ct_gpt_new (config %s): %s\n", c->name, ct_last_error());
+    if (c->llama) {
+        llama = ct_llama_new(&(ct_llama_config){.vocab_size = c->vocab, .hidden_size = c->n_embd,
+                                                .intermediate_size = c->inter, .num_hidden_layers = c->n_layer,
+                                                .num_attention_heads = c->n_head, .num_key_value_heads = c->n_kv_head,
+                                                .max_position_embeddings = c->block});
+        mod = llama ? &llama->base : NULL;
+    } else {
+        model = ct_gpt_new(&(ct_gpt_config){.vocab_size = c->vocab, .block_size = c->block, .n_layer = c->n_layer,
+                                            .n_head = c->n_head, .n_embd = c->n_embd, .dropout = 0.0, .ln_eps = 1e-5});
+        mod = model ? &model->base : NULL;
+    }
+    if (!mod) {
+        fprintf(stderr, PROG ": %s (config %s): %s\n", c->llama ? "ct_llama_new" : "ct_gpt_new", c->name,
+                ct_last_error());
         goto out;
     }
-    if (ct_module_named_tensors(&model->base, false, &params)) {
+    if (ct_module_named_tensors(mod, false, &params)) {
         fprintf(stderr, PROG ": ct_module_named_tensors: %s\n", ct_last_error());
         goto out;
     }
@@ -335,9 +376,9 @@ static int run_ctrain(const options *o)
                     ct_autocast_end();
                 }
             } else if (x && y && o->precision != CT_DTYPE_F32) {
-                CT_AUTOCAST(o->precision) loss = ct_gpt_loss(model, x, y);
+                CT_AUTOCAST(o->precision) loss = llama ? ct_llama_loss(llama, x, y) : ct_gpt_loss(model, x, y);
             } else if (x && y) {
-                loss = ct_gpt_loss(model, x, y);
+                loss = llama ? ct_llama_loss(llama, x, y) : ct_gpt_loss(model, x, y);
             }
             if (!loss) {
                 failed = x && y ? "forward/loss" : "token tensors";
@@ -366,13 +407,13 @@ static int run_ctrain(const options *o)
         if (step >= o->warmup) times[step - o->warmup] = dt;
     }
     double step_s = median(times, o->steps);
-    print_json("ctrain", o, step_s, 1e-9 * step_flops(c) / step_s, loss0, (double)ct_module_num_params(&model->base));
+    print_json("ctrain", o, step_s, 1e-9 * step_flops(c) / step_s, loss0, (double)ct_module_num_params(mod));
     status = 0;
 out:
     if (have_params) ct_param_list_free(&params);
     ct_optimizer_free(opt);
     ct_fp8_state_free(fp8);
-    ct_module_free(model ? &model->base : NULL);
+    ct_module_free(mod);
     ct_frame_reset_root();
     free(raw), free(xb), free(yb), free(times);
     return status;

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# GPT training throughput, ctrain against PyTorch on the CPU (fp32, bf16 autocast, and
-# ctrain's fp8), in one run.
+# GPT and Llama training throughput, ctrain against PyTorch on the CPU (fp32, bf16
+# autocast, and ctrain's fp8), and greedy generation with the key/value cache against
+# transformers' generate, in one run.
 #
-#   bench/gpt_cpu/run.sh [--quick] [--out FILE] [--configs "w1 124m"] [--threads "1 2"]
-#                        [--precisions "f32 bf16 fp8"]
+#   bench/gpt_cpu/run.sh [--quick] [--out FILE] [--configs "w1 124m llama-w1"]
+#                        [--threads "1 2"] [--precisions "f32 bf16 fp8"]
+#                        [--generate "llama-w1 w1"] [--install]
 #
 # For each environment {as set: the caller's environment unchanged; unset: without
-# OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE} x config {w1, 124m} x threads {1, 2} it runs
+# OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE; only when either is set} x config {w1, 124m,
+# llama-w1} x threads {1, 2} it runs
 #   - the sgemm ceiling       gpt_cpu --sgemm (cblas_sgemm on the step's GEMM shapes)
 #   - ctrain                  gpt_cpu (build/bench/gpt_cpu/gpt_cpu, built here first)
 #   - each available torch    torch_gpt.py under every interpreter that imports a
@@ -21,9 +24,22 @@
 # ctrain and torch runs are interleaved (ctrain, torch, ctrain, torch) and each keeps
 # its best of two (one with --quick) to cut the noise of a shared VM.
 #
+# llama-w1 (gpt_cpu --config llama-w1; torch_llama.py: transformers' LlamaForCausalLM)
+# has no sgemm ceiling and no fp8 rows. Its torch side needs transformers: each torch
+# column uses its interpreter when that imports transformers, else a venv with the same
+# torch that does (build/tests/venv-transformers, the tests' oracle over Debian's torch).
+#
+# Generation (--generate CONFIGS, default "llama-w1 w1"; "" skips it): generate_cpu
+# (ct_generate, greedy, cache on) against torch_llama.py --generate (model.generate,
+# do_sample=False, use_cache=True), prompt 32, 128 new tokens, batch 1, interleaved and
+# best of 2 (1 with --quick) per threads value; same OMP settings as training.
+#
 # Interpreters: $PYTHON alone when set (it must import torch); otherwise python3 on
-# PATH, /usr/bin/python3 and, for a newer torch, any other python3 found (pyenv
-# versions, /usr/local/bin, $VIRTUAL_ENV), one column per distinct torch version.
+# PATH, /usr/bin/python3, the PyPI torch 2.x venv of bench/checkpoint/run.sh
+# (build/bench/checkpoint/venv; --install creates it as that script does, with torch>=2,<3,
+# accelerate>=1,<2 and transformers from PyPI: several GB, minutes) and, for a newer
+# torch, any other python3 found (pyenv versions, /usr/local/bin, $VIRTUAL_ENV), one
+# column per distinct torch version.
 #
 # Prints a markdown table (also written to FILE with --out) and the OPENBLAS_CORETYPE /
 # OPENBLAS_L2_SIZE values seen. Logs of every run: build/bench/gpt_cpu/logs/.
@@ -40,9 +56,11 @@ cd "$root"
 
 quick=0
 out=""
-configs="w1 124m"
+configs="w1 124m llama-w1"
 thread_list="1 2"
 precisions="f32 bf16 fp8"
+gen_configs="llama-w1 w1"
+install=0
 while [ $# -gt 0 ]; do
     case "$1" in
     --quick) quick=1 ;;
@@ -50,13 +68,18 @@ while [ $# -gt 0 ]; do
     --configs) [ $# -ge 2 ] || die "--configs needs a list, e.g. \"w1 124m\""; configs=$2; shift ;;
     --threads) [ $# -ge 2 ] || die "--threads needs a list, e.g. \"1 2\""; thread_list=$2; shift ;;
     --precisions) [ $# -ge 2 ] || die "--precisions needs a list, e.g. \"f32 bf16\""; precisions=$2; shift ;;
-    -h | --help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --generate) [ $# -ge 2 ] || die "--generate needs a list, e.g. \"llama-w1 w1\" (or \"\")"; gen_configs=$2; shift ;;
+    --install) install=1 ;;
+    -h | --help) sed -n '2,50p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option '$1' (see --help)" ;;
     esac
     shift
 done
 for c in $configs; do
-    case "$c" in w1 | 124m) ;; *) die "--configs: unknown config '$c' (w1, 124m)" ;; esac
+    case "$c" in w1 | 124m | llama-w1) ;; *) die "--configs: unknown config '$c' (w1, 124m, llama-w1)" ;; esac
+done
+for c in $gen_configs; do
+    case "$c" in w1 | llama-w1) ;; *) die "--generate: unknown config '$c' (llama-w1, w1)" ;; esac
 done
 for t in $thread_list; do
     [[ "$t" =~ ^[1-9][0-9]*$ ]] || die "--threads: '$t' is not a positive integer"
@@ -80,13 +103,15 @@ else
     steps_sgemm="--warmup 3 --steps 10"
     steps_check="--warmup 1 --steps 3"
 fi
-steps_for() { if [ "$1" = w1 ]; then echo "$steps_w1"; else echo "$steps_124m"; fi; }
+steps_for() { if [ "$1" = 124m ]; then echo "$steps_124m"; else echo "$steps_w1"; fi; }
+gen_reps=$([ "$quick" = 1 ] && echo "--reps 1" || echo "--reps 3")
 
 # ---- build ----------------------------------------------------------------------------
 bin=build/bench/gpt_cpu/gpt_cpu
-echo "run.sh: building $bin" >&2
-make -s "$bin" >&2 || die "make $bin failed"
-[ -x "$bin" ] || die "$bin was not built"
+gen_bin=build/bench/gpt_cpu/generate_cpu
+echo "run.sh: building $bin $gen_bin" >&2
+make -s "$bin" "$gen_bin" >&2 || die "make $bin $gen_bin failed"
+for b in "$bin" "$gen_bin"; do [ -x "$b" ] || die "$b was not built"; done
 logs=build/bench/gpt_cpu/logs
 rm -rf "$logs"
 mkdir -p "$logs"
@@ -94,6 +119,17 @@ results=$logs/results.tsv
 : >"$results"
 
 # ---- interpreters with torch ----------------------------------------------------------
+# The PyPI torch 2.x venv that bench/checkpoint/run.sh makes (same place, same specs)
+torch2_venv=build/bench/checkpoint/venv
+if [ "$install" = 1 ] && ! "$torch2_venv/bin/python3" -c 'import torch, transformers' 2>/dev/null; then
+    ilog=build/bench/gpt_cpu/install.log
+    mkdir -p build/bench/gpt_cpu
+    echo "run.sh: installing torch>=2,<3, accelerate, transformers from PyPI into $torch2_venv (log: $ilog; minutes)" >&2
+    { [ -x "$torch2_venv/bin/python3" ] || timeout 300 "${PYTHON:-/usr/bin/python3}" -m venv "$torch2_venv"; } >"$ilog" 2>&1 &&
+        timeout 1800 "$torch2_venv/bin/python3" -m pip install "${TORCH_SPEC:-torch>=2,<3}" \
+            "${ACCELERATE_SPEC:-accelerate>=1,<2}" "${TRANSFORMERS_SPEC:-transformers}" >>"$ilog" 2>&1 ||
+        echo "run.sh: the install failed (see $ilog); going on with the torch found" >&2
+fi
 torch_version() { "$1" -c 'import torch, sys; sys.stdout.write(torch.__version__)' 2>/dev/null; }
 pys=()
 vers=()
@@ -113,6 +149,7 @@ if [ -n "${PYTHON:-}" ]; then
 else
     add_python python3
     add_python /usr/bin/python3
+    add_python "$torch2_venv/bin/python3"
     for p in ${VIRTUAL_ENV:+"$VIRTUAL_ENV/bin/python3"} /usr/local/bin/python3 \
         "$HOME"/.pyenv/versions/*/bin/python3 $(compgen -c python3. 2>/dev/null | sort -u); do
         [ -e "$p" ] || command -v "$p" >/dev/null 2>&1 || continue
@@ -122,6 +159,21 @@ fi
 [ ${#pys[@]} -gt 0 ] || die "no interpreter can import torch (tried python3, /usr/bin/python3, others; set \$PYTHON)"
 for i in "${!pys[@]}"; do echo "run.sh: torch ${vers[$i]} via ${pys[$i]}" >&2; done
 py=${pys[0]} # any of them has json for the report
+# For torch_llama.py: each column's interpreter if it imports transformers, else a venv
+# over the same torch that does ("" = no Llama or generation rows for that torch).
+tf_pys=()
+for i in "${!pys[@]}"; do
+    tf=""
+    for p in "${pys[$i]}" build/tests/venv-transformers/bin/python; do
+        [ -x "$p" ] || command -v "$p" >/dev/null 2>&1 || continue
+        [ "$(torch_version "$p")" = "${vers[$i]}" ] || continue
+        "$p" -c 'import transformers' 2>/dev/null || continue
+        tf=$p
+        break
+    done
+    tf_pys+=("$tf")
+    echo "run.sh: torch ${vers[$i]}: transformers via ${tf:-<none: no Llama or generation rows>}" >&2
+done
 
 coretype=${OPENBLAS_CORETYPE-<unset>}
 l2size=${OPENBLAS_L2_SIZE-<unset>}
@@ -176,24 +228,51 @@ wait_note="ctrain OMP_WAIT_POLICY check ($first_cfg, $max_t threads, best of 2):
 echo "run.sh: $wait_note" >&2
 
 # ---- the grid --------------------------------------------------------------------------
-for envname in "as set" unset; do
+envnames=("as set")
+[ -z "${OPENBLAS_CORETYPE+x}${OPENBLAS_L2_SIZE+x}" ] || envnames+=(unset) # else "unset" is the same run
+for envname in "${envnames[@]}"; do
     envkey=$([ "$envname" = unset ] && echo unset || echo as_set)
     for cfg in $configs; do
         for t in $thread_list; do
             # shellcheck disable=SC2086
-            run "$envkey" "$t" PASSIVE "sgemm-$cfg-$t" "$bin" --config "$cfg" --threads "$t" --sgemm $steps_sgemm
+            [ "$cfg" = llama-w1 ] ||
+                run "$envkey" "$t" PASSIVE "sgemm-$cfg-$t" "$bin" --config "$cfg" --threads "$t" --sgemm $steps_sgemm
             for prec in $precisions; do
+                [ "$cfg" != llama-w1 ] || [ "$prec" != fp8 ] || continue # GPT only
                 for r in $(seq 1 $reps); do
                     # shellcheck disable=SC2046
                     run "$envkey" "$t" "$ctrain_wait" "ctrain-$cfg-$t-$prec-$r" "$bin" --config "$cfg" --threads "$t" \
                         --precision "$prec" $(steps_for "$cfg")
                     [ "$prec" != fp8 ] || continue # no torch fp8 training on the CPU
                     for i in "${!pys[@]}"; do
+                        tp=${pys[$i]} script=torch_gpt.py
+                        [ "$cfg" != llama-w1 ] || tp=${tf_pys[$i]} script=torch_llama.py
+                        [ -n "$tp" ] || continue
                         # shellcheck disable=SC2046
-                        run "$envkey" "$t" PASSIVE "torch${i}-$cfg-$t-$prec-$r" "${pys[$i]}" "$here/torch_gpt.py" \
+                        run "$envkey" "$t" PASSIVE "torch${i}-$cfg-$t-$prec-$r" "$tp" "$here/$script" \
                             --config "$cfg" --threads "$t" --precision "$prec" $(steps_for "$cfg")
                     done
                 done
+            done
+        done
+    done
+done
+
+# ---- generation -----------------------------------------------------------------------
+gen_results=$logs/generate.tsv
+: >"$gen_results"
+for cfg in $gen_configs; do
+    for t in $thread_list; do
+        for r in $(seq 1 $reps); do
+            # shellcheck disable=SC2086
+            run gen "$t" "$ctrain_wait" "gen-ctrain-$cfg-$t-$r" "$gen_bin" --config "$cfg" --threads "$t" $gen_reps
+            printf '%s\n' "$LAST_JSON" >>"$gen_results"
+            for i in "${!pys[@]}"; do
+                [ -n "${tf_pys[$i]}" ] || continue
+                # shellcheck disable=SC2086
+                run gen "$t" PASSIVE "gen-torch${i}-$cfg-$t-$r" "${tf_pys[$i]}" "$here/torch_llama.py" --generate \
+                    --config "$cfg" --threads "$t" $gen_reps
+                printf '%s\n' "$LAST_JSON" >>"$gen_results"
             done
         done
     done
@@ -209,13 +288,13 @@ rows = []
 with open(path) as f:
     for line in f:
         env, wait, js = line.rstrip("\n").split("\t", 2)
-        if env == "check":
+        if env in ("check", "gen"):
             continue
         d = json.loads(js)
         d["env"] = "as set" if env == "as_set" else "unset"
         rows.append(d)
 
-vocab = {"w1": 256, "124m": 50257}
+vocab = {"w1": 256, "124m": 50257, "llama-w1": 2048}
 bad = [r for r in rows if r["loss0"] is not None and abs(r["loss0"] - math.log(vocab[r["config"]])) > 0.5]
 for r in bad:
     print(f"run.sh: loss0 {r['loss0']} of {r['impl']} ({r['config']}, {r['env']}) is not near "
@@ -261,13 +340,13 @@ for env, cfg, t in seen:
         c = best.get((env, cfg, t, "ctrain", prec))
         for tv in torches:
             p = best.get((env, cfg, t, tv, prec))
-            if not (c and p and s):
+            if not (c and p):
                 continue
-            # the f32 sgemm ceiling bounds the f32 rows only
-            ceil = f"{100 * c['gflops'] / s['gflops']:.0f}%" if prec == "f32" else "-"
+            # the f32 sgemm ceiling bounds the f32 rows only (none for llama-w1)
+            ceil = f"{100 * c['gflops'] / s['gflops']:.0f}%" if prec == "f32" and s else "-"
             print(f"| {env} | {cfg} | {t} | {prec} | {tv[6:]} | {f(c['tokens_per_s'], 0)} | {f(p['tokens_per_s'], 0)} "
                   f"| {c['tokens_per_s'] / p['tokens_per_s']:.2f} | {f(c['gflops'])} | {f(p['gflops'])} "
-                  f"| {f(s['gflops'])} | {ceil} | {f(c['peak_rss_mb'], 0)} "
+                  f"| {f(s['gflops']) if s else '-'} | {ceil} | {f(c['peak_rss_mb'], 0)} "
                   f"| {f(p['peak_rss_mb'], 0)} | {c['loss0']:.3f} / {p['loss0']:.3f} |")
 if "bf16" in precs and "f32" in precs:
     print()
@@ -303,6 +382,32 @@ if "fp8" in [r["precision"] for r in rows if r["impl"] == "ctrain"]:
             print(f"| {env} | {cfg} | {t} | {f(c8['tokens_per_s'], 0)} | {ratio(cf)} | {ratio(cb)} "
                   f"| {tv[6:] if tv else '-'} | {ratio(pb)} | {f(c8['peak_rss_mb'], 0)} | {c8['loss0']:.3f} |")
 EOF
+if [ -s "$gen_results" ]; then
+    "$py" - "$gen_results" >>"$report" <<'EOF' || die "the generation report failed"
+import json, sys
+
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+best = {}  # (config, threads, impl) -> the run with the most tokens/s
+for r in rows:
+    k = (r["config"], r["threads"], r["impl"])
+    if k not in best or r["tokens_per_s"] > best[k]["tokens_per_s"]:
+        best[k] = r
+print()
+print(f"Generation, batch 1, prompt {rows[0]['prompt']}, {rows[0]['new_tokens']} new tokens, greedy, key/value "
+      "cache on (ctrain ct_generate; torch: transformers model.generate); median of the timed generations, "
+      "best of the interleaved runs. tok/s = new tokens / the whole call; decode = tokens after the first / "
+      "their time; prefill = time to the first token")
+print()
+print("| config | threads | impl | tok/s | decode tok/s | prefill ms | peak RSS MiB | ctrain / this |")
+print("|---|---:|---|---:|---:|---:|---:|---:|")
+for (cfg, t, impl), r in best.items():
+    c = best.get((cfg, t, "ctrain"))
+    ratio = "-" if impl == "ctrain" or not c else f"{c['tokens_per_s'] / r['tokens_per_s']:.2f}"
+    name = impl if impl == "ctrain" else f"{impl} (transformers {r.get('transformers', '?')})"
+    print(f"| {cfg} | {t} | {name} | {r['tokens_per_s']:.0f} | {r['decode_tok_s']:.0f} | {r['prefill_ms']:.1f} "
+          f"| {r['peak_rss_mb']:.0f} | {ratio} |")
+EOF
+fi
 cat "$report"
 [ -z "$out" ] || cp "$report" "$out"
 echo "run.sh: logs in $logs" >&2
