@@ -14,26 +14,35 @@
 
 /* ---- config.json in ---------------------------------------------------------------- */
 
-static ct_status get_rope_scaling(const cJSON *j, const char *label, ct_rope_scaling *r)
+/* The rotary settings. transformers 4 writes rope_theta beside a rope_scaling object
+ * (null for none); transformers 5 writes one rope_parameters object holding rope_theta,
+ * rope_type and the scaling's numbers. rope_parameters wins when both are there. */
+static ct_status get_rope(const cJSON *j, const char *label, double *theta, ct_rope_scaling *r)
 {
     *r = (ct_rope_scaling){0};
-    const cJSON *s = cti_hf_item(j, "rope_scaling");
+    const char *key = "rope_parameters";
+    const cJSON *s = cti_hf_item(j, key);
+    if (!s) key = "rope_scaling", s = cti_hf_item(j, key);
     if (!s) return CT_OK;
-    if (!cJSON_IsObject(s)) return cti_hf_bad_value(label, "rope_scaling", s, "an object or null");
+    if (!cJSON_IsObject(s)) return cti_hf_bad_value(label, key, s, "an object or null");
+    char in[600]; /* messages say "config <file>: rope_parameters: ..." */
+    snprintf(in, sizeof in, "%s: %s", label, key);
+    if (!strcmp(key, "rope_parameters")) {
+        ct_status st = cti_hf_num(s, in, "rope_theta", false, *theta, theta);
+        if (st) return st;
+    }
     const cJSON *t = cti_hf_item(s, "rope_type");
     if (!t) t = cti_hf_item(s, "type"); /* the older name */
-    if (!t) return cti_hf_bad_value(label, "rope_scaling.rope_type", NULL, "default, linear, dynamic or llama3");
-    if (!cJSON_IsString(t)) return cti_hf_bad_value(label, "rope_scaling.rope_type", t, "a string");
+    if (!t) return cti_hf_bad_value(in, "rope_type", NULL, "default, linear, dynamic or llama3");
+    if (!cJSON_IsString(t)) return cti_hf_bad_value(in, "rope_type", t, "a string");
     const char *n = t->valuestring;
     if (!strcmp(n, "default")) return CT_OK;
     if (!strcmp(n, "linear")) r->type = CT_ROPE_LINEAR;
     else if (!strcmp(n, "dynamic")) r->type = CT_ROPE_DYNAMIC;
     else if (!strcmp(n, "llama3")) r->type = CT_ROPE_LLAMA3;
     else
-        return ct_error_set(CT_ERR_UNSUPPORTED, "config %s: rope_scaling type \"%s\" is not supported (supported: "
-                            "default, linear, dynamic, llama3)", label, n);
-    char in[600]; /* messages say "config <file>: rope_scaling: ..." */
-    snprintf(in, sizeof in, "%s: rope_scaling", label);
+        return ct_error_set(CT_ERR_UNSUPPORTED, "config %s: %s type \"%s\" is not supported (supported: "
+                            "default, linear, dynamic, llama3)", label, key, n);
     ct_status st = cti_hf_num(s, in, "factor", true, 0, &r->factor);
     if (!st && r->type == CT_ROPE_LLAMA3) {
         st = cti_hf_num(s, in, "low_freq_factor", true, 0, &r->low_freq_factor);
@@ -79,7 +88,7 @@ ct_status ct_llama_config_from_json(const char *json, const char *label, ct_llam
     if (!st) st = cti_hf_token(j, label, "bos_token_id", &c.bos_token_id);
     if (!st) st = cti_hf_token(j, label, "eos_token_id", &c.eos_token_id);
     if (!st) st = cti_hf_token(j, label, "pad_token_id", &c.pad_token_id);
-    if (!st) st = get_rope_scaling(j, label, &c.rope_scaling);
+    if (!st) st = get_rope(j, label, &c.rope_theta, &c.rope_scaling);
     if (!st && (!(c.rms_norm_eps > 0) || !(c.rope_theta > 0)))
         st = ct_error_set(CT_ERR_FORMAT, "config %s: rms_norm_eps %g and rope_theta %g must be positive", label,
                           c.rms_norm_eps, c.rope_theta);

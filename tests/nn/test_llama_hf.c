@@ -223,3 +223,35 @@ Test(llama_hf, bad_configs_name_the_key)
     ct_module_free(&b->base);
     ct_module_free(&a->base);
 }
+
+/* transformers 5 writes the rotary settings as one rope_parameters object (rope_theta
+ * inside it); transformers 4 as rope_theta beside rope_scaling. Both name the same model:
+ * the values below are the file's, read by hand. */
+Test(llama_hf, rope_parameters_of_transformers_5_are_read)
+{
+    const char *v5 = "{\"model_type\": \"llama\", \"vocab_size\": 89, \"hidden_size\": 40, \"intermediate_size\": 72,"
+                     " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
+                     " \"head_dim\": 10, \"rope_parameters\": {\"factor\": 8.0, \"high_freq_factor\": 4.0,"
+                     " \"low_freq_factor\": 1.0, \"original_max_position_embeddings\": 256,"
+                     " \"rope_theta\": 500000.0, \"rope_type\": \"llama3\"}}";
+    ct_llama_config c;
+    cr_assert_eq(ct_llama_config_from_json(v5, "v5.json", &c), CT_OK, "%s", ct_last_error());
+    cr_expect_eq(c.rope_theta, 500000.0);
+    cr_expect_eq(c.rope_scaling.type, CT_ROPE_LLAMA3);
+    cr_expect_eq(c.rope_scaling.factor, 8.0);
+    cr_expect_eq(c.rope_scaling.low_freq_factor, 1.0);
+    cr_expect_eq(c.rope_scaling.high_freq_factor, 4.0);
+    cr_expect_eq(c.rope_scaling.original_max_position_embeddings, 256);
+    /* rope_type "default": no scaling, the theta still counts */
+    const char *plain = "{\"model_type\": \"llama\", \"vocab_size\": 89, \"hidden_size\": 40, \"intermediate_size\": 72,"
+                        " \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
+                        " \"rope_parameters\": {\"rope_theta\": 20000.0, \"rope_type\": \"default\"}}";
+    cr_assert_eq(ct_llama_config_from_json(plain, "plain.json", &c), CT_OK, "%s", ct_last_error());
+    cr_expect_eq(c.rope_theta, 20000.0);
+    cr_expect_eq(c.rope_scaling.type, CT_ROPE_DEFAULT);
+    const char *bad = "{\"model_type\": \"llama\", \"vocab_size\": 89, \"hidden_size\": 40, \"intermediate_size\": 72,"
+                      " \"num_hidden_layers\": 2, \"num_attention_heads\": 4,"
+                      " \"rope_parameters\": {\"rope_theta\": 1e4, \"rope_type\": \"yarn\", \"factor\": 4.0}}";
+    cr_expect_neq(ct_llama_config_from_json(bad, "bad.json", &c), CT_OK);
+    cr_expect(strstr(ct_last_error(), "rope_parameters type \"yarn\" is not supported"), "%s", ct_last_error());
+}
