@@ -4,7 +4,7 @@
  *   kernels/   tensor-level kernels dispatched per device (ct_kernel_*)
  *   precision/ autocast policy, fp16 loss scaler, fp8 formats and delayed scaling
  *   autograd/  differentiable ops (ct_matmul, ct_softmax, ...), backward, hooks, gradcheck
- *   nn/        modules with named parameters, layers, GPT
+ *   nn/        modules with named parameters, layers, GPT, Llama, HF model directories
  *   optim/     SGD, Adam, AdamW, LR schedules, gradient clipping
  *   data/      datasets, token files, byte and BPE tokenizers, data loader
  *   dist/      launcher environment, rendezvous store, process groups, work requests
@@ -59,8 +59,10 @@
 
 #include "nn/generate.h"
 #include "nn/gpt.h"
+#include "nn/hf_weights.h"
 #include "nn/kv_cache.h"
 #include "nn/layers.h"
+#include "nn/llama.h"
 #include "nn/lm.h"
 #include "nn/module.h"
 

@@ -72,6 +72,13 @@ ct_gpt *ct_gpt_new(const ct_gpt_config *cfg)
     if (!c.n_head) c.n_head = 12;
     if (!c.n_embd) c.n_embd = 768;
     if (c.ln_eps <= 0) c.ln_eps = 1e-5;
+    if (!c.token_ids_set) c.bos_token_id = c.eos_token_id = -1;
+    c.token_ids_set = true;
+    if (c.bos_token_id < -1 || c.eos_token_id < -1) {
+        ct_error_set(CT_ERR_INVALID, "gpt_new: bos_token_id %lld and eos_token_id %lld must be -1 (none) or >= 0",
+                     (long long)c.bos_token_id, (long long)c.eos_token_id);
+        return NULL;
+    }
     if (c.vocab_size < 0 || c.block_size < 0 || c.n_layer < 0 || c.n_head < 0 || c.n_embd < 0 ||
         c.n_embd % c.n_head != 0 || !(c.dropout >= 0 && c.dropout < 1)) {
         ct_error_set(CT_ERR_INVALID,

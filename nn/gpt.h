@@ -36,6 +36,10 @@ typedef struct ct_gpt_config {
     double dropout;     /* default 0 */
     double ln_eps;      /* default 1e-5 */
     ct_dtype dtype;     /* of the parameters; default (0) f32 */
+    /* Special tokens written to config.json, -1 = none (written as null). Read only when
+     * token_ids_set; a zero-initialised config has none (GPT-2's own are both 50256). */
+    bool token_ids_set;
+    int64_t bos_token_id, eos_token_id;
 } ct_gpt_config;
 
 typedef struct ct_gpt_attention {
@@ -84,16 +88,27 @@ CT_API ct_lm *ct_gpt_as_lm(ct_gpt *m, bool owns);
 /* Mean cross-entropy of the logits against targets (B, T) (ignore_index -1). */
 CT_API ct_tensor *ct_gpt_loss(ct_gpt *m, ct_tensor *idx, ct_tensor *targets);
 
-/* Loads a GPT-2 checkpoint as HF writes it: GPT2Model's names as they are or under
+/* Loads a GPT-2 checkpoint as HF writes it (path: a model.safetensors, or a model
+ * directory, single-file or sharded, see nn/hf_weights.h): GPT2Model's names as they are or under
  * GPT2LMHeadModel's "transformer." prefix; the causal-mask buffers h.{i}.attn.bias and
  * h.{i}.attn.masked_bias of older files are skipped (ctrain computes the mask); an
  * lm_head.weight must equal wte.weight (the head is tied), else nothing is loaded and
  * the error says so. strict and report as ct_module_load. */
 CT_API ct_status ct_gpt_load(ct_gpt *m, const char *path, bool strict, ct_load_report *report);
-/* Writes dir/model.safetensors (metadata format = pt) and dir/config.json (GPT2Config:
- * gelu_new, tied embeddings, this model's sizes), so that
- * transformers.GPT2LMHeadModel.from_pretrained(dir) loads the model. dir must exist. */
+/* Writes dir/model.safetensors (metadata format = pt; sharded with an index above 5 GB,
+ * as HF) and dir/config.json (GPT2Config: gelu_new, tied embeddings, this model's sizes,
+ * bos/eos_token_id as in the config, null when none or outside the vocabulary), so
+ * that transformers.GPT2LMHeadModel.from_pretrained(dir) loads the model. dir must exist. */
 CT_API ct_status ct_gpt_save_hf(const ct_gpt *m, const char *dir);
+/* The same with weight shards of at most max_shard_bytes (<= 0: 5 GB). */
+CT_API ct_status ct_gpt_save_hf_sharded(const ct_gpt *m, const char *dir, int64_t max_shard_bytes);
+/* A GPT from a Hugging Face GPT-2 directory: config.json (GPT2Config: vocab_size,
+ * n_positions, n_embd, n_layer, n_head, layer_norm_epsilon, activation_function
+ * gelu_new, bos/eos_token_id) and its weights, loaded strictly with ct_gpt_load.
+ * NULL + an error naming the file and key. */
+CT_API ct_gpt *ct_gpt_from_pretrained(const char *dir);
+/* Parses GPT2Config's text (label names it in messages) into *out. */
+CT_API ct_status ct_gpt_config_from_json(const char *json, const char *label, ct_gpt_config *out);
 
 /* Causal self-attention of one block: x (B, T, C) -> (B, T, C), differentiable (new reference,
  * current frame). */

@@ -9,6 +9,7 @@
  * The map below accepts all three; an lm_head.weight that is not wte.weight would be
  * a different model, and is refused before anything is loaded. */
 #include <ctype.h>
+#include <math.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +21,7 @@
 #include "core/frame.h"
 #include "core/safetensors.h"
 #include "nn/gpt.h"
+#include "nn/hf_weights.h"
 
 static const char *strip_prefix(const char *name)
 {
@@ -43,21 +45,21 @@ static const char *hf_key(const char *file_name, char *buf, size_t buflen, void 
     return n;
 }
 
-/* CT_OK when the file has no lm_head.weight or it equals the file's wte.weight. */
+/* CT_OK when the weights have no lm_head.weight or it equals their wte.weight. */
 static ct_status check_tied_head(const char *path)
 {
-    ct_safetensors *f = ct_safetensors_open(path);
+    ct_hf_weights *f = ct_hf_weights_open(path);
     if (!f) return ct_last_status();
     const char *head = NULL, *wte = NULL;
-    for (int j = 0; j < ct_safetensors_count(f); j++) {
-        const char *n = ct_safetensors_name(f, j);
+    for (int j = 0; j < ct_hf_weights_count(f); j++) {
+        const char *n = ct_hf_weights_name(f, j);
         if (!strcmp(strip_prefix(n), "lm_head.weight")) head = n;
         if (!strcmp(strip_prefix(n), "wte.weight")) wte = n;
     }
     ct_status st = CT_OK;
     if (head) {
         ct_frame_push();
-        ct_tensor *h = ct_safetensors_get(f, head), *w = wte ? ct_safetensors_get(f, wte) : NULL;
+        ct_tensor *h = ct_hf_weights_get(f, head), *w = wte ? ct_hf_weights_get(f, wte) : NULL;
         if (!h || (wte && !w)) {
             st = ct_last_status();
         } else {
@@ -73,7 +75,7 @@ static ct_status check_tied_head(const char *path)
         }
         ct_frame_pop();
     }
-    ct_safetensors_close(f);
+    ct_hf_weights_close(f);
     return st;
 }
 
@@ -82,7 +84,7 @@ ct_status ct_gpt_load(ct_gpt *m, const char *path, bool strict, ct_load_report *
     if (!m || !path) return ct_error_set(CT_ERR_INVALID, "gpt_load: model or path is NULL");
     ct_status st = check_tied_head(path);
     if (st) return st;
-    return ct_module_load_mapped(&m->base, path, strict, report, hf_key, NULL);
+    return ct_hf_weights_load(&m->base, path, strict, report, hf_key, NULL);
 }
 
 /* GPT2Config's fields for this model; GPT-2's defaults for the rest. */
@@ -107,37 +109,131 @@ static char *hf_config_json(const ct_gpt_config *c)
     cJSON_AddNumberToObject(j, "initializer_range", 0.02);
     cJSON_AddBoolToObject(j, "tie_word_embeddings", true);
     cJSON_AddStringToObject(j, "torch_dtype", c->dtype == CT_DTYPE_F64 ? "float64" : "float32");
+    /* GPT2Config's defaults (50256) lie outside a small vocabulary and make transformers
+     * warn: write the model's own ids, null for none */
+    const int64_t ids[2] = {c->bos_token_id, c->eos_token_id};
+    const char *keys[2] = {"bos_token_id", "eos_token_id"};
+    for (int i = 0; i < 2; i++) {
+        if (ids[i] >= 0 && ids[i] < c->vocab_size) cJSON_AddNumberToObject(j, keys[i], (double)ids[i]);
+        else cJSON_AddNullToObject(j, keys[i]);
+    }
     char *s = cJSON_Print(j);
     cJSON_Delete(j);
     return s;
 }
 
-ct_status ct_gpt_save_hf(const ct_gpt *m, const char *dir)
+ct_status ct_gpt_save_hf_sharded(const ct_gpt *m, const char *dir, int64_t max_shard_bytes)
 {
     if (!m || !dir) return ct_error_set(CT_ERR_INVALID, "gpt_save_hf: model or directory is NULL");
     size_t n = strlen(dir) + 32;
-    char *path = malloc(n), *tmp = malloc(n + 24);
+    char *path = malloc(n);
     char *json = hf_config_json(&m->cfg);
     ct_status st = CT_OK;
-    if (!path || !tmp || !json) st = ct_error_set(CT_ERR_NOMEM, "gpt_save_hf %s: out of memory", dir);
-    if (!st) {
-        snprintf(path, n, "%s/model.safetensors", dir);
-        /* HF's loader requires the "format" metadata */
-        st = ct_module_save(&m->base, path, 1, (const char *[]){"format"}, (const char *[]){"pt"});
-    }
+    if (!path || !json) st = ct_error_set(CT_ERR_NOMEM, "gpt_save_hf %s: out of memory", dir);
+    if (!st) st = ct_hf_weights_save_module(&m->base, dir, max_shard_bytes);
     if (!st) {
         snprintf(path, n, "%s/config.json", dir);
-        snprintf(tmp, n + 24, "%s.tmp.%ld", path, (long)getpid());
-        FILE *f = fopen(tmp, "w");
-        bool ok = f && fputs(json, f) >= 0 && fputc('\n', f) != EOF;
-        if (f && fclose(f)) ok = false;
-        if (!ok || rename(tmp, path)) {
-            st = ct_error_set(CT_ERR_IO, "gpt_save_hf: cannot write %s: %s", path, strerror(errno));
-            remove(tmp);
-        }
+        st = ct_hf_text_write(path, json);
     }
+    if (st) ct_error_prefix("gpt_save_hf %s: ", dir);
     free(path);
-    free(tmp);
-    free(json);
+    cJSON_free(json);
     return st;
+}
+
+ct_status ct_gpt_save_hf(const ct_gpt *m, const char *dir) { return ct_gpt_save_hf_sharded(m, dir, 0); }
+
+/* ---- GPT2Config in ------------------------------------------------------------- */
+
+static const cJSON *item(const cJSON *j, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+    return v && !cJSON_IsNull(v) ? v : NULL;
+}
+
+static ct_status bad_value(const char *label, const char *key, const cJSON *v, const char *what)
+{
+    char *s = v ? cJSON_PrintUnformatted(v) : NULL;
+    ct_status st = v ? ct_error_set(CT_ERR_FORMAT, "config %s: \"%s\" is %.60s; it must be %s", label, key,
+                                    s ? s : "?", what)
+                     : ct_error_set(CT_ERR_FORMAT, "config %s: missing key \"%s\" (%s)", label, key, what);
+    cJSON_free(s);
+    return st;
+}
+
+/* An integer >= lo under key; absent or null: def, or an error when required. */
+static ct_status get_int(const cJSON *j, const char *label, const char *key, bool required, int64_t def, int64_t lo,
+                         int64_t *out)
+{
+    const cJSON *v = item(j, key);
+    if (!v && !required) {
+        *out = def;
+        return CT_OK;
+    }
+    if (!v || !cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < (double)lo ||
+        v->valuedouble > 9007199254740992.0) {
+        char what[48];
+        snprintf(what, sizeof what, "an integer >= %lld", (long long)lo);
+        return bad_value(label, key, v, what);
+    }
+    *out = (int64_t)v->valuedouble;
+    return CT_OK;
+}
+
+ct_status ct_gpt_config_from_json(const char *json, const char *label, ct_gpt_config *out)
+{
+    if (!json || !out) return ct_error_set(CT_ERR_INVALID, "gpt_config_from_json: NULL argument");
+    if (!label) label = "<memory>";
+    cJSON *j = cJSON_Parse(json);
+    if (!j) {
+        const char *e = cJSON_GetErrorPtr();
+        return ct_error_set(CT_ERR_FORMAT, "config %s: not valid JSON (near '%.24s')", label, e ? e : "");
+    }
+    /* GPT2Config's defaults where a key is absent, except the sizes, which must be there */
+    ct_gpt_config c = {.token_ids_set = true};
+    ct_status st = CT_OK;
+    const cJSON *mt = item(j, "model_type"), *act = item(j, "activation_function"), *eps = item(j, "layer_norm_epsilon");
+    if (!cJSON_IsObject(j)) st = ct_error_set(CT_ERR_FORMAT, "config %s: not a JSON object", label);
+    else if (mt && (!cJSON_IsString(mt) || strcmp(mt->valuestring, "gpt2")))
+        st = bad_value(label, "model_type", mt, "\"gpt2\"");
+    else if (act && (!cJSON_IsString(act) || (strcmp(act->valuestring, "gelu_new") &&
+                                               strcmp(act->valuestring, "gelu_pytorch_tanh"))))
+        st = bad_value(label, "activation_function", act, "\"gelu_new\" (the tanh GELU ctrain's GPT computes)");
+    else if (eps && (!cJSON_IsNumber(eps) || !(eps->valuedouble > 0)))
+        st = bad_value(label, "layer_norm_epsilon", eps, "a positive number");
+    if (!st) st = get_int(j, label, "vocab_size", true, 0, 1, &c.vocab_size);
+    if (!st) st = get_int(j, label, "n_positions", true, 0, 1, &c.block_size);
+    if (!st) st = get_int(j, label, "n_embd", true, 0, 1, &c.n_embd);
+    if (!st) st = get_int(j, label, "n_layer", true, 0, 1, &c.n_layer);
+    if (!st) st = get_int(j, label, "n_head", true, 0, 1, &c.n_head);
+    if (!st) st = get_int(j, label, "bos_token_id", false, -1, 0, &c.bos_token_id);
+    if (!st) st = get_int(j, label, "eos_token_id", false, -1, 0, &c.eos_token_id);
+    if (!st && c.n_embd % c.n_head)
+        st = ct_error_set(CT_ERR_FORMAT, "config %s: n_head %lld must divide n_embd %lld", label, (long long)c.n_head,
+                          (long long)c.n_embd);
+    c.ln_eps = eps ? eps->valuedouble : 1e-5;
+    c.dtype = CT_DTYPE_F32;
+    if (!st) *out = c;
+    cJSON_Delete(j);
+    return st;
+}
+
+ct_gpt *ct_gpt_from_pretrained(const char *dir)
+{
+    if (!dir) return ct_error_set(CT_ERR_INVALID, "gpt_from_pretrained: directory is NULL"), NULL;
+    size_t n = strlen(dir) + 16;
+    char *path = malloc(n);
+    if (!path) return ct_error_set(CT_ERR_NOMEM, "gpt_from_pretrained: out of memory"), NULL;
+    snprintf(path, n, "%s/config.json", dir);
+    char *text = ct_hf_text_read(path);
+    ct_gpt_config c;
+    ct_gpt *m = NULL;
+    if (text && !ct_gpt_config_from_json(text, path, &c) && (m = ct_gpt_new(&c)) && ct_gpt_load(m, dir, true, NULL)) {
+        ct_module_free(&m->base);
+        m = NULL;
+    }
+    if (!m) ct_error_prefix("gpt_from_pretrained %s: ", dir);
+    free(text);
+    free(path);
+    return m;
 }

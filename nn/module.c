@@ -6,7 +6,7 @@
 #include "autograd/autograd.h"
 #include "core/frame.h"
 #include "core/safetensors.h"
-#include "precision/autocast.h"
+#include "nn/hf_weights.h"
 
 void *ct_module_alloc(size_t size, const char *type, ct_module_destroy_fn destroy)
 {
@@ -264,19 +264,6 @@ ct_status ct_module_save(const ct_module *m, const char *path, int nmeta, const 
     return st;
 }
 
-static ct_status push_name(char ***v, int *n, const char *fmt, const char *a, const char *b, const char *c)
-{
-    char **nv = realloc(*v, (size_t)(*n + 1) * sizeof *nv);
-    if (!nv) return ct_error_set(CT_ERR_NOMEM, "module_load: out of memory");
-    *v = nv;
-    size_t len = strlen(fmt) + strlen(a) + (b ? strlen(b) : 0) + (c ? strlen(c) : 0) + 1;
-    char *s = malloc(len);
-    if (!s) return ct_error_set(CT_ERR_NOMEM, "module_load: out of memory");
-    snprintf(s, len, fmt, a, b ? b : "", c ? c : "");
-    nv[(*n)++] = s;
-    return CT_OK;
-}
-
 void ct_load_report_free(ct_load_report *r)
 {
     if (!r) return;
@@ -289,110 +276,14 @@ void ct_load_report_free(ct_load_report *r)
     *r = (ct_load_report){0};
 }
 
-/* "a, b, c" (at most the first 8) for error messages */
-static void join_names(char *buf, size_t cap, char **names, int n)
-{
-    size_t k = 0;
-    buf[0] = '\0';
-    for (int i = 0; i < n && i < 8 && k < cap; i++)
-        k += (size_t)snprintf(buf + k, cap - k, "%s%s", i ? ", " : "", names[i]);
-    if (n > 8 && k < cap) snprintf(buf + k, cap - k, ", ... (%d in all)", n);
-}
-
 ct_status ct_module_load(ct_module *m, const char *path, bool strict, ct_load_report *report)
 {
     return ct_module_load_mapped(m, path, strict, report, NULL, NULL);
 }
 
-/* The file's tensor whose module-side key is name, or -1. */
-static int find_key(char *const *keys, int nfile, const char *name)
-{
-    for (int j = 0; j < nfile; j++)
-        if (keys[j] && !strcmp(keys[j], name)) return j;
-    return -1;
-}
-
 ct_status ct_module_load_mapped(ct_module *m, const char *path, bool strict, ct_load_report *report,
                                 ct_load_key_fn map, void *ctx)
 {
-    ct_load_report r = {0};
-    ct_param_list l;
-    ct_status st = ct_module_named_tensors(m, true, &l);
-    if (st) return st;
-    ct_safetensors *f = ct_safetensors_open(path);
-    if (!f) {
-        ct_param_list_free(&l);
-        return ct_last_status();
-    }
-    int nfile = ct_safetensors_count(f);
-    bool *used = calloc((size_t)(nfile ? nfile : 1), sizeof *used);
-    char **keys = calloc((size_t)(nfile ? nfile : 1), sizeof *keys);
-    int *src_of = calloc((size_t)(l.n ? l.n : 1), sizeof *src_of);
-    if (!used || !keys || !src_of) st = ct_error_set(CT_ERR_NOMEM, "module_load: out of memory");
-    /* pass 0: the module-side key of each file tensor; NULL = ignored by the map */
-    for (int j = 0; j < nfile && !st; j++) {
-        const char *fname = ct_safetensors_name(f, j);
-        char buf[512];
-        const char *k = map ? map(fname, buf, sizeof buf, ctx) : fname;
-        if (!k) {
-            used[j] = true;
-            continue;
-        }
-        if (!(keys[j] = strdup(k))) st = ct_error_set(CT_ERR_NOMEM, "module_load: out of memory");
-    }
-    /* pass 1: match names and shapes without touching data */
-    for (int i = 0; i < l.n && !st; i++) {
-        int j = src_of[i] = find_key(keys, nfile, l.names[i]);
-        if (j < 0) {
-            st = push_name(&r.missing, &r.nmissing, "%s", l.names[i], NULL, NULL);
-            continue;
-        }
-        ct_dtype dt;
-        int nd;
-        int64_t sh[CT_MAX_DIMS];
-        ct_safetensors_info(f, ct_safetensors_name(f, j), &dt, &nd, sh);
-        used[j] = true;
-        ct_tensor *t = l.tensors[i];
-        bool same = nd == t->ndim;
-        for (int d = 0; same && d < nd; d++) same = sh[d] == t->shape[d];
-        if (!same) {
-            char fs[200], ms[200], tmp[160];
-            snprintf(fs, sizeof fs, "%s%s", ct_dtype_name(dt), ct_shape_str(nd, sh, tmp, sizeof tmp));
-            snprintf(ms, sizeof ms, "%s%s", ct_dtype_name(t->dtype), ct_shape_str(t->ndim, t->shape, tmp, sizeof tmp));
-            st = push_name(&r.mismatched, &r.nmismatched, "%s: file %s, module %s", l.names[i], fs, ms);
-            src_of[i] = -1;
-        }
-    }
-    for (int j = 0; j < nfile && !st; j++)
-        if (!used[j]) st = push_name(&r.unexpected, &r.nunexpected, "%s", ct_safetensors_name(f, j), NULL, NULL);
-    if (!st && strict && (r.nmissing || r.nunexpected || r.nmismatched)) {
-        char a[600], b[600], c[900];
-        join_names(a, sizeof a, r.missing, r.nmissing);
-        join_names(b, sizeof b, r.unexpected, r.nunexpected);
-        join_names(c, sizeof c, r.mismatched, r.nmismatched);
-        st = ct_error_set(CT_ERR_FORMAT,
-                          "module_load %s: strict load of %s refused, nothing was loaded; missing keys (%d): %s; "
-                          "unexpected keys (%d): %s; shape mismatches (%d): %s",
-                          path, m->type, r.nmissing, a, r.nunexpected, b, r.nmismatched, c);
-    }
-    /* pass 2: copy what matches */
-    for (int i = 0; i < l.n && !st; i++) {
-        if (src_of[i] < 0) continue;
-        const char *fname = ct_safetensors_name(f, src_of[i]);
-        ct_frame_push();
-        ct_tensor *src = ct_safetensors_get(f, fname);
-        st = src ? ct_tensor_copy_(l.tensors[i], src) : ct_last_status();
-        ct_frame_pop();
-        if (st) ct_error_prefix("module_load %s: tensor %s: ", path, fname);
-    }
-    for (int j = 0; keys && j < nfile; j++) free(keys[j]);
-    free(keys);
-    free(src_of);
-    free(used);
-    ct_safetensors_close(f);
-    ct_param_list_free(&l);
-    ct_autocast_weights_changed(); /* tensors were written in place: autocast copies are stale */
-    if (report && !st) *report = r;
-    else ct_load_report_free(&r);
-    return st;
+    /* one reader for one file and for Hugging Face's directories, sharded or not */
+    return ct_hf_weights_load(m, path, strict, report, map, ctx);
 }

@@ -128,7 +128,8 @@ typedef struct ct_load_report {
     char **mismatched; /* "name: file f32[3, 4], module f32[4, 3]" */
 } ct_load_report;
 
-/* Copies every tensor of the file whose name the module has into the module's
+/* Copies every tensor of the file (a .safetensors file, or a Hugging Face model
+ * directory, single-file or sharded: nn/hf_weights.h) whose name the module has into the module's
  * tensor (dtype converted when they differ, shape must match). strict: any
  * missing, unexpected or mismatched name is an error listing them, and nothing
  * is copied. Not strict: loads what matches and reports the rest (report may be

@@ -4,14 +4,14 @@
 #include <string.h>
 
 /* vocab, block, layers, heads, width: w1 and wide are ctrain's benchmark shapes
- * (bench/README.md), gpt2* HuggingFace's GPT2Config presets. */
+ * (bench/README.md), gpt2* HuggingFace's GPT2Config presets (bos = eos = <|endoftext|>). */
 static const ct_model_spec SPECS[] = {
-    {"gpt:w1", "ctrain's byte-level test GPT", {256, 256, 4, 4, 256, 0, 1e-5, CT_DTYPE_F32}},
-    {"gpt:wide", "ctrain's wide benchmark GPT", {256, 256, 12, 12, 768, 0, 1e-5, CT_DTYPE_F32}},
-    {"gpt2", "GPT-2 small (124M)", {50257, 1024, 12, 12, 768, 0, 1e-5, CT_DTYPE_F32}},
-    {"gpt2-medium", "GPT-2 medium (355M)", {50257, 1024, 24, 16, 1024, 0, 1e-5, CT_DTYPE_F32}},
-    {"gpt2-large", "GPT-2 large (774M)", {50257, 1024, 36, 20, 1280, 0, 1e-5, CT_DTYPE_F32}},
-    {"gpt2-xl", "GPT-2 XL (1.5B)", {50257, 1024, 48, 25, 1600, 0, 1e-5, CT_DTYPE_F32}},
+    {"gpt:w1", "ctrain's byte-level test GPT", {256, 256, 4, 4, 256, 0, 1e-5, CT_DTYPE_F32, false, -1, -1}},
+    {"gpt:wide", "ctrain's wide benchmark GPT", {256, 256, 12, 12, 768, 0, 1e-5, CT_DTYPE_F32, false, -1, -1}},
+    {"gpt2", "GPT-2 small (124M)", {50257, 1024, 12, 12, 768, 0, 1e-5, CT_DTYPE_F32, true, 50256, 50256}},
+    {"gpt2-medium", "GPT-2 medium (355M)", {50257, 1024, 24, 16, 1024, 0, 1e-5, CT_DTYPE_F32, true, 50256, 50256}},
+    {"gpt2-large", "GPT-2 large (774M)", {50257, 1024, 36, 20, 1280, 0, 1e-5, CT_DTYPE_F32, true, 50256, 50256}},
+    {"gpt2-xl", "GPT-2 XL (1.5B)", {50257, 1024, 48, 25, 1600, 0, 1e-5, CT_DTYPE_F32, true, 50256, 50256}},
 };
 #define NSPECS (sizeof SPECS / sizeof *SPECS)
 

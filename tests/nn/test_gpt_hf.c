@@ -171,3 +171,84 @@ Test(gpt_hf, save_hf_writes_config_and_format_metadata)
     ct_module_free(&a->base);
     ct_module_free(&b->base);
 }
+
+Test(gpt_hf, config_token_ids_are_the_models_or_null)
+{
+    ct_gpt *a = ct_gpt_new(&tiny);
+    cr_assert_eq(ct_gpt_save_hf(a, tmpdir), CT_OK, "%s", ct_last_error());
+    cJSON *j = cJSON_Parse(slurp(path_of("config.json")));
+    /* transformers' GPT2Config defaults (50256) would lie outside a vocabulary of 32 */
+    cr_assert(cJSON_IsNull(cJSON_GetObjectItem(j, "bos_token_id")), "no ids: null");
+    cr_assert(cJSON_IsNull(cJSON_GetObjectItem(j, "eos_token_id")));
+    cJSON_Delete(j);
+    ct_module_free(&a->base);
+
+    ct_gpt_config c = tiny;
+    c.token_ids_set = true, c.bos_token_id = 31, c.eos_token_id = 50256;
+    a = ct_gpt_new(&c);
+    cr_assert_eq(ct_gpt_save_hf(a, tmpdir), CT_OK, "%s", ct_last_error());
+    j = cJSON_Parse(slurp(path_of("config.json")));
+    cr_assert_eq(cJSON_GetObjectItem(j, "bos_token_id")->valuedouble, 31);
+    cr_assert(cJSON_IsNull(cJSON_GetObjectItem(j, "eos_token_id")), "50256 is outside the vocabulary");
+    cJSON_Delete(j);
+    ct_gpt *b = ct_gpt_from_pretrained(tmpdir);
+    cr_assert_not_null(b, "%s", ct_last_error());
+    cr_assert(b->cfg.bos_token_id == 31 && b->cfg.eos_token_id == -1);
+    ct_module_free(&a->base);
+    ct_module_free(&b->base);
+}
+
+Test(gpt_hf, sharded_directory_loads_and_from_pretrained_round_trips)
+{
+    ct_gpt *a, *b;
+    two_models(&a, &b);
+    /* 2 KiB shards: the 32 x 16 embeddings and each block's matrices spread over many files */
+    cr_assert_eq(ct_gpt_save_hf_sharded(a, tmpdir, 2048), CT_OK, "%s", ct_last_error());
+    cr_assert_eq(access(path_of("model.safetensors"), F_OK), -1);
+    cJSON *j = cJSON_Parse(slurp(path_of("model.safetensors.index.json")));
+    cr_assert_not_null(j);
+    cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(j, "weight_map")), 28);
+    cJSON_Delete(j);
+    cr_assert_eq(ct_gpt_load(b, tmpdir, true, NULL), CT_OK, "%s", ct_last_error());
+    cr_assert(same_params(a, b));
+
+    ct_gpt *c = ct_gpt_from_pretrained(tmpdir);
+    cr_assert_not_null(c, "%s", ct_last_error());
+    cr_assert(c->cfg.vocab_size == 32 && c->cfg.block_size == 16 && c->cfg.n_layer == 2 && c->cfg.n_head == 2 &&
+              c->cfg.n_embd == 16 && c->cfg.ln_eps == 1e-5);
+    cr_assert(same_params(a, c));
+    ct_module_free(&a->base);
+    ct_module_free(&b->base);
+    ct_module_free(&c->base);
+}
+
+Test(gpt_hf, from_pretrained_refuses_bad_configs_naming_the_key)
+{
+    ct_gpt *a = ct_gpt_new(&tiny);
+    cr_assert_eq(ct_gpt_save_hf(a, tmpdir), CT_OK, "%s", ct_last_error());
+    static const struct {
+        const char *json, *want;
+    } cases[] = {
+        {"{\"model_type\": \"gpt2\", \"n_positions\": 16, \"n_embd\": 16, \"n_layer\": 2, \"n_head\": 2}",
+         "missing key \"vocab_size\""},
+        {"{\"vocab_size\": 32, \"n_positions\": 16, \"n_embd\": 16, \"n_layer\": 2, \"n_head\": 3}",
+         "n_head 3 must divide n_embd 16"},
+        {"{\"vocab_size\": 32, \"n_positions\": 16, \"n_embd\": 16, \"n_layer\": 2, \"n_head\": 2, "
+         "\"activation_function\": \"relu\"}",
+         "\"activation_function\" is \"relu\""},
+        {"{\"model_type\": \"llama\"}", "\"model_type\" is \"llama\""},
+        {"{\"vocab_size\": 32,", "not valid JSON"},
+        /* sizes that do not match the weights */
+        {"{\"vocab_size\": 32, \"n_positions\": 16, \"n_embd\": 16, \"n_layer\": 3, \"n_head\": 2}", "h.2."},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        FILE *f = fopen(path_of("config.json"), "w");
+        fputs(cases[i].json, f);
+        fclose(f);
+        cr_assert_null(ct_gpt_from_pretrained(tmpdir), "%s", cases[i].json);
+        const char *e = ct_last_error();
+        cr_assert(strstr(e, "config.json") || strstr(e, tmpdir), "%s", e);
+        cr_assert(strstr(e, cases[i].want), "%s: %s", cases[i].json, e);
+    }
+    ct_module_free(&a->base);
+}
