@@ -74,6 +74,7 @@
 #include "data/loader.h"
 #include "data/token_dataset.h"
 #include "data/bpe.h"
+#include "data/bpe_train.h"
 #include "data/tokenizer.h"
 
 #include "dist/env.h"

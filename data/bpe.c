@@ -19,6 +19,7 @@ static const char GPT2_PATTERN[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+|
  * for themselves; the other 68 bytes, in order, for U+0100 .. U+0143. cp_byte is
  * the inverse (-1: no byte). */
 static int cp_byte[256 + 68];
+static uint32_t byte_cp[256];
 
 static void init_byte_map(void)
 {
@@ -29,10 +30,17 @@ static void init_byte_map(void)
     int n = 0;
     for (int b = 0; b < 256; b++) {
         bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174);
+        byte_cp[b] = printable ? (uint32_t)b : 256u + (uint32_t)n;
         map[printable ? b : 256 + n++] = b;
     }
     memcpy(cp_byte, map, sizeof map); /* every thread writes the same values */
     __atomic_store_n(&done, 1, __ATOMIC_RELEASE);
+}
+
+uint32_t cti_bpe_byte_char(uint8_t byte)
+{
+    init_byte_map();
+    return byte_cp[byte];
 }
 
 /* The bytes a vocabulary token's text stands for, into out (>= strlen(token)
@@ -61,6 +69,17 @@ static int64_t unmap_token(const char *token, uint8_t *out, long *bad)
         p += len;
     }
     return n;
+}
+
+bool cti_bpe_token_mappable(const char *token)
+{
+    init_byte_map();
+    size_t n = strlen(token);
+    uint8_t small[64], *out = n <= sizeof small ? small : malloc(n);
+    long bad;
+    bool ok = out && unmap_token(token, out, &bad) >= 0;
+    if (out != small) free(out);
+    return ok;
 }
 
 ct_bpe *cti_bpe_new(const char *name)
@@ -199,6 +218,23 @@ ct_status cti_bpe_add_added(ct_bpe *b, const char *text, int64_t id, bool specia
     return CT_OK;
 }
 
+pcre2_code *cti_bpe_regex(void)
+{
+    int err;
+    PCRE2_SIZE off;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)GPT2_PATTERN, PCRE2_ZERO_TERMINATED,
+                                   PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &off, NULL);
+    if (!re) {
+        char msg[256];
+        pcre2_get_error_message(err, (PCRE2_UCHAR *)msg, sizeof msg);
+        ct_error_set(CT_ERR_INTERNAL, "bpe: PCRE2 cannot compile the GPT-2 regex at offset %zu: %s", (size_t)off, msg);
+        return NULL;
+    }
+    /* without JIT (a build or a system that forbids it) pcre2_match interprets */
+    (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);
+    return re;
+}
+
 static int64_t added_named(const ct_bpe *b, const char *const *names)
 {
     for (const char *const *nm = names; *nm; nm++)
@@ -225,18 +261,8 @@ ct_status cti_bpe_finish(ct_bpe *b)
     if (b->eos < 0) b->eos = added_named(b, EOS);
     if (b->pad < 0) b->pad = added_named(b, PAD);
 
-    int err;
-    PCRE2_SIZE off;
-    b->re = pcre2_compile((PCRE2_SPTR)GPT2_PATTERN, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF,
-                          &err, &off, NULL);
-    if (!b->re) {
-        char msg[256];
-        pcre2_get_error_message(err, (PCRE2_UCHAR *)msg, sizeof msg);
-        return ct_error_set(CT_ERR_INTERNAL, "bpe: PCRE2 cannot compile the GPT-2 regex at offset %zu: %s", (size_t)off,
-                            msg);
-    }
-    /* without JIT (a build or a system that forbids it) pcre2_match interprets */
-    (void)pcre2_jit_compile(b->re, PCRE2_JIT_COMPLETE);
+    b->re = cti_bpe_regex();
+    if (!b->re) return ct_last_status();
     b->md = pcre2_match_data_create_from_pattern(b->re, NULL);
     if (!b->md) return ct_error_set(CT_ERR_NOMEM, "bpe: out of memory for PCRE2 match data");
     return CT_OK;

@@ -155,9 +155,39 @@ static ct_status encode_piece(ct_bpe *b, const uint8_t *p, size_t n, bpe_sink *s
     return sink->emit(sink, b->sym, m);
 }
 
-/* One stretch without added tokens: the regex cuts it into pieces. A run of bytes
- * that are not valid UTF-8 matches nothing and lies between two matches (or the
- * ends): it is a piece of its own. */
+ct_status cti_bpe_split(const pcre2_code *re, pcre2_match_data *md, const uint8_t *s, size_t n, bpe_piece_fn fn,
+                        void *ctx)
+{
+    ct_status st = CT_OK;
+    size_t pos = 0;
+    while (pos < n && !st) {
+        int rc = pcre2_match(re, s, n, pos, 0, md, NULL);
+        if (rc == PCRE2_ERROR_NOMATCH) return fn(ctx, s + pos, n - pos);
+        if (rc < 0) {
+            char msg[256];
+            pcre2_get_error_message(rc, (PCRE2_UCHAR *)msg, sizeof msg);
+            return ct_error_set(CT_ERR_INTERNAL, "bpe: PCRE2 match failed at byte %zu: %s", pos, msg);
+        }
+        const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+        if (ov[0] > pos) st = fn(ctx, s + pos, ov[0] - pos);
+        if (!st) st = fn(ctx, s + ov[0], ov[1] - ov[0]);
+        pos = ov[1] > ov[0] ? ov[1] : ov[0] + 1; /* no part of the regex matches empty; never loop */
+    }
+    return st;
+}
+
+typedef struct piece_ctx {
+    ct_bpe *b;
+    bpe_sink *sink;
+} piece_ctx;
+
+static ct_status piece_to_sink(void *ctx, const uint8_t *p, size_t n)
+{
+    piece_ctx *c = ctx;
+    return encode_piece(c->b, p, n, c->sink);
+}
+
+/* One stretch without added tokens, cut into pieces by the regex. */
 static ct_status encode_stretch(ct_bpe *b, const uint8_t *s, size_t n, bpe_sink *sink)
 {
     if (n == 0) return CT_OK;
@@ -169,25 +199,7 @@ static ct_status encode_stretch(ct_bpe *b, const uint8_t *s, size_t n, bpe_sink 
         memcpy(tmp + 1, s, n);
         s = tmp, n++;
     }
-    ct_status st = CT_OK;
-    size_t pos = 0;
-    while (pos < n && !st) {
-        int rc = pcre2_match(b->re, s, n, pos, 0, b->md, NULL);
-        if (rc == PCRE2_ERROR_NOMATCH) {
-            st = encode_piece(b, s + pos, n - pos, sink);
-            break;
-        }
-        if (rc < 0) {
-            char msg[256];
-            pcre2_get_error_message(rc, (PCRE2_UCHAR *)msg, sizeof msg);
-            st = ct_error_set(CT_ERR_INTERNAL, "bpe: PCRE2 match failed at byte %zu: %s", pos, msg);
-            break;
-        }
-        const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(b->md);
-        if (ov[0] > pos) st = encode_piece(b, s + pos, ov[0] - pos, sink);
-        if (!st) st = encode_piece(b, s + ov[0], ov[1] - ov[0], sink);
-        pos = ov[1] > ov[0] ? ov[1] : ov[0] + 1; /* no part of the regex matches empty; never loop */
-    }
+    ct_status st = cti_bpe_split(b->re, b->md, s, n, piece_to_sink, &(piece_ctx){.b = b, .sink = sink});
     free(tmp);
     return st;
 }

@@ -72,10 +72,20 @@ struct ct_bpe {
 /* tables (data/bpe_table.c) */
 int64_t cti_bpe_str_get(const bpe_str_table *t, const void *key, size_t len);
 ct_status cti_bpe_str_put(bpe_str_table *t, const void *key, size_t len, int64_t val); /* replaces */
+/* adds delta to the value of key, inserting it with delta when absent */
+ct_status cti_bpe_str_add(bpe_str_table *t, const void *key, size_t len, int64_t delta);
 void cti_bpe_str_free(bpe_str_table *t);
 const struct bpe_pair_entry *cti_bpe_pair_get(const bpe_pair_table *t, uint32_t left, uint32_t right);
 ct_status cti_bpe_pair_put(bpe_pair_table *t, uint32_t left, uint32_t right, int32_t rank, uint32_t merged);
 void cti_bpe_pair_free(bpe_pair_table *t);
+
+/* GPT-2's byte-to-unicode map: the code point that stands for a byte */
+uint32_t cti_bpe_byte_char(uint8_t byte);
+/* whether a vocabulary token's text is written in the byte-level alphabet */
+bool cti_bpe_token_mappable(const char *token);
+/* GPT-2's pre-tokenisation regex, compiled (and JIT-compiled where allowed); NULL
+ * and an error on failure. The caller frees it with pcre2_code_free. */
+pcre2_code *cti_bpe_regex(void);
 
 /* building (data/bpe.c); every error names b->name */
 ct_bpe *cti_bpe_new(const char *name);

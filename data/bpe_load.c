@@ -65,7 +65,24 @@ static ct_status get_id(const ct_bpe *b, const cJSON *v, const char *what, const
     return CT_OK;
 }
 
-static ct_status add_vocab(ct_bpe *b, const cJSON *vocab, const char *where)
+/* whether added_tokens holds content with this id */
+static bool is_added(const cJSON *added, const char *content, int64_t id)
+{
+    const cJSON *a;
+    cJSON_ArrayForEach(a, added)
+    {
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(a, "content"), *i = cJSON_GetObjectItemCaseSensitive(a, "id");
+        if (cJSON_IsString(c) && cJSON_IsNumber(i) && i->valuedouble == (double)id && !strcmp(c->valuestring, content))
+            return true;
+    }
+    return false;
+}
+
+/* added: the file's added_tokens (NULL for vocab.json). A special token is also in
+ * the model's vocabulary (tokenizers' trainer puts it there); when its text is not
+ * written in the byte-level alphabet (a space, a character past U+00FF) it is no
+ * model token, only the added token read later. */
+static ct_status add_vocab(ct_bpe *b, const cJSON *vocab, const char *where, const cJSON *added)
 {
     if (!cJSON_IsObject(vocab))
         return ct_error_set(CT_ERR_FORMAT, "bpe: '%s': %s is not an object of token: id", b->name, where);
@@ -74,6 +91,7 @@ static ct_status add_vocab(ct_bpe *b, const cJSON *vocab, const char *where)
     {
         int64_t id = 0;
         ct_status st = get_id(b, e, "token", e->string, &id);
+        if (!st && !cti_bpe_token_mappable(e->string) && is_added(added, e->string, id)) continue;
         if (!st) st = cti_bpe_add_token(b, e->string, id);
         if (st) return st;
     }
@@ -92,7 +110,7 @@ static ct_status unsupported(const ct_bpe *b, const char *what)
                         b->name, what);
 }
 
-static ct_status read_model(ct_bpe *b, const cJSON *model)
+static ct_status read_model(ct_bpe *b, const cJSON *model, const cJSON *added)
 {
     if (!cJSON_IsObject(model)) return ct_error_set(CT_ERR_FORMAT, "bpe: '%s': no \"model\" object", b->name);
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(model, "type");
@@ -113,7 +131,7 @@ static ct_status read_model(ct_bpe *b, const cJSON *model)
 
     const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
     if (!vocab) return ct_error_set(CT_ERR_FORMAT, "bpe: '%s': model.vocab is missing", b->name);
-    ct_status st = add_vocab(b, vocab, "model.vocab");
+    ct_status st = add_vocab(b, vocab, "model.vocab", added);
     if (st) return st;
 
     const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
@@ -228,7 +246,8 @@ ct_bpe *ct_bpe_load_memory(const void *json, size_t n, const char *name)
     cJSON *root = parse_json(json ? json : "", n, b->name);
     ct_status st = root ? CT_OK : CT_ERR_FORMAT;
     if (!st) st = read_pre_tokenizer(b, root);
-    if (!st) st = read_model(b, cJSON_GetObjectItemCaseSensitive(root, "model"));
+    if (!st) st = read_model(b, cJSON_GetObjectItemCaseSensitive(root, "model"),
+                                cJSON_GetObjectItemCaseSensitive(root, "added_tokens"));
     if (!st) st = read_added(b, cJSON_GetObjectItemCaseSensitive(root, "added_tokens"));
     if (!st) read_post_processor(b, root);
     if (!st) st = cti_bpe_finish(b);
@@ -290,7 +309,7 @@ ct_bpe *ct_bpe_load_gpt2(const char *vocab_path, const char *merges_path)
     ct_bpe *b = cti_bpe_new(vocab_path);
     cJSON *root = b ? parse_json(text, n, vocab_path) : NULL;
     free(text);
-    ct_status st = root ? add_vocab(b, root, "the top level") : ct_last_status();
+    ct_status st = root ? add_vocab(b, root, "the top level", NULL) : ct_last_status();
     cJSON_Delete(root);
     char *merges = st ? NULL : read_file(merges_path, &n);
     if (!st && !merges) st = ct_last_status();

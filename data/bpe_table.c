@@ -46,7 +46,7 @@ static ct_status str_grow(bpe_str_table *t)
     return CT_OK;
 }
 
-ct_status cti_bpe_str_put(bpe_str_table *t, const void *key, size_t len, int64_t val)
+static ct_status str_set(bpe_str_table *t, const void *key, size_t len, int64_t val, bool add)
 {
     if ((t->n + 1) * 2 > t->cap) {
         ct_status st = str_grow(t);
@@ -57,7 +57,7 @@ ct_status cti_bpe_str_put(bpe_str_table *t, const void *key, size_t len, int64_t
     for (; t->slot[i].key; i = (i + 1) & (t->cap - 1)) {
         struct bpe_str_entry *e = &t->slot[i];
         if (e->hash == h && e->len == len && !memcmp(e->key, key, len)) {
-            e->val = val;
+            e->val = add ? e->val + val : val;
             return CT_OK;
         }
     }
@@ -67,6 +67,16 @@ ct_status cti_bpe_str_put(bpe_str_table *t, const void *key, size_t len, int64_t
     t->slot[i] = (struct bpe_str_entry){.key = k, .len = (uint32_t)len, .hash = h, .val = val};
     t->n++;
     return CT_OK;
+}
+
+ct_status cti_bpe_str_put(bpe_str_table *t, const void *key, size_t len, int64_t val)
+{
+    return str_set(t, key, len, val, false);
+}
+
+ct_status cti_bpe_str_add(bpe_str_table *t, const void *key, size_t len, int64_t delta)
+{
+    return str_set(t, key, len, delta, true);
 }
 
 void cti_bpe_str_free(bpe_str_table *t)

@@ -16,6 +16,7 @@
 #include "tools/launch.h"
 #include "tools/merge_weights.h"
 #include "tools/test_cmd.h"
+#include "tools/tokenizer_cmd.h"
 
 #define CT_CLI_VERSION "0.1.0"
 
@@ -35,6 +36,7 @@ static const subcommand COMMANDS[] = {
     {"merge-weights", ct_merge_weights_main, "merge a sharded checkpoint (SHARDED_STATE_DICT) into one file"},
     {"generate", ct_generate_main, "continue a prompt with a causal language model (Hugging Face layout)"},
     {"checkpoint", ct_checkpoint_main, "describe a training-state checkpoint (save_state) and verify its files"},
+    {"tokenizer", ct_tokenizer_main, "train a byte-level BPE tokenizer (as HF tokenizers), encode text to a .bin"},
 };
 
 /* Run by ctrain itself (ctrain bench starts its ranks as `ctrain bench-rank`); not in the help. */

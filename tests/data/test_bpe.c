@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "data/bpe.h"
+#include "tests/data/fortunes.h"
 #include "tests/tmpdir.h"
 
 static void make_tmpdir(void) { make_tmpdir_with("/tmp/ct_bpe_"); }
@@ -508,58 +509,18 @@ Test(bpe, encode_files)
 
 /* ---- the Hugging Face oracle ------------------------------------------------ */
 
-#define FORTUNES "/usr/share/games/fortunes"
-
-static bool valid_utf8(const uint8_t *p, size_t n)
-{
-    for (size_t i = 0; i < n;) {
-        uint8_t c = p[i];
-        size_t len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
-        if (!len || i + len > n || (len == 2 && c < 0xC2)) return false;
-        uint32_t cp = len == 1 ? c : c & (0x7F >> len);
-        for (size_t k = 1; k < len; k++) {
-            if ((p[i + k] & 0xC0) != 0x80) return false;
-            cp = cp << 6 | (p[i + k] & 0x3F);
-        }
-        if ((len == 3 && (cp < 0x800 || (cp >= 0xD800 && cp < 0xE000))) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)))
-            return false;
-        i += len;
-    }
-    return true;
-}
-
 /* The fortunes corpus (the text files of Debian's fortunes packages: the names
  * without an extension), its valid UTF-8 lines and the tricky ones above, into
  * path. Returns the number of lines, 0 when there is no corpus. */
 static size_t write_corpus(const char *path)
 {
-    DIR *d = opendir(FORTUNES);
-    if (!d) return 0;
     FILE *out = fopen(path, "wb");
     cr_assert_not_null(out);
-    size_t lines = 0;
-    struct dirent *e;
-    char p[512];
-    while ((e = readdir(d))) {
-        if (strchr(e->d_name, '.')) continue; /* ., .., *.dat, *.u8 */
-        snprintf(p, sizeof p, "%s/%s", FORTUNES, e->d_name);
-        struct stat sb;
-        if (stat(p, &sb) != 0 || !S_ISREG(sb.st_mode)) continue;
-        size_t n;
-        uint8_t *text = read_all(p, &n);
-        for (size_t i = 0; i < n;) {
-            uint8_t *nl = memchr(text + i, '\n', n - i);
-            size_t len = nl ? (size_t)(nl - (text + i)) : n - i;
-            if (valid_utf8(text + i, len)) {
-                fwrite(text + i, 1, len, out);
-                fputc('\n', out);
-                lines++;
-            }
-            i += len + 1;
-        }
-        free(text);
+    size_t lines = fortunes_append(out);
+    if (!lines) {
+        fclose(out);
+        return 0;
     }
-    closedir(d);
     for (size_t i = 0; i < sizeof TRICKY / sizeof *TRICKY; i++) {
         fprintf(out, "%s\n", TRICKY[i]);
         lines++;
@@ -629,16 +590,6 @@ static void compare_lines(ct_bpe *b, const char *what, const uint8_t *text, size
     free(ids);
 }
 
-static const char *venv_dir(void)
-{
-    static char p[1024];
-    const char *v = getenv("CTRAIN_BPE_VENV");
-    if (v && *v) return v;
-    const char *src = getenv("CTRAIN_SRC");
-    snprintf(p, sizeof p, "%s/build/tests/venv-tokenizers", src && *src ? src : ".");
-    return p;
-}
-
 Test(bpe, hugging_face_oracle, .timeout = 600)
 {
     const char *src = getenv("CTRAIN_SRC");
@@ -646,7 +597,7 @@ Test(bpe, hugging_face_oracle, .timeout = 600)
     size_t lines = write_corpus(path_of("text.txt"));
     if (!lines) cr_skip_test("no fortunes corpus in " FORTUNES " (Debian's fortunes package; tools/setup.sh)");
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, "timeout 500 bash '%s/tests/data/bpe_oracle.sh' '%s' '%s' '%s' 2>'%s'", src, venv_dir(),
+    snprintf(cmd, sizeof cmd, "timeout 500 bash '%s/tests/data/bpe_oracle.sh' '%s' '%s' '%s' 2>'%s'", src, bpe_venv_dir(),
              tmpdir, path_of("text.txt"), path_of("oracle.err"));
     int rc = system(cmd);
     size_t n;
