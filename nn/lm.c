@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "nn/gpt.h"
+#include "nn/llama.h"
 #include "nn/lm.h"
 
 /* ---- the generic calls ---------------------------------------------------------- */
@@ -192,6 +193,17 @@ static ct_lm *gpt2_from_pretrained(const char *dir, const config *c)
     return lm;
 }
 
+/* nn/llama_hf.c reads the config itself (it names its own errors). */
+static ct_lm *llama_from_pretrained(const char *dir, const config *c)
+{
+    (void)c;
+    ct_llama *m = ct_llama_from_pretrained(dir);
+    if (!m) return NULL;
+    ct_lm *lm = ct_llama_as_lm(m, true);
+    if (!lm) ct_module_free(&m->base);
+    return lm;
+}
+
 /* The model types ct_lm_from_pretrained knows: config.json's "model_type" -> a loader
  * of dir (config.json already parsed) that returns an owning ct_lm. */
 typedef ct_lm *(*lm_loader)(const char *dir, const config *c);
@@ -200,6 +212,7 @@ static const struct {
     lm_loader load;
 } MODEL_TYPES[] = {
     {"gpt2", gpt2_from_pretrained},
+    {"llama", llama_from_pretrained},
 };
 #define N_MODEL_TYPES (sizeof MODEL_TYPES / sizeof *MODEL_TYPES)
 
