@@ -55,8 +55,8 @@ typedef struct options {
 } options;
 
 static const options defaults = {
-    .data = "examples/finetune/sample.txt", .out_dir = "build/finetune", .epochs = 3, .batch_size = 4,
-    .max_len = 256, .warmup = 5, .sample_tokens = 48, .lr = 3e-4, .weight_decay = 0.01, .grad_clip = 1.0,
+    .data = "examples/finetune/sample.txt", .out_dir = "build/finetune", .epochs = 20, .batch_size = 4,
+    .max_len = 256, .warmup = 5, .sample_tokens = 48, .lr = 1e-3, .weight_decay = 0.01, .grad_clip = 1.0,
     .seed = 1337,
 };
 

@@ -58,7 +58,7 @@ typedef struct options {
 } options;
 
 static const options defaults = {
-    .out_dir = "build/llama", .prompt = "The ",
+    .out_dir = "build/llama", .prompt = "The",
     .vocab_size = 2048, .block_size = 256, .hidden = 256, .n_layer = 4, .n_head = 4, .n_kv_head = 2,
     .intermediate = 688, .batch_size = 8, .steps = 300, .warmup = 20, .eval_every = 50, .eval_batches = 8,
     .sample_tokens = 80, .top_k = 40, .lr = 2e-3, .min_lr = 2e-4, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = 0.1,
