@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "autograd/autograd.h"
 #include "autograd/ops.h"
 #include "core/frame.h"
 #include "precision/autocast.h"
@@ -41,6 +42,17 @@ ct_status ct_llama_config_resolve(const ct_llama_config *cfg, ct_llama_config *o
             (long long)c.vocab_size, (long long)c.hidden_size, (long long)c.intermediate_size,
             (long long)c.num_hidden_layers, (long long)c.num_attention_heads, (long long)c.num_key_value_heads,
             (long long)c.head_dim, (long long)c.max_position_embeddings);
+    /* far above any real model, and low enough that no product of two sizes overflows */
+    const int64_t cap = (int64_t)1 << 31;
+    bool big = c.num_attention_heads > cap || c.head_dim > cap;
+    const int64_t sizes[] = {c.vocab_size, c.hidden_size, c.intermediate_size,
+                             big ? 0 : c.num_attention_heads * c.head_dim, c.max_position_embeddings};
+    for (int i = 0; i < 5; i++)
+        if (big || sizes[i] > cap)
+            BAD("sizes above 2^31 are not supported: vocab_size %lld hidden_size %lld intermediate_size %lld "
+                "heads x head_dim %lld x %lld max_position_embeddings %lld", (long long)c.vocab_size,
+                (long long)c.hidden_size, (long long)c.intermediate_size, (long long)c.num_attention_heads,
+                (long long)c.head_dim, (long long)c.max_position_embeddings);
     if (c.num_hidden_layers > 100000) BAD("num_hidden_layers %lld is not plausible", (long long)c.num_hidden_layers);
     if (c.num_attention_heads % c.num_key_value_heads)
         BAD("num_key_value_heads %lld must divide num_attention_heads %lld (each key/value head serves a group of "
@@ -263,6 +275,9 @@ ct_llama *ct_llama_new(const ct_llama_config *cfg)
         snprintf(name, sizeof name, "%lld", (long long)i);
         ok = adopt(m->layers, name, m->blocks[i] = layer_new(&c));
     }
+    /* nn.Embedding(padding_idx = pad_token_id): the row starts at zero */
+    if (ok && c.pad_token_id >= 0 && c.pad_token_id < c.vocab_size)
+        ok = !ct_tensor_fill_(ct_tensor_select(m->embed_tokens->weight, 0, c.pad_token_id), 0.0);
     ok = ok && adopt(m->model, "norm", m->norm = ct_rmsnorm_layer_new(c.hidden_size, c.rms_norm_eps));
     if (ok && !c.tie_word_embeddings)
         ok = adopt(&m->base, "lm_head",
@@ -321,6 +336,29 @@ static ct_tensor *layer_forward(ct_llama_layer *m, ct_tensor *x, ct_tensor *cos,
     return ct_module_forward_end(&m->base, x);
 }
 
+/* embed_tokens[idx] (B, T, C). As nn.Embedding(padding_idx = pad_token_id), the padding
+ * row gets no gradient: its lookups go through a detached copy,
+ *   x = e * keep + detach(e) * (1 - keep),   keep = (idx != pad)   (B, T, 1),
+ * the same values with the pad row's gradient cut. */
+static ct_tensor *embed(ct_llama *m, ct_tensor *idx)
+{
+    ct_tensor *w = m->embed_tokens->weight, *e = ct_embedding_layer_forward(m->embed_tokens, idx);
+    int64_t pad = m->cfg.pad_token_id, B = idx->shape[0], T = idx->shape[1];
+    if (!e || pad < 0 || pad >= m->cfg.vocab_size || !ct_grad_is_enabled() || !w->requires_grad) return e;
+    ct_tensor *ids = ct_tensor_cast(ct_tensor_to(idx, CT_CPU), CT_DTYPE_I64);
+    ct_tensor *keep = ct_tensor_empty(CT_DTYPE_F64, CT_SHAPE(B, T, 1));
+    if (!ids || !keep) return NULL;
+    ids = ct_tensor_contiguous(ids);
+    const int64_t *id = ct_tensor_data(ids);
+    double *k = ct_tensor_data(keep);
+    bool any = false;
+    for (int64_t i = 0; i < B * T; i++) any |= !(k[i] = id[i] != pad);
+    if (!any) return e;
+    keep = ct_tensor_to(ct_tensor_cast(keep, e->dtype), e->device);
+    ct_tensor *drop = ct_tensor_to(ct_tensor_cast(ct_rsub_scalar(1.0, keep), e->dtype), e->device);
+    return ct_add(ct_mul(e, keep), ct_mul(ct_detach(e), drop));
+}
+
 static ct_status check_cache(const ct_llama *m, const ct_tensor *idx, const ct_kv_cache *c)
 {
     const ct_llama_config *g = &m->cfg;
@@ -352,7 +390,7 @@ static ct_tensor *forward(ct_llama *m, ct_tensor *idx, ct_kv_cache *cache, const
     int64_t T = idx->shape[1], start = cache ? cache->len : 0;
     ct_tensor *w = m->embed_tokens->weight, *cos = NULL, *sin = NULL, *logits = NULL;
     if (!rope_tables(&m->cfg, start, T, w->dtype, w->device, &cos, &sin)) {
-        ct_tensor *x = ct_embedding_layer_forward(m->embed_tokens, idx);
+        ct_tensor *x = embed(m, idx);
         for (int64_t i = 0; i < m->cfg.num_hidden_layers; i++)
             x = layer_forward(m->blocks[i], x, cos, sin, cache, (int)i);
         x = ct_rmsnorm_layer_forward(m->norm, x);

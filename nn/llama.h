@@ -23,7 +23,9 @@
  * parameters nor buffers.
  *
  * Initialisation as HF's LlamaPreTrainedModel: every Linear and the embedding
- * normal(0, initializer_range), RMSNorm weights 1.
+ * normal(0, initializer_range), RMSNorm weights 1. The embedding is torch's
+ * nn.Embedding(padding_idx = pad_token_id): that row starts at zero and, in training,
+ * gets no gradient.
  */
 #ifndef CT_NN_LLAMA_H
 #define CT_NN_LLAMA_H

@@ -119,15 +119,15 @@ static ct_status get_rope_scaling(const cJSON *j, const char *label, ct_rope_sca
     else
         return ct_error_set(CT_ERR_UNSUPPORTED, "config %s: rope_scaling type \"%s\" is not supported (supported: "
                             "default, linear, dynamic, llama3)", label, n);
-    ct_status st = get_num(s, label, "factor", true, 0, &r->factor);
+    char in[600]; /* messages say "config <file>: rope_scaling: ..." */
+    snprintf(in, sizeof in, "%s: rope_scaling", label);
+    ct_status st = get_num(s, in, "factor", true, 0, &r->factor);
     if (!st && r->type == CT_ROPE_LLAMA3) {
-        st = get_num(s, label, "low_freq_factor", true, 0, &r->low_freq_factor);
-        if (!st) st = get_num(s, label, "high_freq_factor", true, 0, &r->high_freq_factor);
+        st = get_num(s, in, "low_freq_factor", true, 0, &r->low_freq_factor);
+        if (!st) st = get_num(s, in, "high_freq_factor", true, 0, &r->high_freq_factor);
         if (!st)
-            st = get_int(s, label, "original_max_position_embeddings", true, 0, 1,
-                         &r->original_max_position_embeddings);
+            st = get_int(s, in, "original_max_position_embeddings", true, 0, 1, &r->original_max_position_embeddings);
     }
-    if (st) ct_error_prefix("rope_scaling: ");
     return st;
 }
 

@@ -521,3 +521,46 @@ Test(llama, bf16_autocast_forward_stays_near_f32)
     free(ids);
     ct_module_free(&m->base);
 }
+
+Test(llama, implausible_sizes_are_refused_before_allocating)
+{
+    ct_llama_config c = gqa;
+    c.vocab_size = (int64_t)1 << 40;
+    cr_assert_null(ct_llama_new(&c));
+    cr_assert(strstr(ct_last_error(), "above 2^31"), "%s", ct_last_error());
+    c = gqa, c.num_attention_heads = (int64_t)1 << 40, c.num_key_value_heads = 1;
+    cr_assert_null(ct_llama_new(&c));
+    cr_assert(strstr(ct_last_error(), "above 2^31"), "%s", ct_last_error());
+}
+
+Test(llama, padding_row_starts_at_zero_and_gets_no_gradient)
+{
+    /* nn.Embedding(padding_idx = pad_token_id), as LlamaModel builds it */
+    ct_llama_config c = gqa;
+    c.token_ids_set = true, c.bos_token_id = c.eos_token_id = -1, c.pad_token_id = 3;
+    ct_llama *m = ct_llama_new(&c);
+    cr_assert_not_null(m, "%s", ct_last_error());
+    const float *w = ct_tensor_data(m->embed_tokens->weight);
+    for (int j = 0; j < 18; j++) cr_assert_eq(w[3 * 18 + j], 0.0f, "the padding row starts at zero");
+    cr_assert_neq(w[4 * 18], 0.0f);
+    ct_module_free(&m->base);
+
+    m = random_model(&c, CT_DTYPE_F64, 51); /* the pad row is not zero any more: its values count */
+    int64_t ids[2 * 5] = {3, 5, 3, 1, 2, 5, 3, 3, 0, 9};
+    double *want = ref_forward(m, ids, 2, 5);
+    CT_FRAME {
+        ct_tensor *idx = ct_tensor_from_data(CT_DTYPE_I64, CT_SHAPE(2, 5), ids);
+        ct_tensor *y = ct_tensor_contiguous(ct_llama_forward(m, idx));
+        cr_assert_not_null(y, "%s", ct_last_error());
+        const double *got = ct_tensor_data(y);
+        for (int i = 0; i < 2 * 5 * 37; i++) cr_assert_float_eq(got[i], want[i], 1e-10, "logit %d", i);
+        cr_assert_eq(ct_backward(ct_sum_all(y)), CT_OK, "%s", ct_last_error());
+        const double *g = ct_tensor_data(m->embed_tokens->weight->grad);
+        double pad = 0, other = 0;
+        for (int j = 0; j < 18; j++) pad += fabs(g[3 * 18 + j]), other += fabs(g[5 * 18 + j]);
+        cr_assert_eq(pad, 0.0, "the padding row gets no gradient");
+        cr_assert_gt(other, 0.0);
+    }
+    free(want);
+    ct_module_free(&m->base);
+}
