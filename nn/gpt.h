@@ -80,8 +80,8 @@ CT_API ct_tensor *ct_gpt_forward(ct_gpt *m, ct_tensor *idx);
 /* idx (B, T) -> logits (B, T, V) for tokens at positions cache->len .. cache->len + T - 1
  * (cache->len + T <= block_size): each block appends its keys and values to the cache
  * (B, n_head, ., n_embd / n_head) and attends over all cached positions; the cache is
- * advanced by T. cache NULL = ct_gpt_forward. No gradient through the cache: call it
- * without grad (new reference, current frame). */
+ * advanced by T. cache NULL = ct_gpt_forward. The cache is not differentiable: with a
+ * cache, grad mode must be off (an error otherwise). New reference, current frame. */
 CT_API ct_tensor *ct_gpt_forward_cached(ct_gpt *m, ct_tensor *idx, ct_kv_cache *cache);
 /* m as a causal LM (nn/lm.h); owns: ct_lm_free frees m too. NULL on out of memory. */
 CT_API ct_lm *ct_gpt_as_lm(ct_gpt *m, bool owns);

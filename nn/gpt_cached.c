@@ -15,6 +15,7 @@
  */
 #include <math.h>
 
+#include "autograd/autograd.h"
 #include "autograd/ops.h"
 #include "core/error.h"
 #include "core/frame.h"
@@ -57,6 +58,12 @@ ct_tensor *ct_gpt_forward_cached(ct_gpt *m, ct_tensor *idx, ct_kv_cache *cache)
     if (!cache) return ct_gpt_forward(m, idx);
     if (!m || !idx) {
         ct_error_set(CT_ERR_INVALID, "gpt_forward_cached: NULL model or idx");
+        return NULL;
+    }
+    /* the cache holds copies: gradients would silently stop at it */
+    if (ct_grad_is_enabled()) {
+        ct_error_set(CT_ERR_INVALID, "gpt_forward_cached: the key/value cache is not differentiable; run it with grad "
+                     "off (CT_NO_GRAD or ct_grad_set_enabled(false))");
         return NULL;
     }
     char d[200];

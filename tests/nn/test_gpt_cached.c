@@ -138,6 +138,12 @@ Test(gpt_cached, errors_name_the_misfit)
         c = ct_kv_cache_new(2, 1, 2, 12, 8, CT_DTYPE_F32, CT_CPU);
         cr_assert_null(ct_gpt_forward_cached(m, ct_tensor_zeros(CT_DTYPE_F32, CT_SHAPE(1, 2)), c));
         cr_assert(strstr(ct_last_error(), "integer tokens"), "%s", ct_last_error());
+        /* with grad on: refused, nothing appended */
+        ct_grad_set_enabled(true);
+        cr_assert_null(ct_gpt_forward_cached(m, idx, c));
+        cr_assert(strstr(ct_last_error(), "not differentiable"), "%s", ct_last_error());
+        ct_grad_set_enabled(false);
+        cr_assert_eq(c->len, 0);
         ct_kv_cache_free(c);
         /* no cache: the plain forward */
         ct_tensor *a = ct_gpt_forward_cached(m, idx, NULL), *b = ct_gpt_forward(m, idx);
