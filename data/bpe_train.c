@@ -353,6 +353,7 @@ static ct_status count_pairs(learner *L, const uint32_t byte_id[256])
 /* the merges with each pair at its last rank */
 static ct_status keep_last(ct_bpe_trainer *t)
 {
+    if (!t->nmerges) return CT_OK;
     pair_map seen = {0};
     size_t j = t->nmerges;
     for (size_t i = t->nmerges; i-- > 0;) {

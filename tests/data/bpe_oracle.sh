@@ -21,6 +21,14 @@
 set -euo pipefail
 venv=$1 work=$2 text=$3
 
+# the oracle tests may run at once: one of them makes the venv, the others wait
+# (the lock is named after the venv's path, outside it)
+lock="${TMPDIR:-/tmp}/ctrain-bpe-venv-$(printf %s "$venv" | cksum | cut -d' ' -f1).lock"
+exec 9>"$lock"
+if ! flock -w 600 9; then
+    echo "cannot lock $lock to make the venv" >&2
+    exit 77
+fi
 if ! "$venv/bin/python" -c 'import tokenizers' 2>/dev/null; then
     rm -rf "$venv"
     if ! timeout 120 /usr/bin/python3 -m venv "$venv" >"$work/venv.log" 2>&1; then
@@ -34,6 +42,8 @@ if ! "$venv/bin/python" -c 'import tokenizers' 2>/dev/null; then
         exit 77
     fi
 fi
+
+flock -u 9
 
 # one thread: the test shares the machine with the rest of the suite
 export RAYON_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false
