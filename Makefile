@@ -262,7 +262,7 @@ llama: setup
 # examples/finetune/finetune.c: question/answer fine-tuning of a saved GPT-2 or Llama;
 # `make finetune MODEL=DIR` tunes the model in DIR on the bundled sample pairs
 FINETUNE_BIN := $(BUILD)/examples/finetune
-FINETUNE_ARGS ?= --data examples/finetune/sample.txt
+FINETUNE_ARGS ?=
 $(FINETUNE_BIN): examples/finetune/finetune.c $(EX_COMMON) examples/common/train_util.h $(AR_LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(ALL_LDFLAGS) -o $@ $< $(EX_COMMON) $(AR_LIB) $(LDLIBS)
