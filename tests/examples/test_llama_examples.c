@@ -122,6 +122,18 @@ Test(llama_examples, train_alone, .init = setup, .fini = remove_tmpdir, .timeout
     for (const char *c = csv; *c; c++) rows += *c == '\n';
     cr_assert_eq(rows, 25, "%s", csv);
     assert_generates(dir);
+    /* --tokenizer: the file is used as it is, nothing is trained */
+    char tok[320];
+    snprintf(tok, sizeof tok, "%s/tokenizer.json", dir);
+    snprintf(cmd, sizeof cmd, "timeout 50 %s/llama_train --data %s --out_dir %s2 --tokenizer %s " LLAMA_TINY
+                              " --vocab_size 280 --steps 2 --eval_every 2",
+             ex, path_of("text.txt"), dir, tok);
+    cr_assert_eq(run(cmd), 0, "%s", out);
+    cr_assert(!strstr(out, "tokenizer: trained") && strstr(out, "vocabulary 320;"), "%s", out);
+    char *a = strdup(slurp(tok)), *b = strdup(slurp(path_of("run2/tokenizer.json")));
+    cr_assert_str_eq(a, b);
+    free(a);
+    free(b);
 }
 
 /* FSDP, one unit per decoder layer; a checkpoint midway, then --resume auto goes on to more steps */
