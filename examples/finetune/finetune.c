@@ -324,6 +324,10 @@ static void sample(ct_lm *lm, tokenizer *tk, const pair *p, int64_t max_new)
     ct_sample_config sc = ct_sample_config_default();
     sc.max_new_tokens = max_new;
     sc.greedy = true;
+    if (tk->eos >= 0) { /* the answers' end, also where the model's config names no eos */
+        sc.stop_ids = &tk->eos;
+        sc.n_stop_ids = 1;
+    }
     int64_t got = -1;
     for (int64_t i = 0; prompt && i < n; i++) prompt[i] = p->ids[i];
     if (prompt && out && u) got = ct_generate(lm, prompt, n, &sc, NULL, NULL, out);
