@@ -10,6 +10,8 @@
 #   make bench-tokenizer  byte-level BPE encoding vs Hugging Face tokenizers, one thread
 #   make train      the README's main job            make clean
 #   make generate MODEL=DIR PROMPT=TEXT  text from a model saved in Hugging Face's layout (examples/generate)
+#   make llama      a small Llama + BPE tokenizer on the fortunes (examples/llama/train.c)
+#   make finetune MODEL=DIR  question/answer fine-tuning of a saved GPT-2 or Llama (examples/finetune)
 #   make api-doc    regenerates docs/api.md from the public headers (tools/api_doc.py)
 #
 # PORTABLE=1 builds for any x86-64 instead of -march=native.
@@ -85,11 +87,11 @@ TEST_BIN := $(BUILD)/tests/ctrain_tests
 CLI_BIN  := $(if $(CLI_SRC),$(BUILD)/bin/ctrain)
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
-.PHONY: all setup test test-gpu asan api-doc memcheck fuzz bench bench-gpt bench-gpu bench-collectives bench-ddp bench-strategies bench-checkpoint bench-tokenizer install uninstall clean train generate
+.PHONY: all setup test test-gpu asan api-doc memcheck fuzz bench bench-gpt bench-gpu bench-collectives bench-ddp bench-strategies bench-checkpoint bench-tokenizer install uninstall clean train generate llama finetune
 .DEFAULT_GOAL := all
 
 all: setup
-	@$(MAKE) --no-print-directory $(JOBS) $(SO) $(AR_LIB) $(GPT_BIN) $(QUICK_BIN) $(GEN_BIN) $(CLI_BIN)
+	@$(MAKE) --no-print-directory $(JOBS) $(SO) $(AR_LIB) $(GPT_BIN) $(QUICK_BIN) $(GEN_BIN) $(LLAMA_BIN) $(FINETUNE_BIN) $(CLI_BIN)
 
 setup:
 	@./tools/setup.sh
@@ -130,7 +132,7 @@ $(TEST_BIN): $(TEST_OBJ) $(TEST_CLI_OBJ) $(AR_LIB)
 # user's default launch configuration.
 NO_USER_CONFIG = CTRAIN_CONFIG_FILE=$(abspath $(BUILD))/tests/no-default-config.yaml
 test: setup
-	@$(MAKE) --no-print-directory $(JOBS) $(SO) $(TEST_BIN) $(CLI_BIN) $(GPT_BIN) $(QUICK_BIN) $(GEN_BIN)
+	@$(MAKE) --no-print-directory $(JOBS) $(SO) $(TEST_BIN) $(CLI_BIN) $(GPT_BIN) $(QUICK_BIN) $(GEN_BIN) $(LLAMA_BIN) $(FINETUNE_BIN)
 	CTRAIN_BIN=$(abspath $(BUILD)/bin/ctrain) CTRAIN_EXAMPLES=$(abspath $(BUILD)/examples) \
 	CTRAIN_LIB=$(abspath $(SO)) CTRAIN_SRC=$(CURDIR) $(NO_USER_CONFIG) \
 	    $(TEST_BIN) --jobs $${CT_TEST_JOBS:-2}
@@ -138,7 +140,7 @@ test: setup
 # The GPU conformance suite alone (suites named gpu_*): every op on the GPU against
 # the CPU reference. Without a GPU each test reports itself skipped, with the reason.
 test-gpu: setup
-	@$(MAKE) --no-print-directory $(JOBS) $(SO) $(TEST_BIN) $(CLI_BIN) $(GPT_BIN) $(QUICK_BIN) $(GEN_BIN)
+	@$(MAKE) --no-print-directory $(JOBS) $(SO) $(TEST_BIN) $(CLI_BIN) $(GPT_BIN) $(QUICK_BIN) $(GEN_BIN) $(LLAMA_BIN) $(FINETUNE_BIN)
 	CTRAIN_BIN=$(abspath $(BUILD)/bin/ctrain) CTRAIN_EXAMPLES=$(abspath $(BUILD)/examples) \
 	CTRAIN_LIB=$(abspath $(SO)) CTRAIN_SRC=$(CURDIR) $(NO_USER_CONFIG) \
 	    $(TEST_BIN) --filter 'gpu_*/*' --jobs 1 --verbose
@@ -146,6 +148,7 @@ test-gpu: setup
 asan: setup
 	@$(MAKE) --no-print-directory $(JOBS) BUILD=build-asan OPT=-O1 build-asan/tests/ctrain_tests build-asan/lib/libctrain.so \
 	    $(if $(CLI_SRC),build-asan/bin/ctrain) build-asan/examples/gpt_train build-asan/examples/quickstart build-asan/examples/generate \
+	    build-asan/examples/llama_train build-asan/examples/finetune \
 	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
 	CTRAIN_BIN=$(abspath build-asan/bin/ctrain) CTRAIN_EXAMPLES=$(abspath build-asan/examples) \
 	CTRAIN_LIB=$(abspath build-asan/lib/libctrain.so) CTRAIN_SRC=$(CURDIR) CTRAIN_CONFIG_FILE=$(abspath build-asan)/tests/no-default-config.yaml \
@@ -215,9 +218,11 @@ bench-tokenizer: setup
 # The README's main job: train the bundled GPT on its default data.
 GPT_BIN := $(BUILD)/examples/gpt_train
 TRAIN_ARGS ?=
-$(GPT_BIN): examples/gpt/train.c $(AR_LIB)
+# what the training examples share (examples/common/train_util.h)
+EX_COMMON := examples/common/train_util.c
+$(GPT_BIN): examples/gpt/train.c $(EX_COMMON) examples/common/train_util.h $(AR_LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) $(ALL_LDFLAGS) -o $@ $< $(AR_LIB) $(LDLIBS)
+	$(CC) $(ALL_CFLAGS) $(ALL_LDFLAGS) -o $@ $< $(EX_COMMON) $(AR_LIB) $(LDLIBS)
 
 # examples/quickstart.c: the four-call Accelerator conversion (docs/guide.md)
 QUICK_BIN := $(BUILD)/examples/quickstart
@@ -241,6 +246,30 @@ $(GEN_BIN): examples/generate/generate.c $(AR_LIB)
 generate: setup
 	@$(MAKE) --no-print-directory $(JOBS) $(GEN_BIN)
 	$(GEN_BIN) '$(MODEL)' '$(PROMPT)'
+
+# examples/llama/train.c: a small Llama with its own BPE tokenizer, pretrained on the
+# fortunes; `make llama` runs it with its defaults (LLAMA_ARGS adds options)
+LLAMA_BIN := $(BUILD)/examples/llama_train
+LLAMA_ARGS ?=
+$(LLAMA_BIN): examples/llama/train.c $(EX_COMMON) examples/common/train_util.h $(AR_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(ALL_LDFLAGS) -o $@ $< $(EX_COMMON) $(AR_LIB) $(LDLIBS)
+
+llama: setup
+	@$(MAKE) --no-print-directory $(JOBS) $(LLAMA_BIN)
+	$(LLAMA_BIN) $(LLAMA_ARGS)
+
+# examples/finetune/finetune.c: question/answer fine-tuning of a saved GPT-2 or Llama;
+# `make finetune MODEL=DIR` tunes the model in DIR on the bundled sample pairs
+FINETUNE_BIN := $(BUILD)/examples/finetune
+FINETUNE_ARGS ?=
+$(FINETUNE_BIN): examples/finetune/finetune.c $(EX_COMMON) examples/common/train_util.h $(AR_LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) $(ALL_LDFLAGS) -o $@ $< $(EX_COMMON) $(AR_LIB) $(LDLIBS)
+
+finetune: setup
+	@$(MAKE) --no-print-directory $(JOBS) $(FINETUNE_BIN)
+	$(FINETUNE_BIN) --model '$(MODEL)' $(FINETUNE_ARGS)
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include/ctrain

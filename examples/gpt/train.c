@@ -14,15 +14,12 @@
  * them with the same losses, step for step, as a run that never stopped. --help lists
  * every option.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "accel/accelerator.h"
@@ -33,12 +30,11 @@
 #include "data/loader.h"
 #include "data/token_dataset.h"
 #include "data/tokenizer.h"
+#include "examples/common/train_util.h"
 #include "nn/gpt.h"
 #include "optim/clip.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
-
-#define FORTUNES_DIR "/usr/share/games/fortunes"
 
 typedef struct options {
     const char *data, *out_dir, *prompt;
@@ -111,32 +107,6 @@ static void usage(FILE *f)
             d->temperature, (long long)d->top_k);
 }
 
-static bool parse_i64(const char *flag, const char *s, int64_t lo, int64_t *out)
-{
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || *end || end == s || v < lo) {
-        fprintf(stderr, "gpt_train: %s %s: expected an integer >= %lld\n", flag, s, (long long)lo);
-        return false;
-    }
-    *out = v;
-    return true;
-}
-
-static bool parse_f64(const char *flag, const char *s, double lo, double hi, double *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || *end || end == s || !(v >= lo && v <= hi)) {
-        fprintf(stderr, "gpt_train: %s %s: expected a number in [%g, %g]\n", flag, s, lo, hi);
-        return false;
-    }
-    *out = v;
-    return true;
-}
-
 /* Sequence-length warmup (curriculum): over the first seq_warmup steps the context
  * grows from the shortest power-of-two fraction of block_size that is >= 32 (and
  * divides it) to block_size, in doublings spaced evenly; each batch of B windows of T
@@ -177,35 +147,35 @@ static int parse_args(int argc, char **argv, options *o)
         switch (c) {
         case O_DATA: o->data = optarg; break;
         case O_OUT: o->out_dir = optarg; break;
-        case O_VAL: ok = parse_f64("--val_fraction", optarg, 0.001, 0.5, &o->val_fraction); break;
-        case O_BLOCK: ok = parse_i64("--block_size", optarg, 1, &o->block_size); break;
-        case O_LAYER: ok = parse_i64("--n_layer", optarg, 1, &o->n_layer); break;
-        case O_HEAD: ok = parse_i64("--n_head", optarg, 1, &o->n_head); break;
-        case O_EMBD: ok = parse_i64("--n_embd", optarg, 1, &o->n_embd); break;
-        case O_DROP: ok = parse_f64("--dropout", optarg, 0, 0.99, &o->dropout); break;
-        case O_BATCH: ok = parse_i64("--batch_size", optarg, 1, &o->batch_size); break;
-        case O_STEPS: ok = parse_i64("--steps", optarg, 0, &o->steps); break;
-        case O_LR: ok = parse_f64("--lr", optarg, 0, 10, &o->lr); break;
-        case O_MINLR: ok = parse_f64("--min_lr", optarg, 0, 10, &o->min_lr); break;
-        case O_WARM: ok = parse_i64("--warmup", optarg, 0, &o->warmup); break;
-        case O_SEQW: ok = parse_i64("--seq_warmup", optarg, 0, &o->seq_warmup); break;
-        case O_B1: ok = parse_f64("--beta1", optarg, 1e-6, 0.999999, &o->beta1); break;
-        case O_B2: ok = parse_f64("--beta2", optarg, 1e-6, 0.999999, &o->beta2); break;
-        case O_WD: ok = parse_f64("--weight_decay", optarg, 0, 10, &o->weight_decay); break;
-        case O_CLIP: ok = parse_f64("--grad_clip", optarg, 0, 1e9, &o->grad_clip); break;
-        case O_EVERY: ok = parse_i64("--eval_every", optarg, 1, &o->eval_every); break;
-        case O_EVALB: ok = parse_i64("--eval_batches", optarg, 1, &o->eval_batches); break;
-        case O_SEED: ok = parse_i64("--seed", optarg, 0, &tmp); o->seed = (uint64_t)tmp; break;
-        case O_THREADS: ok = parse_i64("--threads", optarg, 0, &tmp); o->threads = (int)tmp; break;
-        case O_BUCKET: ok = parse_f64("--bucket_mb", optarg, 1e-3, 1e4, &o->bucket_mb); break;
+        case O_VAL: ok = ex_parse_f64("--val_fraction", optarg, 0.001, 0.5, &o->val_fraction); break;
+        case O_BLOCK: ok = ex_parse_i64("--block_size", optarg, 1, &o->block_size); break;
+        case O_LAYER: ok = ex_parse_i64("--n_layer", optarg, 1, &o->n_layer); break;
+        case O_HEAD: ok = ex_parse_i64("--n_head", optarg, 1, &o->n_head); break;
+        case O_EMBD: ok = ex_parse_i64("--n_embd", optarg, 1, &o->n_embd); break;
+        case O_DROP: ok = ex_parse_f64("--dropout", optarg, 0, 0.99, &o->dropout); break;
+        case O_BATCH: ok = ex_parse_i64("--batch_size", optarg, 1, &o->batch_size); break;
+        case O_STEPS: ok = ex_parse_i64("--steps", optarg, 0, &o->steps); break;
+        case O_LR: ok = ex_parse_f64("--lr", optarg, 0, 10, &o->lr); break;
+        case O_MINLR: ok = ex_parse_f64("--min_lr", optarg, 0, 10, &o->min_lr); break;
+        case O_WARM: ok = ex_parse_i64("--warmup", optarg, 0, &o->warmup); break;
+        case O_SEQW: ok = ex_parse_i64("--seq_warmup", optarg, 0, &o->seq_warmup); break;
+        case O_B1: ok = ex_parse_f64("--beta1", optarg, 1e-6, 0.999999, &o->beta1); break;
+        case O_B2: ok = ex_parse_f64("--beta2", optarg, 1e-6, 0.999999, &o->beta2); break;
+        case O_WD: ok = ex_parse_f64("--weight_decay", optarg, 0, 10, &o->weight_decay); break;
+        case O_CLIP: ok = ex_parse_f64("--grad_clip", optarg, 0, 1e9, &o->grad_clip); break;
+        case O_EVERY: ok = ex_parse_i64("--eval_every", optarg, 1, &o->eval_every); break;
+        case O_EVALB: ok = ex_parse_i64("--eval_batches", optarg, 1, &o->eval_batches); break;
+        case O_SEED: ok = ex_parse_i64("--seed", optarg, 0, &tmp); o->seed = (uint64_t)tmp; break;
+        case O_THREADS: ok = ex_parse_i64("--threads", optarg, 0, &tmp); o->threads = (int)tmp; break;
+        case O_BUCKET: ok = ex_parse_f64("--bucket_mb", optarg, 1e-3, 1e4, &o->bucket_mb); break;
         case O_PROJECT: o->project_dir = optarg; break;
-        case O_SAVE: ok = parse_i64("--save_every", optarg, 0, &o->save_every); break;
-        case O_LIMIT: ok = parse_i64("--total_limit", optarg, 0, &o->total_limit); break;
+        case O_SAVE: ok = ex_parse_i64("--save_every", optarg, 0, &o->save_every); break;
+        case O_LIMIT: ok = ex_parse_i64("--total_limit", optarg, 0, &o->total_limit); break;
         case O_RESUME: o->resume = optarg; break;
         case O_PROMPT: o->prompt = optarg; break;
-        case O_SAMPLE: ok = parse_i64("--sample_tokens", optarg, 0, &o->sample_tokens); break;
-        case O_TEMP: ok = parse_f64("--temperature", optarg, 0.01, 100, &o->temperature); break;
-        case O_TOPK: ok = parse_i64("--top_k", optarg, 0, &o->top_k); break;
+        case O_SAMPLE: ok = ex_parse_i64("--sample_tokens", optarg, 0, &o->sample_tokens); break;
+        case O_TEMP: ok = ex_parse_f64("--temperature", optarg, 0.01, 100, &o->temperature); break;
+        case O_TOPK: ok = ex_parse_i64("--top_k", optarg, 0, &o->top_k); break;
         case O_HELP: usage(stdout); return 1;
         default:
             fprintf(stderr, "gpt_train: unknown or incomplete option %s (see --help)\n", argv[optind - 1]);
@@ -240,59 +210,6 @@ static int parse_args(int argc, char **argv, options *o)
 
 /* ---- data ------------------------------------------------------------------------ */
 
-static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
-/* Concatenates the fortune files (names without an extension) in name order. */
-static char *read_fortunes(size_t *len)
-{
-    DIR *dir = opendir(FORTUNES_DIR);
-    if (!dir) {
-        fprintf(stderr, "gpt_train: cannot open %s: %s (install Debian's fortunes package or pass --data FILE)\n",
-                FORTUNES_DIR, strerror(errno));
-        return NULL;
-    }
-    char *names[512];
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(dir)) && n < 512)
-        if (e->d_name[0] != '.' && !strchr(e->d_name, '.')) names[n++] = strdup(e->d_name);
-    closedir(dir);
-    qsort(names, (size_t)n, sizeof *names, cmp_str);
-    char *buf = NULL;
-    size_t cap = 0;
-    *len = 0;
-    for (int i = 0; i < n; i++) {
-        char path[1024];
-        snprintf(path, sizeof path, "%s/%s", FORTUNES_DIR, names[i]);
-        free(names[i]);
-        FILE *f = fopen(path, "rb");
-        struct stat st;
-        if (!f || fstat(fileno(f), &st) || !S_ISREG(st.st_mode)) {
-            if (f) fclose(f);
-            continue;
-        }
-        if (*len + (size_t)st.st_size + 1 > cap) {
-            cap = (*len + (size_t)st.st_size + 1) * 2;
-            char *nb = realloc(buf, cap);
-            if (!nb) {
-                fclose(f);
-                free(buf);
-                fprintf(stderr, "gpt_train: out of memory reading %s\n", path);
-                return NULL;
-            }
-            buf = nb;
-        }
-        *len += fread(buf + *len, 1, (size_t)st.st_size, f);
-        fclose(f);
-    }
-    if (!*len) {
-        fprintf(stderr, "gpt_train: no fortune files in %s\n", FORTUNES_DIR);
-        free(buf);
-        return NULL;
-    }
-    return buf;
-}
-
 /* Writes the training text as a byte token file into out_dir; returns bytes. */
 static int64_t prepare_tokens(const options *o, const char *token_path)
 {
@@ -309,7 +226,7 @@ static int64_t prepare_tokens(const options *o, const char *token_path)
         return info.ntokens;
     }
     size_t len;
-    char *text = read_fortunes(&len);
+    char *text = ex_read_fortunes(&len);
     if (!text) return -1;
     ct_status st = ct_tokenizer_encode_memory(text, len, token_path);
     free(text);
@@ -320,232 +237,19 @@ static int64_t prepare_tokens(const options *o, const char *token_path)
     return (int64_t)len;
 }
 
-/* ---- progress -------------------------------------------------------------------- */
-
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static void fmt_time(char *buf, size_t cap, double s)
-{
-    int t = (int)(s + 0.5);
-    if (t >= 3600) snprintf(buf, cap, "%dh%02dm", t / 3600, t / 60 % 60);
-    else snprintf(buf, cap, "%dm%02ds", t / 60, t % 60);
-}
-
-/* A live bar on a terminal (the smoothed loss), one plain line per report otherwise.
- * The plain line starts with what a resumed run reproduces bit for bit, the step's own
- * loss to 6 decimals and the smoothed one (both restored from a checkpoint), and ends
- * with what it does not: speed and times. done: steps this process ran (the ETA's
- * rate; a resumed run starts counting again). */
-static void progress(bool tty, int64_t step, int64_t steps, int64_t done, double loss, double smooth, double tok_s,
-                     double elapsed)
-{
-    char eta[32], el[32];
-    double per = done > 0 ? elapsed / (double)done : 0;
-    fmt_time(eta, sizeof eta, per * (double)(steps - step));
-    fmt_time(el, sizeof el, elapsed);
-    if (tty) {
-        int width = 30, fill = steps ? (int)(width * step / steps) : width;
-        fprintf(stderr, "\r[%.*s%*s] step %lld/%lld  loss %.4f  %.0f tok/s  %s elapsed  ETA %s ", fill,
-                "==============================", width - fill, "", (long long)step, (long long)steps, smooth, tok_s,
-                el, eta);
-        fflush(stderr);
-    } else {
-        printf("step %lld/%lld  loss %.6f  smoothed %.4f  %.0f tok/s  elapsed %s  ETA %s\n", (long long)step,
-               (long long)steps, loss, smooth, tok_s, el, eta);
-        fflush(stdout);
-    }
-}
-
-/* Mean loss over up to n batches of the validation loader, in eval mode. */
-static double evaluate(ct_gpt *m, ct_loader *val, int64_t n)
-{
-    double sum = 0;
-    int64_t count = 0;
-    ct_module_train(&m->base, false);
-    ct_loader_set_cursor(val, 0, 0);
-    CT_NO_GRAD {
-        for (int64_t i = 0; i < n; i++) {
-            bool stop = false;
-            CT_FRAME {
-                ct_tensor *x, *y;
-                ct_loader_result r = ct_loader_next(val, &x, &y);
-                if (r != CT_LOADER_BATCH) {
-                    stop = true;
-                } else {
-                    ct_tensor *loss = ct_gpt_loss(m, x, y);
-                    if (loss) {
-                        sum += ct_tensor_item(loss);
-                        count++;
-                    }
-                }
-            }
-            if (stop) break;
-        }
-    }
-    ct_module_train(&m->base, true);
-    return count ? sum / (double)count : NAN;
-}
-
-/* ---- checkpoints ------------------------------------------------------------------- */
-
-/* What the printed progress carries from step to step besides the model, optimizer,
- * scheduler and loader: the smoothed training loss and the last validation loss.
- * Registered with the Accelerator, so every checkpoint holds it and a resumed run
- * prints what the uninterrupted run printed. */
-typedef struct progress_state {
-    double smooth, last_val; /* NAN before the first step / the first validation */
-} progress_state;
-
-static const char *const PROGRESS_KEYS[2] = {"smoothed_loss", "last_val_loss"};
-
-static ct_status progress_state_dict(void *obj, ct_state_dict *out)
-{
-    const progress_state *ps = obj;
-    const double vals[2] = {ps->smooth, ps->last_val};
-    *out = (ct_state_dict){.names = calloc(2, sizeof(char *)), .tensors = calloc(2, sizeof(ct_tensor *))};
-    ct_status st = out->names && out->tensors ? CT_OK
-                                              : ct_error_set(CT_ERR_NOMEM, "gpt_train: progress state: out of memory");
-    /* the frame's reference goes at the pop; the state dict keeps its own */
-    ct_frame_push();
-    for (int i = 0; !st && i < 2; i++) {
-        ct_tensor *t = ct_tensor_from_data(CT_DTYPE_F64, 1, (const int64_t[]){1}, &vals[i]);
-        out->n = i + 1;
-        out->names[i] = strdup(PROGRESS_KEYS[i]);
-        out->tensors[i] = t ? ct_tensor_retain(t) : NULL;
-        if (!t) st = ct_error_prefix("gpt_train: progress state '%s': ", PROGRESS_KEYS[i]);
-        else if (!out->names[i]) st = ct_error_set(CT_ERR_NOMEM, "gpt_train: progress state: out of memory");
-    }
-    ct_frame_pop();
-    if (st) ct_state_dict_free(out);
-    return st;
-}
-
-/* Checks both values first: a checkpoint that fails here must leave the progress as it was. */
-static ct_status progress_load_state_dict(void *obj, const ct_state_dict *sd)
-{
-    double vals[2];
-    for (int k = 0; k < 2; k++) {
-        const ct_tensor *t = NULL;
-        for (int i = 0; i < sd->n && !t; i++)
-            if (!strcmp(sd->names[i], PROGRESS_KEYS[k])) t = sd->tensors[i];
-        if (!t)
-            return ct_error_set(CT_ERR_FORMAT, "gpt_train: the checkpoint's progress state has no '%s'",
-                                PROGRESS_KEYS[k]);
-        if (t->dtype != CT_DTYPE_F64 || ct_tensor_numel(t) != 1)
-            return ct_error_set(CT_ERR_FORMAT, "gpt_train: the checkpoint's progress state '%s' is %s x %lld, expected "
-                                               "one f64", PROGRESS_KEYS[k], ct_dtype_name(t->dtype),
-                                (long long)ct_tensor_numel(t));
-        vals[k] = ct_tensor_item(t);
-    }
-    progress_state *ps = obj;
-    ps->smooth = vals[0];
-    ps->last_val = vals[1];
-    return CT_OK;
-}
-
-/* Opens loss.csv for writing with its header. Resuming at step first, it keeps the
- * rows of the steps before first (the killed run's later rows are run again). */
-static FILE *open_csv(const char *path, int64_t first)
-{
-    char *old = NULL;
-    size_t len = 0;
-    FILE *f = first > 1 ? fopen(path, "rb") : NULL;
-    if (f) {
-        struct stat st;
-        if (!fstat(fileno(f), &st) && (old = malloc((size_t)st.st_size + 1)))
-            old[len = fread(old, 1, (size_t)st.st_size, f)] = '\0';
-        fclose(f);
-    }
-    f = fopen(path, "w");
-    if (f) fprintf(f, "step,train_loss,val_loss,lr,tokens_per_s\n");
-    for (char *line = old, *next; f && line && *line; line = next) {
-        next = strchr(line, '\n');
-        next = next ? next + 1 : line + strlen(line);
-        char *end;
-        long long step = strtoll(line, &end, 10);
-        if (end != line && *end == ',' && step < first) fwrite(line, 1, (size_t)(next - line), f);
-    }
-    free(old);
-    return f;
-}
-
-/* mkdir -p: creates path and any missing parents. */
-static bool make_dirs(const char *path)
-{
-    char p[1024];
-    if (snprintf(p, sizeof p, "%s", path) >= (int)sizeof p) {
-        errno = ENAMETOOLONG;
-        return false;
-    }
-    for (char *s = p + 1;; s++) {
-        if (*s != '/' && *s) continue;
-        char c = *s;
-        *s = '\0';
-        if (mkdir(p, 0755) && errno != EEXIST) return false;
-        *s = c;
-        if (!c) return true;
-    }
-}
-
-static void plot(const char *dir)
-{
-    char cmd[4096];
-    if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
-        printf("gnuplot not found: skipped %s/loss.png (the CSV has the curve)\n", dir);
-        return;
-    }
-    snprintf(cmd, sizeof cmd,
-             "gnuplot -e \"set terminal pngcairo size 900,500; set output '%s/loss.png'; set datafile separator ',';"
-             " set key top right; set xlabel 'step'; set ylabel 'loss (nats per byte)'; set grid;"
-             " plot '%s/loss.csv' using 1:2 with lines title 'train', '' using 1:3 with linespoints title 'val'\""
-             " 2>/dev/null",
-             dir, dir);
-    if (system(cmd) == 0) printf("loss curve: %s/loss.png\n", dir);
-    else printf("gnuplot failed: no %s/loss.png (the CSV has the curve)\n", dir);
-}
-
 /* ---- main -------------------------------------------------------------------------- */
 
-/* AdamW groups as in GPT-2 training: decay on matrices (2-D weights), none on
- * biases and LayerNorm weights; the tied embedding counts as a matrix. */
-static ct_optimizer *make_optimizer(ct_gpt *m, const options *o)
-{
-    ct_param_list l;
-    if (ct_module_named_tensors(&m->base, false, &l)) return NULL;
-    ct_tensor **decay = malloc((size_t)l.n * sizeof *decay), **nodecay = malloc((size_t)l.n * sizeof *nodecay);
-    int nd = 0, nn = 0;
-    for (int i = 0; decay && nodecay && i < l.n; i++) {
-        if (l.tensors[i]->ndim >= 2) decay[nd++] = l.tensors[i];
-        else nodecay[nn++] = l.tensors[i];
-    }
-    /* AdamW without decay is Adam without decay (ct_adamw's 0 means its default) */
-    ct_adam_config cfg = {.lr = o->lr, .beta1 = o->beta1, .beta2 = o->beta2, .weight_decay = o->weight_decay};
-    ct_optimizer *opt = !decay || !nodecay          ? NULL
-                        : o->weight_decay > 0 ? ct_adamw_new(nd, decay, &cfg)
-                                              : ct_adam_new(nd, decay, &cfg);
-    if (opt && ct_optimizer_add_group(opt, nn, nodecay, &(ct_param_group_config){.no_weight_decay = true})) {
-        ct_optimizer_free(opt);
-        opt = NULL;
-    }
-    free(decay);
-    free(nodecay);
-    ct_param_list_free(&l);
-    return opt;
-}
+static ct_tensor *gpt_loss(void *m, ct_tensor *x, ct_tensor *y) { return ct_gpt_loss(m, x, y); }
 
 int main(int argc, char **argv)
 {
+    ex_set_program("gpt_train");
     options o;
     int pr = parse_args(argc, argv, &o);
     if (pr) return pr > 0 ? 0 : 2;
     if (o.threads) ct_set_num_threads(o.threads);
     const char *project_dir = o.project_dir ? o.project_dir : o.out_dir;
-    const char *bad_dir = !make_dirs(o.out_dir) ? o.out_dir : !make_dirs(project_dir) ? project_dir : NULL;
+    const char *bad_dir = !ex_make_dirs(o.out_dir) ? o.out_dir : !ex_make_dirs(project_dir) ? project_dir : NULL;
     if (bad_dir) {
         fprintf(stderr, "gpt_train: cannot create %s: %s\n", bad_dir, strerror(errno));
         return 1;
@@ -609,7 +313,9 @@ int main(int argc, char **argv)
                                                                  .seed = o.seed, .drop_last = true})
                    : NULL;
     val = train ? ct_loader_new(val_ds, &(ct_loader_config){.batch_size = o.batch_size, .no_prefetch = true}) : NULL;
-    opt = val ? make_optimizer(model, &o) : NULL;
+    opt = val ? ex_make_adamw(&model->base, &(ct_adam_config){.lr = o.lr, .beta1 = o.beta1, .beta2 = o.beta2,
+                                                              .weight_decay = o.weight_decay})
+              : NULL;
     sched = opt ? ct_scheduler_new(opt, &(ct_lr_schedule){.decay = CT_LR_COSINE, .max_lr = o.lr, .min_lr = o.min_lr,
                                                           .warmup_steps = o.warmup,
                                                           .total_steps = o.steps > o.warmup ? o.steps : o.warmup + 1})
@@ -621,10 +327,9 @@ int main(int argc, char **argv)
         goto out;
     }
     /* the progress state goes into every checkpoint and comes back with --resume */
-    progress_state ps = {NAN, NAN};
-    if (ct_accelerator_register_for_checkpointing(
-            acc, &(ct_checkpointable){.name = "gpt_train_progress", .state_dict = progress_state_dict,
-                                      .load_state_dict = progress_load_state_dict, .obj = &ps})) {
+    ex_progress_state ps = {NAN, NAN};
+    ct_checkpointable progress_ckpt = ex_progress_checkpointable("gpt_train_progress", &ps);
+    if (ct_accelerator_register_for_checkpointing(acc, &progress_ckpt)) {
         fprintf(stderr, "gpt_train: %s\n", ct_last_error());
         goto out;
     }
@@ -641,7 +346,7 @@ int main(int argc, char **argv)
         ct_accelerator_print(acc, "resumed from %s at step %lld\n", ct_accelerator_last_checkpoint(acc),
                              (long long)first - 1);
     }
-    csv = main_rank ? open_csv(csv_path, first) : NULL;
+    csv = main_rank ? ex_open_csv(csv_path, first) : NULL;
     if (main_rank && !csv) {
         fprintf(stderr, "gpt_train: %s: %s\n", csv_path, strerror(errno));
         goto out;
@@ -656,14 +361,14 @@ int main(int argc, char **argv)
                          ct_device_str(ct_accelerator_device(acc), devname, sizeof devname), (long long)o.batch_size);
     bool tty = main_rank && isatty(STDERR_FILENO) && isatty(STDOUT_FILENO);
     const bool sharded = ct_accelerator_shard(acc) != NULL;
-    double t0 = now();
+    double t0 = ex_now();
     int64_t tokens_per_step = o.batch_size * o.block_size * world; /* over all ranks */
     bool failed = false;
     if (first > o.steps)
         ct_accelerator_print(acc, "the checkpoint is at step %lld and --steps is %lld: nothing left to train\n",
                              (long long)first - 1, (long long)o.steps);
     for (int64_t step = first; step <= o.steps && !failed; step++) {
-        double loss_v = NAN, ts = now();
+        double loss_v = NAN, ts = ex_now();
         CT_FRAME {
             ct_tensor *x, *y;
             ct_loader_result r = ct_loader_next(train, &x, &y);
@@ -686,13 +391,13 @@ int main(int argc, char **argv)
             }
         }
         if (failed) break;
-        double tok_s = (double)tokens_per_step / (now() - ts);
+        double tok_s = (double)tokens_per_step / (ex_now() - ts);
         ps.smooth = isnan(ps.smooth) ? loss_v : 0.9 * ps.smooth + 0.1 * loss_v;
         double val_loss = NAN;
         /* replicated, every rank holds the same weights: rank 0 validates, logs and
          * plots; sharded, a forward needs every rank, so all validate */
         if ((main_rank || sharded) && (step % o.eval_every == 0 || step == o.steps)) {
-            val_loss = ps.last_val = evaluate(model, val, o.eval_batches);
+            val_loss = ps.last_val = ex_evaluate(&model->base, gpt_loss, model, val, o.eval_batches);
             if (main_rank && tty) fprintf(stderr, "\n");
             if (main_rank)
                 printf("step %lld: train loss %.4f, val loss %.4f nats/byte\n", (long long)step, ps.smooth, val_loss);
@@ -701,7 +406,7 @@ int main(int argc, char **argv)
             char vbuf[32] = "";
             if (!isnan(val_loss)) snprintf(vbuf, sizeof vbuf, "%.6f", val_loss);
             fprintf(csv, "%lld,%.6f,%s,%.6g,%.1f\n", (long long)step, loss_v, vbuf, ct_optimizer_lr(opt), tok_s);
-            progress(tty, step, o.steps, step - first + 1, loss_v, ps.smooth, tok_s, now() - t0);
+            ex_progress(tty, step, o.steps, step - first + 1, loss_v, ps.smooth, tok_s, ex_now() - t0);
         }
         /* on every rank: sharded, each rank writes its own part (a collective) */
         if (o.save_every > 0 && step % o.save_every == 0) {
@@ -751,14 +456,14 @@ int main(int argc, char **argv)
     }
     fclose(csv);
     csv = NULL;
-    double total = now() - t0;
+    double total = ex_now() - t0;
     int64_t ran = first <= o.steps ? o.steps - first + 1 : 0;
     char resumed[64] = "";
     if (first > 1) snprintf(resumed, sizeof resumed, " (resumed at step %lld)", (long long)first);
     printf("trained %lld steps%s in %.1f s (%.0f tokens/s); final val loss %.4f nats/byte\n", (long long)ran, resumed,
            total, total > 0 ? (double)(ran * tokens_per_step) / total : 0.0, ps.last_val);
     printf("loss log: %s\n", csv_path);
-    plot(o.out_dir);
+    ex_plot(o.out_dir, "loss (nats per byte)");
     /* model.safetensors + config.json: transformers' GPT2LMHeadModel.from_pretrained(out_dir) reads them */
     if (ct_gpt_save_hf(model, o.out_dir)) {
         fprintf(stderr, "gpt_train: %s\n", ct_last_error());
