@@ -24,7 +24,7 @@ static void usage(FILE *f)
 {
     fputs("usage: ctrain generate --model DIR (--prompt TEXT | --prompt_file FILE) [options]\n\n"
           "Continues the prompt with a causal language model saved in Hugging Face's layout\n"
-          "(DIR/config.json and its weights; model_type gpt2), printing the prompt and then\n"
+          "(DIR/config.json and its weights; model_type gpt2 or llama), printing the prompt and then\n"
           "each new token as it is produced. Without --greedy, tokens are sampled in\n"
           "Hugging Face's order: temperature, top-k, top-p. Generation ends after\n"
           "--max_new_tokens or at the model's end-of-text token.\n\n"
