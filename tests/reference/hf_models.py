@@ -198,7 +198,7 @@ def make_files(args):
             "stop_id": str(stop_id), "min_margin": f"{margin:.3e}", **sizes_of(model.config)}
     model.save_pretrained(args.dir, safe_serialization=True)
     save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(args.dir, "expect.safetensors"), meta)
-    print(f"{args.arch}: seed {seed}, {meta['n_params']} parameters, loss {float(out.loss):.6f}, "
+    print(f"{args.arch}: seed {seed}, {meta['n_params']} parameters, loss {float(out.loss.detach()):.6f}, "
           f"greedy margin >= {margin:.2e}, stop id {stop_id}, transformers {transformers.__version__}")
     return 0
 

@@ -13,7 +13,14 @@
 # oracle; 77 with "skip: REASON" on stderr when the venv cannot be made (no python3-venv,
 # no torch, no network for pip): the caller skips. Each step has a timeout; a lock
 # keeps two tests from building the same venv at once.
+#
+#   hf_venv.sh --external VENV
+#
+# Uses a venv the user made (CT_HF_VENV; e.g. PyPI's torch 2 with transformers 5) as it
+# is: exit 0 when it imports the models, else 77 with the reason. It is never changed.
 set -u
+external=0
+if [ "${1:-}" = --external ]; then external=1; shift; fi
 venv=$1
 version=4.49.0
 py=$venv/bin/python
@@ -26,6 +33,12 @@ assert transformers.__version__ == '$version', transformers.__version__
 from transformers import GPT2LMHeadModel, LlamaForCausalLM, AutoModelForCausalLM" >"$1" 2>&1
 }
 
+if [ "$external" = 1 ]; then
+    "$py" -c "import transformers, torch, safetensors.torch
+from transformers import GPT2LMHeadModel, LlamaForCausalLM, AutoModelForCausalLM" >/dev/null 2>&1 ||
+        skip "CT_HF_VENV=$venv cannot import torch, transformers and safetensors"
+    exit 0
+fi
 mkdir -p "$(dirname "$venv")" || skip "cannot create $(dirname "$venv")"
 exec 9>"$venv.lock" || skip "cannot open the lock file $venv.lock"
 timeout 500 flock 9 || skip "another test held $venv.lock for 500 s"

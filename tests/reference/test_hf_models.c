@@ -79,7 +79,8 @@ static void need_venv(void)
     snprintf(sh, sizeof sh, "%s/tests/reference/hf_venv.sh", src);
     snprintf(script, sizeof script, "%s/tests/reference/hf_models.py", src);
     snprintf(venv_py, sizeof venv_py, "%s/bin/python", venv);
-    char *argv[] = {"bash", sh, venv, NULL};
+    /* a venv named by CT_HF_VENV is the user's: used as it is, never rebuilt */
+    char *argv[] = {"bash", sh, v && *v ? "--external" : venv, v && *v ? venv : NULL, NULL};
     int rc = spawn_with_timeout(argv, path_of("venv.log"), HF_VENV_TIMEOUT_S);
     char *out = log_text(path_of("venv.log"));
     if (rc == 77) cr_skip_test("Hugging Face transformers is not available: %s", out);
