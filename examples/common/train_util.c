@@ -325,3 +325,51 @@ ct_optimizer *ex_make_adamw(ct_module *m, const ct_adam_config *cfg)
     ct_param_list_free(&l);
     return opt;
 }
+
+/* ---- the training step ------------------------------------------------------------ */
+
+bool ex_train_step(ct_accelerator *acc, ct_optimizer *opt, ct_scheduler *sched, ct_tensor *loss, double grad_clip,
+                   double *loss_v)
+{
+    if (!loss || ct_accelerator_backward(acc, loss)) return false;
+    *loss_v = ct_tensor_item(loss);
+    bool ok = !(grad_clip > 0 && isnan(ct_accelerator_clip_grad_norm(acc, grad_clip, 2.0)));
+    if (ok && (ct_optimizer_step(opt) || ct_scheduler_step(sched))) ok = false;
+    ct_optimizer_zero_grad(opt);
+    return ok;
+}
+
+bool ex_checkpoint_step(ct_accelerator *acc, FILE *csv, const char *csv_path, bool tty, int64_t step)
+{
+    if (csv && fflush(csv)) {
+        fprintf(stderr, "%s: %s: %s\n", ex_program(), csv_path, strerror(errno));
+        return false;
+    }
+    if (ct_accelerator_save_state(acc, NULL)) return false;
+    if (ct_accelerator_is_main_process(acc)) {
+        if (tty) fprintf(stderr, "\n");
+        printf("saved checkpoint %s (step %lld)\n", ct_accelerator_last_checkpoint(acc), (long long)step);
+        fflush(stdout);
+    }
+    return true;
+}
+
+void ex_print_strategy_stats(ct_accelerator *acc)
+{
+    if (ct_accelerator_ddp(acc)) {
+        ct_ddp_stats ds = ct_ddp_stats_get(ct_accelerator_ddp(acc));
+        ct_accelerator_print(acc, "DDP: %d buckets, %.1f MB reduced per step; communication %.1f ms per step, of "
+                                  "which %.1f ms (%.0f%%) not hidden under backward\n",
+                             ds.buckets, (double)ds.bytes / 1e6, 1e3 * ds.total_comm_s / (double)ds.steps,
+                             1e3 * ds.total_exposed_s / (double)ds.steps,
+                             ds.total_comm_s > 0 ? 100.0 * ds.total_exposed_s / ds.total_comm_s : 0.0);
+    }
+    if (ct_accelerator_shard(acc)) {
+        ct_shard_stats ss = ct_shard_stats_get(ct_accelerator_shard(acc));
+        ct_accelerator_print(acc, "sharded (%s over %d ranks): %.1f MB sent per step; per rank %.1f MB parameters, "
+                                  "%.1f MB gradients, %.1f MB optimizer state\n",
+                             ct_shard_strategy_name(ss.strategy), ss.shard_world, (double)ss.bytes_sent / 1e6,
+                             (double)ss.memory.params / 1e6, (double)ss.memory.grads / 1e6,
+                             (double)ss.memory.optimizer / 1e6);
+    }
+}

@@ -18,6 +18,7 @@
 #include "data/loader.h"
 #include "nn/module.h"
 #include "optim/optimizer.h"
+#include "optim/schedule.h"
 
 #define EX_FORTUNES_DIR "/usr/share/games/fortunes"
 
@@ -92,5 +93,20 @@ void ex_plot(const char *dir, const char *ylabel);
 /* AdamW groups as in GPT-2 training: decay on matrices (2-D and up: linear weights,
  * embeddings), none on biases and norm weights. weight_decay 0 gives Adam. */
 ct_optimizer *ex_make_adamw(ct_module *m, const ct_adam_config *cfg);
+
+/* ---- the training step ------------------------------------------------------------ */
+
+/* After the forward: backward through the Accelerator, *loss_v = this rank's loss,
+ * clip the global norm to grad_clip (0 = off), optimizer and schedule step, zero_grad.
+ * false when any of it failed (ct_last_error says what). */
+bool ex_train_step(ct_accelerator *acc, ct_optimizer *opt, ct_scheduler *sched, ct_tensor *loss, double grad_clip,
+                   double *loss_v);
+/* --save_every: the log's rows up to this step reach the disk (csv, may be NULL), then the
+ * whole training state is saved on every rank (sharded, each writes its part); rank 0
+ * says where. false on failure, with a message printed for the log. */
+bool ex_checkpoint_step(ct_accelerator *acc, FILE *csv, const char *csv_path, bool tty, int64_t step);
+/* The end-of-run figures of DDP (buckets, bytes, exposed communication) and of the
+ * sharding engine (bytes sent, per-rank memory), when the run used them. */
+void ex_print_strategy_stats(ct_accelerator *acc);
 
 #endif

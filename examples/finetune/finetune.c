@@ -487,18 +487,11 @@ int main(int argc, char **argv)
                     end = true;
                 } else {
                     ct_tensor *loss = r == CT_LOADER_BATCH ? lm_loss(lm, x, y) : NULL;
-                    if (!loss || ct_accelerator_backward(acc, loss)) {
-                        failed = true;
-                    } else {
-                        /* a batch of prompts cut away entirely has no counted token: NaN, no signal */
-                        double v = ct_tensor_item(loss);
-                        if (!isnan(v)) sum += v, nb++;
-                        if (o.grad_clip > 0 && isnan(ct_accelerator_clip_grad_norm(acc, o.grad_clip, 2.0)))
-                            failed = true;
-                        if (failed || ct_optimizer_step(opt) || ct_scheduler_step(sched)) failed = true;
-                        ct_optimizer_zero_grad(opt);
-                        step++;
-                    }
+                    double v = NAN;
+                    failed = !ex_train_step(acc, opt, sched, loss, o.grad_clip, &v);
+                    /* a batch of prompts cut away entirely has no counted token: NaN, no signal */
+                    if (!isnan(v)) sum += v, nb++;
+                    step++;
                 }
             }
             if (end || failed) break;

@@ -464,14 +464,7 @@ int main(int argc, char **argv)
             ct_loader_result r = ct_loader_next(train, &x, &y);
             if (r == CT_LOADER_END) r = ct_loader_next(train, &x, &y); /* next epoch */
             ct_tensor *loss = r == CT_LOADER_BATCH ? ct_llama_loss(model, x, y) : NULL;
-            if (!loss || ct_accelerator_backward(acc, loss)) {
-                failed = true;
-            } else {
-                loss_v = ct_tensor_item(loss); /* this rank's batch */
-                if (o.grad_clip > 0 && isnan(ct_accelerator_clip_grad_norm(acc, o.grad_clip, 2.0))) failed = true;
-                if (failed || ct_optimizer_step(opt) || ct_scheduler_step(sched)) failed = true;
-                ct_optimizer_zero_grad(opt);
-            }
+            failed = !ex_train_step(acc, opt, sched, loss, o.grad_clip, &loss_v); /* loss_v: this rank's batch */
         }
         if (failed) break;
         double tok_s = (double)tokens_per_step / (ex_now() - ts);
@@ -491,32 +484,15 @@ int main(int argc, char **argv)
             fprintf(csv, "%lld,%.6f,%s,%.6g,%.1f\n", (long long)step, loss_v, vbuf, ct_optimizer_lr(opt), tok_s);
             ex_progress(tty, step, o.steps, step - first + 1, loss_v, ps.smooth, tok_s, ex_now() - t0);
         }
-        if (o.save_every > 0 && step % o.save_every == 0) {
-            if (csv && fflush(csv)) {
-                fprintf(stderr, PROG ": %s: %s\n", csv_path, strerror(errno));
-                failed = true;
-            } else if (ct_accelerator_save_state(acc, NULL)) {
-                failed = true;
-            } else if (main_rank) {
-                if (tty) fprintf(stderr, "\n");
-                printf("saved checkpoint %s (step %lld)\n", ct_accelerator_last_checkpoint(acc), (long long)step);
-                fflush(stdout);
-            }
-        }
+        if (o.save_every > 0 && step % o.save_every == 0 && !ex_checkpoint_step(acc, csv, csv_path, tty, step))
+            failed = true;
     }
     if (tty) fprintf(stderr, "\n");
     if (failed) {
         fprintf(stderr, PROG " (rank %d): %s\n", ct_accelerator_process_index(acc), ct_last_error());
         goto out;
     }
-    if (ct_accelerator_shard(acc)) {
-        ct_shard_stats ss = ct_shard_stats_get(ct_accelerator_shard(acc));
-        ct_accelerator_print(acc, "sharded (%s over %d ranks): %.1f MB sent per step; per rank %.1f MB parameters, "
-                                  "%.1f MB gradients, %.1f MB optimizer state\n",
-                             ct_shard_strategy_name(ss.strategy), ss.shard_world, (double)ss.bytes_sent / 1e6,
-                             (double)ss.memory.params / 1e6, (double)ss.memory.grads / 1e6,
-                             (double)ss.memory.optimizer / 1e6);
-    }
+    ex_print_strategy_stats(acc);
     /* the whole model back on every rank, for rank 0's files and sample */
     if (!ct_accelerator_unwrap_model(acc, &model->base)) {
         fprintf(stderr, PROG " (rank %d): %s\n", ct_accelerator_process_index(acc), ct_last_error());
