@@ -131,3 +131,13 @@ ct_tensor *ct_fp8_linear(ct_fp8_state *st, ct_tensor *x, ct_tensor *w, ct_tensor
     }
     return ct_node_attach(n, y) ? NULL : y;
 }
+
+ct_fp8_state *ct_fp8_linear_state(const ct_tensor *x, const ct_tensor *w)
+{
+    if (!x || !w || ct_autocast_rule_of(CT_AC_LINEAR) != CT_AC_FP8 || !ct_autocast_enabled()) return NULL;
+    /* f64 never goes fp8; the weight may be 16-bit: the sharded strategies' parameters
+     * are under mixed precision, and they must get fp8 as DDP's f32 ones do */
+    bool x_ok = x->dtype == CT_DTYPE_F32 || x->dtype == CT_DTYPE_BF16 || x->dtype == CT_DTYPE_F16;
+    bool w_ok = w->dtype == CT_DTYPE_F32 || w->dtype == CT_DTYPE_BF16 || w->dtype == CT_DTYPE_F16;
+    return x_ok && w_ok && w->requires_grad && !w->grad_fn ? ct_autocast_fp8_state() : NULL;
+}

@@ -32,4 +32,10 @@
  * reference in the current frame; NULL with the error set (naming the shapes). */
 CT_API ct_tensor *ct_fp8_linear(ct_fp8_state *st, ct_tensor *x, ct_tensor *w, ct_tensor *b, bool trans_w);
 
+/* The state a linear product of x with the weight w runs under in fp8, or NULL when it
+ * runs in x's dtype: inside an fp8 autocast scope whose rule for linears is fp8, for a
+ * parameter (a leaf that requires grad; f32, or 16-bit under sharded mixed precision)
+ * and an f32/bf16/f16 x. ct_linear and the models' own linears ask this one question. */
+CT_API ct_fp8_state *ct_fp8_linear_state(const ct_tensor *x, const ct_tensor *w);
+
 #endif

@@ -169,15 +169,8 @@ static ct_status linear_backward(ct_node *n, ct_tensor *gy, ct_tensor **gx)
 ct_tensor *ct_linear(ct_tensor *x, ct_tensor *w, ct_tensor *b)
 {
     if (!x || !w) return NULL;
-    /* a parameter's product goes fp8 under the fp8 rule inside an fp8 scope (f64 never) */
-    bool fp8_rule = ct_autocast_rule_of(CT_AC_LINEAR) == CT_AC_FP8 && ct_autocast_enabled();
-    ct_fp8_state *fp8 = fp8_rule ? ct_autocast_fp8_state() : NULL;
-    bool x_ok = x->dtype == CT_DTYPE_F32 || x->dtype == CT_DTYPE_BF16 || x->dtype == CT_DTYPE_F16;
-    /* the weight may be 16-bit: the sharded strategies' parameters are under mixed
-     * precision, and they must get fp8 as DDP's f32 ones do */
-    bool w_ok = w->dtype == CT_DTYPE_F32 || w->dtype == CT_DTYPE_BF16 || w->dtype == CT_DTYPE_F16;
-    if (fp8 && x_ok && w_ok && w->requires_grad && !w->grad_fn)
-        return ct_fp8_linear(fp8, x, w, b, false);
+    ct_fp8_state *fp8 = ct_fp8_linear_state(x, w);
+    if (fp8) return ct_fp8_linear(fp8, x, w, b, false);
     x = cti_autocast_arg(CT_AC_LINEAR, x);
     w = cti_autocast_arg(CT_AC_LINEAR, w);
     b = cti_autocast_arg(CT_AC_LINEAR, b);

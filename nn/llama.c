@@ -9,7 +9,7 @@
 #include "autograd/autograd.h"
 #include "autograd/ops.h"
 #include "core/frame.h"
-#include "precision/autocast.h"
+#include "autograd/ops_fp8.h"
 
 /* ---- configuration ------------------------------------------------------------- */
 
@@ -184,13 +184,9 @@ static ct_tensor *linear_forward(ct_llama_linear *m, ct_tensor *x)
 {
     if (!m || !x || ct_module_forward_begin(&m->base)) return NULL;
     ct_tensor *w = m->weight, *y;
-    bool x_ok = x->dtype == CT_DTYPE_F32 || x->dtype == CT_DTYPE_BF16 || x->dtype == CT_DTYPE_F16;
-    bool w_ok = w->dtype == CT_DTYPE_F32 || w->dtype == CT_DTYPE_BF16 || w->dtype == CT_DTYPE_F16;
-    ct_fp8_state *fp8 = ct_autocast_rule_of(CT_AC_LINEAR) == CT_AC_FP8 && ct_autocast_enabled()
-                            ? ct_autocast_fp8_state()
-                            : NULL;
-    if (fp8 && x_ok && w_ok && w->requires_grad && !w->grad_fn) {
-        y = ct_fp8_linear(fp8, x, w, NULL, true); /* the same fp8 rule as ct_linear */
+    ct_fp8_state *fp8 = ct_fp8_linear_state(x, w); /* ct_linear's fp8 rule */
+    if (fp8) {
+        y = ct_fp8_linear(fp8, x, w, NULL, true);
     } else {
         int64_t shape[CT_MAX_DIMS];
         for (int d = 0; d < x->ndim - 1; d++) shape[d] = x->shape[d];
