@@ -7,6 +7,7 @@
 
 #include "autograd/ops.h"
 #include "core/frame.h"
+#include "nn/generate.h"
 #include "precision/autocast.h"
 
 
@@ -177,41 +178,13 @@ ct_tensor *ct_gpt_loss(ct_gpt *m, ct_tensor *idx, ct_tensor *targets)
     return ct_cross_entropy(ct_gpt_forward(m, idx), targets, -1);
 }
 
-/* index of a sample from softmax(logits / temperature) restricted to the top k */
+/* index of a sample from softmax(logits / temperature) restricted to the top k (ties
+ * with the k-th kept): nn/generate.c's sampler; temperature 0 means 1 here. -1 with an
+ * error on NaN logits. */
 static int64_t sample_row(const float *logits, int64_t V, const ct_generate_config *c, ct_rng *rng, double *probs)
 {
-    double t = c->temperature > 0 ? c->temperature : 1.0, kth = -INFINITY, mx = -INFINITY;
-    if (c->top_k > 0 && c->top_k < V) {
-        /* the k-th largest value: a copy, partially sorted by repeated max
-         * extraction (k is small next to V in practice) */
-        for (int64_t i = 0; i < V; i++) probs[i] = logits[i];
-        for (int64_t j = 0; j < c->top_k; j++) {
-            int64_t best = j;
-            for (int64_t i = j + 1; i < V; i++)
-                if (probs[i] > probs[best]) best = i;
-            double tmp = probs[j];
-            probs[j] = probs[best];
-            probs[best] = tmp;
-        }
-        kth = probs[c->top_k - 1];
-    }
-    for (int64_t i = 0; i < V; i++)
-        if (logits[i] >= kth && logits[i] / t > mx) mx = logits[i] / t;
-    double sum = 0;
-    for (int64_t i = 0; i < V; i++) {
-        probs[i] = logits[i] >= kth ? exp(logits[i] / t - mx) : 0.0;
-        sum += probs[i];
-    }
-    double u;
-    ct_rng_uniform_f64(rng, &u, 1, 0.0, 1.0);
-    double acc = 0, target = u * sum;
-    for (int64_t i = 0; i < V; i++) {
-        acc += probs[i];
-        if (probs[i] > 0 && acc > target) return i;
-    }
-    for (int64_t i = V - 1; i >= 0; i--) /* rounding left u*sum past the end */
-        if (probs[i] > 0) return i;
-    return 0;
+    ct_sample_config s = {.temperature = c->temperature > 0 ? c->temperature : 1.0, .top_k = c->top_k, .top_p = 1.0};
+    return ct_sample_logits(logits, V, &s, rng, probs);
 }
 
 ct_status ct_gpt_generate(ct_gpt *m, const int64_t *prompt, int64_t n, const ct_generate_config *cfg, ct_rng *rng,
@@ -249,7 +222,7 @@ ct_status ct_gpt_generate(ct_gpt *m, const int64_t *prompt, int64_t n, const ct_
         if (last && last->dtype != CT_DTYPE_F32) last = ct_tensor_cast(last, CT_DTYPE_F32);
         if (last) last = ct_tensor_to(last, CT_CPU);
         if (!last) st = ct_last_status();
-        else out[len] = sample_row(ct_tensor_data(last), V, cfg, rng, probs);
+        else if ((out[len] = sample_row(ct_tensor_data(last), V, cfg, rng, probs)) < 0) st = ct_last_status();
         ct_frame_pop();
     }
     ct_grad_set_enabled(prev);
