@@ -184,10 +184,7 @@ int64_t ct_generate(ct_lm *lm, const int64_t *prompt, int64_t n, const ct_sample
     const int64_t *stop = cfg->n_stop_ids > 0 ? cfg->stop_ids : (eos >= 0 ? &eos : NULL);
     const int n_stop = cfg->n_stop_ids > 0 ? cfg->n_stop_ids : (eos >= 0 ? 1 : 0);
 
-    ct_param_list params = {0};
-    if (ct_module_named_tensors(lm->module, false, &params)) return -1;
-    ct_device dev = params.n > 0 ? params.tensors[0]->device : CT_CPU;
-    ct_param_list_free(&params);
+    const ct_device dev = ct_lm_device(lm);
     double *probs = malloc((size_t)V * sizeof *probs);
     ct_kv_cache *cache = cfg->use_cache ? ct_lm_cache_new(lm, 1, n + cfg->max_new_tokens) : NULL;
     if (!probs || (cfg->use_cache && !cache)) {

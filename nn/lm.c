@@ -53,9 +53,14 @@ ct_kv_cache *ct_lm_cache_new(ct_lm *lm, int64_t batch, int64_t max_len)
         return NULL;
     }
     const ct_tensor *p = first_param(lm->module);
-    ct_dtype dt = p ? p->dtype : CT_DTYPE_F32;
-    ct_device dev = p ? p->device : CT_CPU;
-    return ct_kv_cache_new(lm->n_layer, batch, lm->n_kv_head, max_len, lm->head_dim, dt, dev);
+    return ct_kv_cache_new(lm->n_layer, batch, lm->n_kv_head, max_len, lm->head_dim, p ? p->dtype : CT_DTYPE_F32,
+                           ct_lm_device(lm));
+}
+
+ct_device ct_lm_device(const ct_lm *lm)
+{
+    const ct_tensor *p = lm ? first_param(lm->module) : NULL;
+    return p ? p->device : CT_CPU;
 }
 
 ct_tensor *ct_lm_forward(ct_lm *lm, ct_tensor *idx, ct_kv_cache *cache)
@@ -131,9 +136,8 @@ static int64_t config_token(const config *c, const char *key, int64_t vocab_size
 }
 
 /* GPT2Config and the weights (one file or shards) through nn/gpt_hf.c. */
-static ct_lm *gpt2_from_pretrained(const char *dir, const config *c)
+static ct_lm *gpt2_from_pretrained(const char *dir)
 {
-    (void)c;
     ct_gpt *m = ct_gpt_from_pretrained(dir);
     ct_lm *lm = m ? ct_gpt_as_lm(m, true) : NULL;
     if (m && !lm) ct_module_free(&m->base);
@@ -141,9 +145,8 @@ static ct_lm *gpt2_from_pretrained(const char *dir, const config *c)
 }
 
 /* LlamaConfig and the weights through nn/llama_hf.c. */
-static ct_lm *llama_from_pretrained(const char *dir, const config *c)
+static ct_lm *llama_from_pretrained(const char *dir)
 {
-    (void)c;
     ct_llama *m = ct_llama_from_pretrained(dir);
     ct_lm *lm = m ? ct_llama_as_lm(m, true) : NULL;
     if (m && !lm) ct_module_free(&m->base);
@@ -151,8 +154,8 @@ static ct_lm *llama_from_pretrained(const char *dir, const config *c)
 }
 
 /* The model types ct_lm_from_pretrained knows: config.json's "model_type" -> a loader
- * of dir (config.json already parsed) that returns an owning ct_lm. */
-typedef ct_lm *(*lm_loader)(const char *dir, const config *c);
+ * of dir (its own config.json and weights) that returns an owning ct_lm. */
+typedef ct_lm *(*lm_loader)(const char *dir);
 static const struct {
     const char *model_type;
     lm_loader load;
@@ -206,7 +209,7 @@ ct_lm *ct_lm_from_pretrained(const char *dir)
                          MODEL_TYPES[j].model_type);
             ct_error_set(CT_ERR_UNSUPPORTED, "lm_from_pretrained: %s: model_type '%s' is not supported (supported: %s)",
                          path, type->valuestring, names);
-        } else if ((lm = MODEL_TYPES[i].load(dir, &c)) != NULL) {
+        } else if ((lm = MODEL_TYPES[i].load(dir)) != NULL) {
             lm->bos_token_id = config_token(&c, "bos_token_id", lm->vocab_size);
             lm->eos_token_id = config_token(&c, "eos_token_id", lm->vocab_size);
             lm->pad_token_id = config_token(&c, "pad_token_id", lm->vocab_size);

@@ -53,6 +53,9 @@ CT_API ct_status ct_lm_save_pretrained(ct_lm *lm, const char *dir);
 /* A cache for this model: batch rows of max_len positions, in the dtype and on the
  * device of the model's parameters. */
 CT_API ct_kv_cache *ct_lm_cache_new(ct_lm *lm, int64_t batch, int64_t max_len);
+/* Where the model's parameters live (the first one's device; the CPU for a model without
+ * parameters): token ids go there before a forward. */
+CT_API ct_device ct_lm_device(const ct_lm *lm);
 /* idx (B, T) -> logits (B, T, V); see ct_lm_ops.forward. */
 CT_API ct_tensor *ct_lm_forward(ct_lm *lm, ct_tensor *idx, ct_kv_cache *cache);
 CT_API void ct_lm_free(ct_lm *lm); /* NULL is fine */
