@@ -61,6 +61,25 @@ typedef struct tiny_mlp {
     ct_linear_layer *fc1, *fc2;
 } tiny_mlp;
 
+/* The module type the two layers carry: "Linear", or the first class the
+ * configuration's transformer_based_wrap names (CTRAIN_FSDP_TRANSFORMER_LAYER_CLS_TO_WRAP,
+ * e.g. "Block" or "GPT2Block,LlamaDecoderLayer"). A configuration written for the
+ * user's transformer wraps its layer class; the tiny model has none, and the check
+ * is of the configuration, so each layer stands for one such block and the policy
+ * wraps the two as units instead of failing to find the class. */
+static const char *layer_type(void)
+{
+    static char name[128];
+    const char *cls = getenv("CTRAIN_FSDP_TRANSFORMER_LAYER_CLS_TO_WRAP");
+    if (!cls) return "Linear";
+    while (*cls == ' ' || *cls == ',') cls++;
+    size_t n = strcspn(cls, ", ");
+    if (!n || n >= sizeof name) return "Linear";
+    memcpy(name, cls, n);
+    name[n] = 0;
+    return name;
+}
+
 static tiny_mlp *mlp_new(void)
 {
     ct_set_seed(SEED);
@@ -73,6 +92,7 @@ static tiny_mlp *mlp_new(void)
         ct_module_free(&m->base);
         return NULL;
     }
+    m->fc1->base.type = m->fc2->base.type = layer_type();
     return m;
 }
 

@@ -172,10 +172,15 @@ Test(test_cmd, zero3_two_processes, .timeout = 60)
     result_free(&r);
 }
 
+/* A configuration written for a GPT wraps its Block: the check's tiny model has no
+ * Block, and its two layers stand for it instead of failing the training check. */
 Test(test_cmd, fsdp_two_processes, .timeout = 60)
 {
     clean_env();
-    result r = run_test_cmd(ARGS("--num_processes", "2", "--use_fsdp", "--main_process_port", "0"), 50);
+    result r = run_test_cmd(ARGS("--num_processes", "2", "--use_fsdp", "--fsdp_auto_wrap_policy",
+                                 "TRANSFORMER_BASED_WRAP", "--fsdp_transformer_layer_cls_to_wrap", "Block",
+                                 "--main_process_port", "0"),
+                            50);
     assert_all_pass(&r, "on 2 processes (FSDP FULL_SHARD, mixed precision no)");
     result_free(&r);
 }
