@@ -19,6 +19,7 @@
 #include <uv.h>
 #include <xxhash.h>
 
+#include "core/atomic_file.h"
 #include "core/safetensors.h"
 
 #ifndef CTRAIN_VERSION
@@ -135,18 +136,12 @@ ct_status cti_ckpt_sync_dir(const char *dir)
 
 ct_status cti_ckpt_write_text(const char *dir, const char *name, const char *text)
 {
-    char path[4096], tmp[4200];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return ct_error_set(CT_ERR_IO, "cannot create '%s': %s", tmp, strerror(errno));
-    const size_t n = strlen(text);
-    ct_status st = fwrite(text, 1, n, f) != n || fflush(f) || fsync(fileno(f))
-                       ? ct_error_set(CT_ERR_IO, "cannot write '%s': %s", tmp, strerror(errno))
-                       : CT_OK;
-    if (fclose(f) && !st) st = ct_error_set(CT_ERR_IO, "cannot close '%s': %s", tmp, strerror(errno));
-    if (!st && rename(tmp, path)) st = ct_error_set(CT_ERR_IO, "cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
-    if (st) unlink(tmp);
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path)
+        return ct_error_set(CT_ERR_INVALID, "checkpoint path '%.64s.../%s' is too long", dir, name);
+    cti_atomic_file f;
+    if (cti_atomic_open(&f, path, "checkpoint")) return ct_last_status();
+    ct_status st = cti_atomic_commit(&f, cti_atomic_write(&f, text, strlen(text)), 0);
     return st ? st : cti_ckpt_sync_dir(dir);
 }
 

@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/atomic_file.h"
+
 /* DeepSpeed's defaults (deepspeed/runtime/zero/config.py, fp16 config). */
 #define DS_BUCKET 500000000      /* reduce_bucket_size, allgather_bucket_size: 5e8 elements */
 #define DS_PREFETCH 50000000     /* stage3_prefetch_bucket_size: 5e7 */
@@ -353,20 +355,10 @@ ct_status ct_ds_config_load(const char *path, ct_ds_config *c)
 {
     ct_ds_config_init(c);
     if (!path || !*path) return ct_error_set(CT_ERR_INVALID, "ds_config: no file name");
-    FILE *f = fopen(path, "rb");
-    if (!f) return ct_error_set(CT_ERR_IO, "ds_config '%s': cannot open: %s", path, strerror(errno));
-    char *buf = malloc(DS_MAX_FILE + 1);
-    if (!buf) {
-        fclose(f);
-        return ct_error_set(CT_ERR_NOMEM, "ds_config '%s': out of memory", path);
-    }
-    size_t n = fread(buf, 1, DS_MAX_FILE + 1, f);
-    const bool read_error = ferror(f);
-    fclose(f);
-    ct_status st;
-    if (read_error) st = ct_error_set(CT_ERR_IO, "ds_config '%s': read error", path);
-    else if (n > DS_MAX_FILE) st = ct_error_set(CT_ERR_FORMAT, "ds_config '%s': larger than %d MiB", path, DS_MAX_FILE >> 20);
-    else st = ct_ds_config_parse(buf, n, path, c);
+    size_t n = 0;
+    char *buf = cti_file_read_text(path, DS_MAX_FILE, "ds_config", &n);
+    if (!buf) return ct_last_status();
+    ct_status st = ct_ds_config_parse(buf, n, path, c);
     free(buf);
     return st;
 }

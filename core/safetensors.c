@@ -14,6 +14,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "core/atomic_file.h"
 #include "core/frame.h"
 #include "core/tensor_internal.h"
 
@@ -552,8 +553,7 @@ const char *ct_safetensors_metadata_key(const ct_safetensors *f, int i)
 
 /* Where a save writes: the file, and what is done to the bytes on the way. */
 typedef struct sink {
-    int fd;
-    const char *path;
+    cti_atomic_file *file;
     XXH3_state_t *hash; /* NULL: no checksum wanted */
     int64_t written, flushed;
 } sink;
@@ -564,20 +564,14 @@ typedef struct sink {
 
 static ct_status write_all(sink *o, const void *buf, size_t n)
 {
-    const char *p = buf;
     if (o->hash) XXH3_64bits_update(o->hash, buf, n);
-    while (n > 0) {
-        ssize_t w = write(o->fd, p, n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w < 0) return ct_error_set(CT_ERR_IO, "safetensors_save: cannot write '%s': %s", o->path, strerror(errno));
-        p += w;
-        n -= (size_t)w;
-        o->written += w;
-        if (o->written - o->flushed >= SINK_FLUSH_BYTES) {
-            /* a hint: a filesystem without it still gets the fsync at the end */
-            (void)sync_file_range(o->fd, o->flushed, o->written - o->flushed, SYNC_FILE_RANGE_WRITE);
-            o->flushed = o->written;
-        }
+    ct_status st = cti_atomic_write(o->file, buf, n);
+    if (st) return st;
+    o->written += (int64_t)n;
+    if (o->written - o->flushed >= SINK_FLUSH_BYTES) {
+        /* a hint: a filesystem without it still gets the fsync at the end */
+        (void)sync_file_range(o->file->fd, o->flushed, o->written - o->flushed, SYNC_FILE_RANGE_WRITE);
+        o->flushed = o->written;
     }
     return CT_OK;
 }
@@ -745,28 +739,6 @@ static ct_status write_tensors(sink *o, const char *tmp, int n, const char *cons
 }
 
 /* Makes the rename itself durable. Filesystems that cannot sync a directory say EINVAL. */
-static ct_status sync_parent_dir(const char *path)
-{
-    const char *slash = strrchr(path, '/');
-    char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
-    if (!dir) return ct_error_set(CT_ERR_NOMEM, "safetensors_save '%s': out of memory", path);
-    ct_status st = CT_OK;
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) {
-        st = ct_error_set(CT_ERR_IO, "safetensors_save '%s': renamed, but cannot open directory '%s' to sync it: %s",
-                          path, dir, strerror(errno));
-    } else {
-        if (fsync(fd) != 0 && errno != EINVAL)
-            st = ct_error_set(CT_ERR_IO, "safetensors_save '%s': renamed, but cannot fsync directory '%s': %s", path,
-                              dir, strerror(errno));
-        if (close(fd) != 0 && !st)
-            st = ct_error_set(CT_ERR_IO, "safetensors_save '%s': cannot close directory '%s': %s", path, dir,
-                              strerror(errno));
-    }
-    free(dir);
-    return st;
-}
-
 ct_status ct_safetensors_save(const char *path, int n, const char *const *names, ct_tensor *const *tensors,
                               int nmeta, const char *const *meta_keys, const char *const *meta_values)
 {
@@ -783,38 +755,20 @@ ct_status ct_safetensors_save_hashed(const char *path, int n, const char *const 
     size_t hdr_len = 0;
     st = build_header(path, n, names, tensors, nmeta, meta_keys, meta_values, &hdr, &hdr_len);
     if (st) return st;
-    size_t tlen = strlen(path) + 32;
-    char *tmp = malloc(tlen);
-    if (!tmp) {
+    cti_atomic_file f;
+    if (cti_atomic_open(&f, path, "safetensors_save")) {
         free(hdr);
-        return ct_error_set(CT_ERR_NOMEM, "safetensors_save '%s': out of memory", path);
-    }
-    snprintf(tmp, tlen, "%s.tmp.%ld", path, (long)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        st = ct_error_set(CT_ERR_IO, "safetensors_save: cannot create '%s': %s", tmp, strerror(errno));
-        free(hdr);
-        free(tmp);
-        return st;
+        return ct_last_status();
     }
     XXH3_state_t *h = xxh3 ? XXH3_createState() : NULL;
     if (h) XXH3_64bits_reset(h);
     else if (xxh3) st = ct_error_set(CT_ERR_NOMEM, "safetensors_save '%s': out of memory", path);
-    sink o = {.fd = fd, .path = tmp, .hash = h};
+    sink o = {.file = &f, .hash = h};
     if (!st) st = write_all(&o, hdr, hdr_len);
     free(hdr);
-    if (!st) st = write_tensors(&o, tmp, n, names, tensors);
+    if (!st) st = write_tensors(&o, f.tmp, n, names, tensors);
     if (!st && xxh3) *xxh3 = XXH3_64bits_digest(h);
     if (!st && bytes) *bytes = o.written;
     XXH3_freeState(h);
-    if (!st && fsync(fd) != 0)
-        st = ct_error_set(CT_ERR_IO, "safetensors_save: cannot fsync '%s': %s", tmp, strerror(errno));
-    if (close(fd) != 0 && !st)
-        st = ct_error_set(CT_ERR_IO, "safetensors_save: cannot close '%s': %s", tmp, strerror(errno));
-    if (!st && rename(tmp, path) != 0)
-        st = ct_error_set(CT_ERR_IO, "safetensors_save: cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
-    if (st) unlink(tmp); /* best effort: the error already says what went wrong */
-    else st = sync_parent_dir(path);
-    free(tmp);
-    return st;
+    return cti_atomic_commit(&f, st, 1);
 }

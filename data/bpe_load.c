@@ -6,34 +6,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/atomic_file.h"
 #include "data/bpe_internal.h"
 
-/* the whole file, NUL-terminated */
+/* the whole file, NUL-terminated (a Llama 3 tokenizer.json is about 9 MiB) */
 static char *read_file(const char *path, size_t *n)
 {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) {
-        ct_error_set(CT_ERR_IO, "bpe: cannot open '%s': %s", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        len += fread(buf + len, 1, cap - len - 1, fp);
-        if (len < cap - 1) break;
-        char *nb = realloc(buf, cap *= 2);
-        if (!nb) free(buf);
-        buf = nb;
-    }
-    if (!buf) ct_error_set(CT_ERR_NOMEM, "bpe: out of memory reading '%s'", path);
-    else if (ferror(fp)) {
-        ct_error_set(CT_ERR_IO, "bpe: cannot read '%s': %s", path, strerror(errno));
-        free(buf);
-        buf = NULL;
-    }
-    fclose(fp);
-    if (buf) buf[len] = '\0', *n = len;
-    return buf;
+    return cti_file_read_text(path, (size_t)1 << 30, "bpe", n);
 }
 
 static cJSON *parse_json(const char *text, size_t n, const char *name)

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/atomic_file.h"
 #include "data/bpe_train_internal.h"
 
 static cJSON *byte_level(bool add_prefix_space, bool trim_offsets)
@@ -118,33 +119,7 @@ ct_status ct_bpe_trainer_save(ct_bpe_trainer *t, const char *path)
     size_t n = 0;
     char *text = ct_bpe_trainer_json(t, &n);
     if (!text) return ct_last_status();
-    size_t plen = strlen(path) + 32;
-    char *tmp = malloc(plen);
-    if (!tmp) {
-        free(text);
-        return ct_error_set(CT_ERR_NOMEM, "bpe_train: out of memory writing '%s'", path);
-    }
-    snprintf(tmp, plen, "%s.tmp.%ld", path, (long)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        ct_status st = ct_error_set(CT_ERR_IO, "bpe_train: cannot create '%s': %s", tmp, strerror(errno));
-        free(tmp);
-        free(text);
-        return st;
-    }
-    ct_status st = CT_OK;
-    for (size_t done = 0; done < n && !st;) {
-        ssize_t r = write(fd, text + done, n - done);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) st = ct_error_set(CT_ERR_IO, "bpe_train: cannot write '%s': %s", tmp, strerror(errno));
-        else done += (size_t)r;
-    }
-    if (!st && fsync(fd) != 0) st = ct_error_set(CT_ERR_IO, "bpe_train: cannot fsync '%s': %s", tmp, strerror(errno));
-    if (close(fd) != 0 && !st) st = ct_error_set(CT_ERR_IO, "bpe_train: cannot close '%s': %s", tmp, strerror(errno));
-    if (!st && rename(tmp, path) != 0)
-        st = ct_error_set(CT_ERR_IO, "bpe_train: cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
-    if (st) unlink(tmp); /* best effort: the error already says what went wrong */
-    free(tmp);
+    ct_status st = cti_file_write_atomic(path, text, n, "bpe_train");
     free(text);
     return st;
 }

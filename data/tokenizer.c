@@ -12,10 +12,10 @@
 #include <unistd.h>
 
 #include "data/token_dataset.h"
+#include "data/token_writer.h"
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "token files are little-endian");
 
-#define MAX_TOKENS 2147483647LL /* the header's count is an int32 */
 #define CHUNK 16384
 
 int64_t ct_tokenizer_encode(const void *text, int64_t n, uint16_t *tokens, int64_t cap)
@@ -63,82 +63,35 @@ int64_t ct_tokenizer_decode(const int64_t *tokens, int64_t n, char *buf, int64_t
 
 /* ---- writing .bin files -------------------------------------------------- */
 
-/* A .bin being written under a temporary name. */
-typedef struct bin_writer {
-    const char *path;
-    char *tmp;
-    int fd;
-    int64_t count;
-} bin_writer;
-
-static ct_status write_all(bin_writer *w, const void *buf, size_t n)
+/* Appends n bytes as tokens (each byte is its own id). */
+static ct_status add_bytes(cti_token_writer *w, const uint8_t *bytes, size_t n)
 {
-    const char *p = buf;
-    while (n > 0) {
-        ssize_t r = write(w->fd, p, n);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) return ct_error_set(CT_ERR_IO, "tokenizer: cannot write '%s': %s", w->tmp, strerror(errno));
-        p += r;
-        n -= (size_t)r;
-    }
-    return CT_OK;
-}
-
-static ct_status writer_open(bin_writer *w, const char *path)
-{
-    *w = (bin_writer){.path = path, .fd = -1};
-    size_t len = strlen(path) + 32;
-    w->tmp = malloc(len);
-    if (!w->tmp) return ct_error_set(CT_ERR_NOMEM, "tokenizer: out of memory for '%s'", path);
-    snprintf(w->tmp, len, "%s.tmp.%ld", path, (long)getpid());
-    w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (w->fd < 0) {
-        ct_status st = ct_error_set(CT_ERR_IO, "tokenizer: cannot create '%s': %s", w->tmp, strerror(errno));
-        free(w->tmp);
-        return st;
-    }
-    /* the header is rewritten with the count at the end; zeros hold its place */
-    int32_t hdr[CT_LLMC_HEADER_INTS] = {0};
-    return write_all(w, hdr, sizeof hdr);
-}
-
-static ct_status writer_add(bin_writer *w, const uint8_t *bytes, size_t n)
-{
-    if ((int64_t)n > MAX_TOKENS - w->count)
-        return ct_error_set(CT_ERR_INVALID,
-                            "tokenizer: '%s' would hold more than %lld tokens, the llm.c header's limit",
-                            w->path, MAX_TOKENS);
-    uint16_t tok[CHUNK];
-    for (size_t i = 0; i < n; i += CHUNK) {
-        size_t m = n - i < CHUNK ? n - i : CHUNK;
-        for (size_t k = 0; k < m; k++) tok[k] = bytes[i + k];
-        ct_status st = write_all(w, tok, m * sizeof tok[0]);
+    uint32_t ids[CTI_TOKEN_WRITER_CHUNK];
+    for (size_t i = 0; i < n; i += CTI_TOKEN_WRITER_CHUNK) {
+        size_t m = n - i < CTI_TOKEN_WRITER_CHUNK ? n - i : CTI_TOKEN_WRITER_CHUNK;
+        for (size_t k = 0; k < m; k++) ids[k] = bytes[i + k];
+        ct_status st = cti_token_writer_add(w, ids, m);
         if (st) return st;
     }
-    w->count += (int64_t)n;
     return CT_OK;
 }
 
-/* Finishes (st == CT_OK: header, fsync, close, rename) or abandons the file. */
-static ct_status writer_close(bin_writer *w, ct_status st)
+/* A writer of 2-byte tokens, on the heap (its buffer is large); NULL + error. */
+static cti_token_writer *writer_open(const char *path)
 {
-    if (!st) {
-        int32_t hdr[3] = {CT_LLMC_MAGIC, 1, (int32_t)w->count};
-        ssize_t r;
-        do r = pwrite(w->fd, hdr, sizeof hdr, 0);
-        while (r < 0 && errno == EINTR);
-        if (r != (ssize_t)sizeof hdr)
-            st = ct_error_set(CT_ERR_IO, "tokenizer: cannot write the header of '%s': %s", w->tmp,
-                              r < 0 ? strerror(errno) : "short write");
+    cti_token_writer *w = malloc(sizeof *w);
+    if (!w) return ct_error_set(CT_ERR_NOMEM, "tokenizer: out of memory writing '%s'", path), NULL;
+    if (cti_token_writer_open(w, path, 2, "tokenizer")) {
+        free(w);
+        return NULL;
     }
-    if (!st && fsync(w->fd) != 0)
-        st = ct_error_set(CT_ERR_IO, "tokenizer: cannot fsync '%s': %s", w->tmp, strerror(errno));
-    if (close(w->fd) != 0 && !st)
-        st = ct_error_set(CT_ERR_IO, "tokenizer: cannot close '%s': %s", w->tmp, strerror(errno));
-    if (!st && rename(w->tmp, w->path) != 0)
-        st = ct_error_set(CT_ERR_IO, "tokenizer: cannot rename '%s' to '%s': %s", w->tmp, w->path, strerror(errno));
-    if (st) unlink(w->tmp); /* best effort: the error already says what went wrong */
-    free(w->tmp);
+    return w;
+}
+
+static ct_status writer_close(cti_token_writer *w, ct_status st)
+{
+    st = cti_token_writer_close(w, st, NULL);
+    free(w);
     return st;
 }
 
@@ -147,11 +100,9 @@ ct_status ct_tokenizer_encode_memory(const void *text, size_t n, const char *out
     if ((!text && n) || !out_token_path)
         return ct_error_set(CT_ERR_INVALID, "tokenizer_encode_memory: %s is NULL",
                             !out_token_path ? "out_token_path" : "text");
-    bin_writer w;
-    ct_status st = writer_open(&w, out_token_path);
-    if (w.fd < 0) return st;
-    if (!st) st = writer_add(&w, text, n);
-    return writer_close(&w, st);
+    cti_token_writer *w = writer_open(out_token_path);
+    if (!w) return ct_last_status();
+    return writer_close(w, add_bytes(w, text, n));
 }
 
 ct_status ct_tokenizer_encode_file(const char *text_path, const char *out_token_path)
@@ -171,11 +122,10 @@ ct_status ct_tokenizer_encode_file(const char *text_path, const char *out_token_
         close(in);
         return st;
     }
-    bin_writer w;
-    st = writer_open(&w, out_token_path);
-    if (w.fd < 0) {
+    cti_token_writer *w = writer_open(out_token_path);
+    if (!w) {
         close(in);
-        return st;
+        return ct_last_status();
     }
     uint8_t buf[CHUNK];
     while (!st) {
@@ -183,9 +133,9 @@ ct_status ct_tokenizer_encode_file(const char *text_path, const char *out_token_
         if (r < 0 && errno == EINTR) continue;
         if (r < 0) st = ct_error_set(CT_ERR_IO, "tokenizer: cannot read '%s': %s", text_path, strerror(errno));
         if (r <= 0) break;
-        st = writer_add(&w, buf, (size_t)r);
+        st = add_bytes(w, buf, (size_t)r);
     }
     if (close(in) != 0 && !st)
         st = ct_error_set(CT_ERR_IO, "tokenizer: cannot close '%s': %s", text_path, strerror(errno));
-    return writer_close(&w, st);
+    return writer_close(w, st);
 }

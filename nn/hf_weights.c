@@ -11,6 +11,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "core/atomic_file.h"
 #include "core/frame.h"
 #include "precision/autocast.h"
 
@@ -45,45 +46,17 @@ static bool is_file(const char *path)
 char *ct_hf_text_read(const char *path)
 {
     if (!path) return ct_error_set(CT_ERR_INVALID, "hf_text_read: path is NULL"), NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return ct_error_set(CT_ERR_IO, "cannot open %s: %s", path, strerror(errno)), NULL;
-    char *buf = NULL;
-    long len = -1;
-    if (fseek(f, 0, SEEK_END) == 0) len = ftell(f);
-    if (len < 0 || fseek(f, 0, SEEK_SET)) {
-        ct_error_set(CT_ERR_IO, "cannot read %s: %s", path, strerror(errno));
-    } else if (len > (64L << 20)) {
-        ct_error_set(CT_ERR_FORMAT, "%s: %ld bytes is too large for a JSON file (limit 64 MiB)", path, len);
-    } else if (!(buf = malloc((size_t)len + 1))) {
-        ct_error_set(CT_ERR_NOMEM, "reading %s: out of memory", path);
-    } else if (fread(buf, 1, (size_t)len, f) != (size_t)len) {
-        ct_error_set(CT_ERR_IO, "cannot read %s: short read", path);
-        free(buf);
-        buf = NULL;
-    } else {
-        buf[len] = '\0';
-    }
-    fclose(f);
-    return buf;
+    return cti_file_read_text(path, (size_t)64 << 20, "reading a JSON file", NULL);
 }
 
 ct_status ct_hf_text_write(const char *path, const char *text)
 {
     if (!path || !text) return ct_error_set(CT_ERR_INVALID, "hf_text_write: NULL path or text");
-    size_t n = strlen(path) + 32;
-    char *tmp = malloc(n);
-    if (!tmp) return ct_error_set(CT_ERR_NOMEM, "writing %s: out of memory", path);
-    snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "w");
-    bool ok = f && fputs(text, f) >= 0 && fputc('\n', f) != EOF && fflush(f) == 0 && fsync(fileno(f)) == 0;
-    if (f && fclose(f)) ok = false;
-    ct_status st = CT_OK;
-    if (!ok || rename(tmp, path)) {
-        st = ct_error_set(CT_ERR_IO, "cannot write %s: %s", path, strerror(errno));
-        remove(tmp);
-    }
-    free(tmp);
-    return st;
+    cti_atomic_file f;
+    if (cti_atomic_open(&f, path, "hf_text_write")) return ct_last_status();
+    ct_status st = cti_atomic_write(&f, text, strlen(text));
+    if (!st) st = cti_atomic_write(&f, "\n", 1);
+    return cti_atomic_commit(&f, st, 0);
 }
 
 ct_status ct_hf_dir_make(const char *dir)

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "data/bpe.h"
 #include "nn/generate.h"
@@ -157,24 +158,6 @@ static int parse_args(int argc, char **argv, options *o)
     return 0;
 }
 
-/* the whole file, NUL-terminated after its *n bytes; NULL with errno */
-static char *read_file(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    char *buf = malloc(MAX_PROMPT_BYTES + 1);
-    size_t got = buf ? fread(buf, 1, MAX_PROMPT_BYTES + 1, f) : 0;
-    int err = !buf ? ENOMEM : ferror(f) ? EIO : got > MAX_PROMPT_BYTES ? EFBIG : 0;
-    fclose(f);
-    if (err) {
-        free(buf);
-        errno = err;
-        return NULL;
-    }
-    buf[got] = 0;
-    *n = got;
-    return buf;
-}
 
 typedef struct {
     const ct_bpe *bpe; /* NULL: tokens are bytes */
@@ -295,8 +278,8 @@ int ct_generate_main(int argc, char **argv)
     }
     size_t plen = 0;
     char *text = NULL;
-    if (o.prompt_file && !(text = read_file(o.prompt_file, &plen))) {
-        fprintf(stderr, "ctrain generate: cannot read --prompt_file %s: %s\n", o.prompt_file, strerror(errno));
+    if (o.prompt_file && !(text = cti_file_read_text(o.prompt_file, MAX_PROMPT_BYTES, "--prompt_file", &plen))) {
+        fprintf(stderr, "ctrain generate: %s\n", ct_last_error());
         return 2;
     }
     const char *prompt = text ? text : o.prompt;

@@ -269,8 +269,8 @@ Test(ds_config, files)
     snprintf(path, sizeof path, "%s/ds_config.json", tmpdir);
     ct_ds_config c;
     cr_assert_neq(ct_ds_config_load(path, &c), CT_OK);
-    cr_expect(strstr(ct_last_error(), "ds_config '") && strstr(ct_last_error(), "ds_config.json': cannot open"), "%s",
-              ct_last_error());
+    cr_expect(strstr(ct_last_error(), "ds_config: cannot open '") && strstr(ct_last_error(), "ds_config.json': No such"),
+              "%s", ct_last_error());
     FILE *f = fopen(path, "w");
     cr_assert_not_null(f);
     fputs(ZERO3, f);

@@ -247,7 +247,7 @@ Test(generate_cmd, bad_input_exits_2, .init = setup, .fini = remove_tmpdir, .tim
         {"--prompt a", "--model DIR is missing"},
         {"--model %s --prompt 0123456789 --max_new_tokens 15", "the prompt's 10 tokens + --max_new_tokens 15 exceed "
                                                                "the model's 24 positions"},
-        {"--model %s --prompt_file %s/none.txt", "cannot read --prompt_file"},
+        {"--model %s --prompt_file %s/none.txt", "--prompt_file: cannot open"},
         {"--model %s/../v300 --prompt a", "pass --tokenizer FILE"},
         {"--model %s/model.safetensors --prompt a", "is not a directory"},
     };
