@@ -74,18 +74,12 @@ ct_tensor *ct_gpt_forward_cached(ct_gpt *m, ct_tensor *idx, ct_kv_cache *cache)
         return NULL;
     }
     int64_t B = idx->shape[0], T = idx->shape[1], P = cache->len, D = c->n_embd / c->n_head;
-    if (cache->n_layer != c->n_layer || cache->n_kv_head != c->n_head || cache->head_dim != D || cache->batch != B) {
-        ct_error_set(CT_ERR_INVALID, "gpt_forward_cached: cache of %d layers, batch %lld, %lld heads of %lld does not "
-                     "fit this model (%lld layers, %lld heads of %lld) and idx batch %lld", cache->n_layer,
-                     (long long)cache->batch, (long long)cache->n_kv_head, (long long)cache->head_dim,
-                     (long long)c->n_layer, (long long)c->n_head, (long long)D, (long long)B);
-        return NULL;
-    }
     if (P + T > c->block_size) {
         ct_error_set(CT_ERR_INVALID, "gpt_forward_cached: %lld cached + %lld new positions exceed block_size %lld",
                      (long long)P, (long long)T, (long long)c->block_size);
         return NULL;
     }
+    if (ct_kv_cache_check(cache, "gpt_forward_cached", (int)c->n_layer, c->n_head, D, B, T)) return NULL;
     if (ct_module_forward_begin(&m->base)) return NULL;
     ct_tensor *pos = ct_tensor_to(ct_tensor_arange(CT_DTYPE_I64, (double)P, (double)(P + T), 1), idx->device);
     ct_tensor *x = pos ? ct_add(ct_embedding_layer_forward(m->wte, idx), ct_embedding_layer_forward(m->wpe, pos)) : NULL;

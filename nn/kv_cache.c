@@ -82,6 +82,21 @@ ct_status ct_kv_cache_append(ct_kv_cache *c, int layer, ct_tensor *k, ct_tensor 
     return (*k_all && *v_all) ? CT_OK : ct_last_status();
 }
 
+ct_status ct_kv_cache_check(const ct_kv_cache *c, const char *op, int n_layer, int64_t n_kv_head,
+                            int64_t head_dim, int64_t batch, int64_t T)
+{
+    if (!c) return ct_error_set(CT_ERR_INVALID, "%s: the cache is NULL", op);
+    if (c->n_layer != n_layer || c->n_kv_head != n_kv_head || c->head_dim != head_dim || c->batch != batch)
+        return ct_error_set(CT_ERR_INVALID, "%s: cache of %d layers, batch %lld, %lld kv heads of %lld does not fit "
+                            "the model (%d layers, %lld kv heads of %lld) and batch %lld", op, c->n_layer,
+                            (long long)c->batch, (long long)c->n_kv_head, (long long)c->head_dim, n_layer,
+                            (long long)n_kv_head, (long long)head_dim, (long long)batch);
+    if (T < 0 || c->len + T > c->max_len)
+        return ct_error_set(CT_ERR_INVALID, "%s: cache full: %lld positions filled + %lld new > max_len %lld", op,
+                            (long long)c->len, (long long)T, (long long)c->max_len);
+    return CT_OK;
+}
+
 ct_status ct_kv_cache_advance(ct_kv_cache *c, int64_t T)
 {
     if (!c) return ct_error_set(CT_ERR_INVALID, "kv_cache_advance: NULL cache");

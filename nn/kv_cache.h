@@ -45,6 +45,11 @@ CT_API void ct_kv_cache_reset(ct_kv_cache *c);
  * not fit: wrong B, H_kv or D, or len + T > max_len ("cache full"). */
 CT_API ct_status ct_kv_cache_append(ct_kv_cache *c, int layer, ct_tensor *k, ct_tensor *v, ct_tensor **k_all,
                                     ct_tensor **v_all);
+/* Whether a model of n_layer layers, n_kv_head key/value heads of head_dim can run a
+ * forward of (batch, T) new tokens on c: CT_ERR_INVALID naming op, the cache's and the
+ * model's sizes, or "cache full" when len + T > max_len. */
+CT_API ct_status ct_kv_cache_check(const ct_kv_cache *c, const char *op, int n_layer, int64_t n_kv_head,
+                                   int64_t head_dim, int64_t batch, int64_t T);
 /* Marks T more positions filled; call once per forward, after the last layer. */
 CT_API ct_status ct_kv_cache_advance(ct_kv_cache *c, int64_t T);
 

@@ -355,22 +355,6 @@ static ct_tensor *embed(ct_llama *m, ct_tensor *idx)
     return ct_add(ct_mul(e, keep), ct_mul(ct_detach(e), drop));
 }
 
-static ct_status check_cache(const ct_llama *m, const ct_tensor *idx, const ct_kv_cache *c)
-{
-    const ct_llama_config *g = &m->cfg;
-    if (c->n_layer != g->num_hidden_layers || c->n_kv_head != g->num_key_value_heads || c->head_dim != g->head_dim ||
-        c->batch != idx->shape[0])
-        return ct_error_set(CT_ERR_INVALID, "llama_forward_cached: cache of %d layers, batch %lld, %lld kv heads of "
-                            "%lld does not fit the model (%lld layers, %lld kv heads of %lld) and batch %lld",
-                            c->n_layer, (long long)c->batch, (long long)c->n_kv_head, (long long)c->head_dim,
-                            (long long)g->num_hidden_layers, (long long)g->num_key_value_heads,
-                            (long long)g->head_dim, (long long)idx->shape[0]);
-    if (c->len + idx->shape[1] > c->max_len)
-        return ct_error_set(CT_ERR_INVALID, "llama_forward_cached: cache full: %lld positions filled + %lld new > "
-                            "max_len %lld", (long long)c->len, (long long)idx->shape[1], (long long)c->max_len);
-    return CT_OK;
-}
-
 static ct_tensor *forward(ct_llama *m, ct_tensor *idx, ct_kv_cache *cache, const char *op)
 {
     if (!m || !idx) return NULL;
@@ -381,7 +365,10 @@ static ct_tensor *forward(ct_llama *m, ct_tensor *idx, ct_kv_cache *cache, const
                      ct_tensor_describe(idx, d, sizeof d));
         return NULL;
     }
-    if (cache && check_cache(m, idx, cache)) return NULL;
+    const ct_llama_config *g = &m->cfg;
+    if (cache && ct_kv_cache_check(cache, op, (int)g->num_hidden_layers, g->num_key_value_heads, g->head_dim,
+                                   idx->shape[0], idx->shape[1]))
+        return NULL;
     if (ct_module_forward_begin(&m->base)) return NULL;
     int64_t T = idx->shape[1], start = cache ? cache->len : 0;
     ct_tensor *w = m->embed_tokens->weight, *cos = NULL, *sin = NULL, *logits = NULL;

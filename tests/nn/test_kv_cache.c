@@ -96,6 +96,18 @@ Test(kv_cache, misfits_and_a_full_cache_are_errors)
         cr_assert(strstr(ct_last_error(), "cache full: 3 positions filled + 2 new > max_len 4"), "%s", ct_last_error());
         cr_assert_neq(ct_kv_cache_advance(c, 2), CT_OK);
         cr_assert_eq(c->len, 3);
+        /* the models' check before a forward: sizes, then room */
+        cr_assert_eq(ct_kv_cache_check(c, "fwd", 2, 2, 2, 1, 1), CT_OK, "%s", ct_last_error());
+        cr_assert_neq(ct_kv_cache_check(c, "fwd", 2, 2, 2, 1, 2), CT_OK);
+        cr_assert(strstr(ct_last_error(), "fwd: cache full: 3 positions filled + 2 new > max_len 4"), "%s",
+                  ct_last_error());
+        cr_assert_neq(ct_kv_cache_check(c, "fwd", 3, 2, 2, 1, 1), CT_OK);
+        cr_assert(strstr(ct_last_error(), "fwd: cache of 2 layers, batch 1, 2 kv heads of 2 does not fit the model "
+                                          "(3 layers, 2 kv heads of 2) and batch 1"),
+                  "%s", ct_last_error());
+        cr_assert_neq(ct_kv_cache_check(c, "fwd", 2, 2, 2, 2, 1), CT_OK);
+        cr_assert_neq(ct_kv_cache_check(c, "fwd", 2, 1, 2, 1, 1), CT_OK);
+        cr_assert_neq(ct_kv_cache_check(c, "fwd", 2, 2, 4, 1, 1), CT_OK);
         /* exactly full is fine */
         cr_assert_eq(ct_kv_cache_append(c, 0, filled(1, 0), filled(1, 0), &ka, &va), CT_OK);
         cr_assert_eq(ka->shape[2], 4);
