@@ -168,7 +168,7 @@ static int check_mlp(rank_ctx *c, ct_pg *g, ct_dtype dt, double tol, bool sp)
 /* ids -> vocabulary-parallel embedding -> column-parallel LM head (padded) ->
  * vocabulary-parallel cross-entropy, against ct_embedding -> ct_linear ->
  * ct_cross_entropy over the unpadded vocabulary, with ignored targets */
-static int check_vocab(rank_ctx *c, ct_pg *g, ct_dtype dt, double tol, int64_t V, int64_t pad_multiple)
+static int check_vocab(rank_ctx *c, ct_pg *g, ct_dtype dt, double tol, int64_t V, int64_t pad_multiple, bool sp)
 {
     int n = ct_pg_size(g), r = ct_pg_rank(g), rc = 0;
     int64_t C = 3, B = 2, T = 4;
@@ -179,8 +179,10 @@ static int check_vocab(rank_ctx *c, ct_pg *g, ct_dtype dt, double tol, int64_t V
     ct_tensor *ids = ct_tensor_from_data(CT_DTYPE_I64, CT_SHAPE(B, T), idv);
     ct_tensor *targets = ct_tensor_from_data(CT_DTYPE_I64, CT_SHAPE(B, T), tv);
 
-    ct_vocab_embedding *emb = ct_vocab_embedding_new(g, E, &(ct_vocab_embedding_config){.pad_multiple = pad_multiple});
-    ct_column_linear *head = ct_column_linear_new(g, W, NULL, &(ct_tp_linear_config){.pad_output = true});
+    ct_vocab_embedding *emb = ct_vocab_embedding_new(
+        g, E, &(ct_vocab_embedding_config){.pad_multiple = pad_multiple, .sequence_parallel = sp, .sequence_dim = 1});
+    ct_column_linear *head = ct_column_linear_new(
+        g, W, NULL, &(ct_tp_linear_config){.pad_output = true, .sequence_parallel = sp, .sequence_dim = 1});
     if (!emb || !head) {
         ct_module_free(emb ? &emb->base : NULL);
         ct_module_free(head ? &head->base : NULL);
@@ -201,7 +203,8 @@ static int check_vocab(rank_ctx *c, ct_pg *g, ct_dtype dt, double tol, int64_t V
     ct_tensor *hr = ct_embedding(Er, ids);
     ct_tensor *L = ct_cross_entropy(ct_linear(hr, Wr, NULL), targets, -100);
     ct_backward(L);
-    rc |= expect_close(c, "embedding output", h, hr, tol);
+    int64_t tl = T / n; /* sequence parallel: the embedding gives this rank's chunk of T */
+    rc |= expect_close(c, "embedding output", h, sp ? ct_narrow(hr, 1, r * tl, tl) : hr, tol);
     rc |= expect_close(c, "vocab-parallel loss", loss, L, tol);
     rc |= expect_close(c, "embedding dE slice", emb->weight->grad, slice_padded(Er->grad, 0, r * vl, (r + 1) * vl),
                        tol);
@@ -233,11 +236,10 @@ static int layers_rank(rank_ctx *c)
         for (int k = 0; k < 4; k++) rc |= check_row(c, g, a->dt, a->tol, k & 1, k & 2);
         rc |= check_mlp(c, g, a->dt, a->tol, false);
         rc |= check_mlp(c, g, a->dt, a->tol, true);
-        if (a->dt == CT_DTYPE_F32) {
-            rc |= check_vocab(c, g, a->dt, a->tol, 5, 1); /* 5 over 2 or 4 ranks: padded to 6 or 8 */
-            rc |= check_vocab(c, g, a->dt, a->tol, 8, 1); /* no padding */
-            rc |= check_vocab(c, g, a->dt, a->tol, 5, 3); /* padded to a multiple of 3 n */
-        }
+        rc |= check_vocab(c, g, a->dt, a->tol, 5, 1, false); /* 5 over 2 or 4 ranks: padded to 6 or 8 */
+        rc |= check_vocab(c, g, a->dt, a->tol, 8, 1, false); /* no padding */
+        rc |= check_vocab(c, g, a->dt, a->tol, 5, 3, false); /* padded to a multiple of 3 n */
+        rc |= check_vocab(c, g, a->dt, a->tol, 5, 1, true);  /* sequence parallel embedding and head */
     }
     ct_pg_free(g);
     return rc;
