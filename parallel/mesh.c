@@ -17,10 +17,11 @@ ct_status ct_mesh_layout(int world_size, const ct_mesh_config *cfg, ct_mesh_conf
     if (!c.tp) c.tp = 1;
     if (!c.pp) c.pp = 1;
     if (!c.dp) {
-        if (world_size % (c.tp * c.pp))
-            return ct_error_set(CT_ERR_INVALID, "mesh: world size %d is not a multiple of tp %d x pp %d = %d",
-                                world_size, c.tp, c.pp, c.tp * c.pp);
-        c.dp = world_size / (c.tp * c.pp);
+        int64_t tp_pp = (int64_t)c.tp * c.pp;
+        if (world_size % tp_pp)
+            return ct_error_set(CT_ERR_INVALID, "mesh: world size %d is not a multiple of tp %d x pp %d = %lld",
+                                world_size, c.tp, c.pp, (long long)tp_pp);
+        c.dp = (int)(world_size / tp_pp);
     }
     if ((int64_t)c.dp * c.tp * c.pp != world_size)
         return ct_error_set(CT_ERR_INVALID, "mesh: world size %d != dp %d x tp %d x pp %d = %lld", world_size, c.dp,

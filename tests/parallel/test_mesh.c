@@ -173,6 +173,7 @@ Test(parallel_mesh, bad_layouts_name_the_numbers)
     expect_has(layout_error(4, (ct_mesh_config){.dp = 4, .dp_replicate = 2, .dp_shard = 4}),
                "dp 4 != dp_replicate 2 x dp_shard 4");
     expect_has(layout_error(0, (ct_mesh_config){0}), "world size 0");
+    expect_has(layout_error(8, (ct_mesh_config){.tp = 1 << 20, .pp = 1 << 20}), "tp 1048576 x pp 1048576 = 1099511627776");
     ct_mesh_config ok;
     cr_expect_eq(ct_mesh_layout(12, &(ct_mesh_config){.tp = 2, .pp = 3}, &ok), CT_OK, "%s", ct_last_error());
     cr_expect(ok.dp == 2 && ok.dp_shard == 2 && ok.dp_replicate == 1);

@@ -159,6 +159,12 @@ Test(parallel_tp_ops, f32_in_the_tp_groups_of_a_dp2_tp2_mesh, .timeout = 60)
 }
 /* bf16: inputs exact, sums of up to 2 values rounded once to 8 bits */
 Test(parallel_tp_ops, bf16_on_2_ranks, .timeout = 60) { run_ops(2, (ops_arg){.dt = CT_DTYPE_BF16, .tol = 8e-3}); }
+/* f16: 11 bits; f64: the group sums in f64 */
+Test(parallel_tp_ops, f16_and_f64_on_2_ranks, .timeout = 60)
+{
+    run_ops(2, (ops_arg){.dt = CT_DTYPE_F16, .tol = 1e-3});
+    run_ops(2, (ops_arg){.dt = CT_DTYPE_F64, .tol = 1e-12});
+}
 
 /* bad calls fail on every rank, naming the op, the shape and the rank, before any
  * collective is sent (so nothing hangs) */
