@@ -8,7 +8,7 @@
  *   optim/     SGD, Adam, AdamW, LR schedules, gradient clipping
  *   data/      datasets, token files, byte and BPE tokenizers, data loader
  *   dist/      launcher environment, rendezvous store, process groups, work requests
- *   parallel/  training strategies: DDP and the sharding engine (ZeRO-1/2/3, hybrid, offload)
+ *   parallel/  training strategies: DDP, the sharding engine (ZeRO-1/2/3, hybrid, offload), pipelines
  *   accel/     the Accelerator, its DeepSpeed and FSDP plugins, ds_config.json, training-state checkpoints
  *
  * Only what these headers declare with CT_API is exported by libctrain.so; the
@@ -83,6 +83,8 @@
 #include "dist/work.h"
 
 #include "parallel/ddp.h"
+#include "parallel/pipeline.h"
+#include "parallel/pipeline_schedule.h"
 #include "parallel/shard.h"
 #include "parallel/shard_flat.h"
 #include "parallel/shard_plan.h"

@@ -34,8 +34,11 @@
  * parts of one batch and each loss is a mean over its part, every parameter's .grad
  * after the run equals the gradient of the whole batch's mean loss (gradients add up
  * across micro-batches as in ordinary accumulation, and across runs unless zeroed).
- * *loss is the mean of the M losses, computed on the last stage and broadcast to
- * every stage.
+ * *loss is the mean of the M losses, computed on the last stage and given to every
+ * stage by an allreduce (a sum with zeros from the others: exact). The allreduce
+ * ends the run, and no rank leaves it before all have entered it, so every transfer
+ * of the run has been posted when any stage returns: a stage may free its handle
+ * at once.
  *
  * Overlap: the receive of micro-batch m + 1's activation is posted before m's
  * forward computes, and the receive of m's output gradient right after m's output is
@@ -117,7 +120,8 @@ CT_API ct_pipeline *ct_pipeline_new(ct_pg *stages, int stage, ct_pipeline_forwar
 CT_API ct_status ct_pipeline_run(ct_pipeline *p, int num_micro, ct_tensor *const *inputs, double *loss);
 
 /* Copies the last stage's values[0..n-1] into values on every stage (metrics such as
- * an accuracy computed on the last stage). Collective over the stages. */
+ * an accuracy computed on the last stage), as the loss is shared. Collective over
+ * the stages. */
 CT_API ct_status ct_pipeline_broadcast_metrics(ct_pipeline *p, double *values, int n);
 
 /* This rank's stage, the number of stages; -1 and 0 for NULL. */
