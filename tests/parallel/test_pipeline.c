@@ -358,6 +358,12 @@ static int equiv_rank(rank_ctx *c)
             }
             ct_optimizer_free(opt);
         }
+        /* a metric of the last stage's reaches every stage */
+        double metrics[2] = {s.last ? 1.5 : 99, s.last ? -2.25 : 99};
+        if (!rc && (ct_pipeline_broadcast_metrics(pp, metrics, 2) || metrics[0] != 1.5 || metrics[1] != -2.25)) {
+            report(c, "rank %d: metrics %g %g: %s", c->rank, metrics[0], metrics[1], ct_last_error());
+            rc = 1;
+        }
         ct_pipeline_stats st = ct_pipeline_stats_get(pp);
         if (!rc && (st.runs != 3 * STEPS || (p > 1 && (st.bytes_sent <= 0 || st.bytes_received <= 0)))) {
             report(c, "rank %d: stats runs %lld sent %lld received %lld", c->rank, (long long)st.runs,
