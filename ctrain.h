@@ -9,7 +9,7 @@
  *   data/      datasets, token files, byte and BPE tokenizers, data loader
  *   dist/      launcher environment, rendezvous store, process groups, work requests
  *   parallel/  training strategies: DDP, the sharding engine (ZeRO-1/2/3, hybrid, offload),
- *              the device mesh and tensor-parallel ops and layers
+ *              the device mesh, tensor-parallel ops and layers, pipelines
  *   accel/     the Accelerator, its DeepSpeed and FSDP plugins, ds_config.json, training-state checkpoints
  *
  * Only what these headers declare with CT_API is exported by libctrain.so; the
@@ -85,6 +85,8 @@
 
 #include "parallel/ddp.h"
 #include "parallel/mesh.h"
+#include "parallel/pipeline.h"
+#include "parallel/pipeline_schedule.h"
 #include "parallel/shard.h"
 #include "parallel/shard_flat.h"
 #include "parallel/shard_plan.h"
