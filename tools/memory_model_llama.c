@@ -68,8 +68,9 @@ void cti_memory_llama_forward(walk *w, const ct_memory_setup *s)
         a = cti_memory_linear(w, h, C, kv, false);
         rope(w, a, T, D, kv);
         a = cti_memory_linear(w, h, C, kv, false);
-        /* repeat_kv: k and v expanded to H heads are copied (B, H, T, D) */
-        if (H != Hkv) w->act += 2 * N * q * dsize(a);
+        /* repeat_kv: k and v expanded to H heads are copied (B, H, T, D) by the reshape,
+         * unless there is one kv head: (B, 1, H, T, D) with a 0 stride is a view */
+        if (H != Hkv && Hkv > 1) w->act += 2 * N * q * dsize(a);
         /* attention: out (B, H, T, D), lse f32 (B, H, T); its transpose to (B, T, H*D)
          * is copied by the reshape */
         w->act += N * q * dsize(a) + H * N * 4 + N * q * dsize(a);
