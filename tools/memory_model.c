@@ -159,6 +159,15 @@ ct_status ct_memory_estimate_compute(const ct_memory_setup *s, ct_memory_estimat
     cti_memory_layout m;
     ct_status st = s->model.kind == CT_MODEL_LLAMA ? cti_memory_llama_layout(s, &m) : gpt_layout(s, &m);
     if (st) return st;
+    /* every figure must fit in 64 bits: a generous bound on the bytes (per token and
+     * layer 64 bytes for each of the block's widths, the logits and their gradients
+     * 32 per vocabulary entry, 64 per parameter) stays below 2^62 */
+    const double tokens = (double)s->batch * (double)s->seq,
+                 bound = tokens * (64.0 * (double)m.layers * ((double)m.block / (double)m.E + (double)m.E) +
+                                   32.0 * (double)m.V + 64.0 * (double)m.E) + 64.0 * (double)m.numel;
+    if (bound > 4e18)
+        return ct_error_set(CT_ERR_INVALID, "memory estimate: batch %lld x seq %lld: far beyond any memory (the "
+                            "figures would overflow 64 bits)", (long long)s->batch, (long long)s->seq);
     if (s->precision != CT_DTYPE_F32 && s->precision != CT_DTYPE_BF16 && s->precision != CT_DTYPE_F16 &&
         s->precision != CT_DTYPE_F8_E4M3)
         return ct_error_set(CT_ERR_INVALID, "memory estimate: precision %s; allowed: f32, bf16, f16, f8_e4m3 (fp8)",

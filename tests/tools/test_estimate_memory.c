@@ -478,6 +478,19 @@ Test(estimate_memory, llama_presets_follow_hf_counts, .timeout = 60)
         cr_expect_not_null(strstr(out, presets[i].name), "%s not listed in:\n%s", presets[i].name, out);
     cr_expect_not_null(strstr(out, "llama:w1"), "%s", out);
     free(out);
+    /* --memory on a large vocabulary and long rows: the largest micro-batch that fits and
+     * the one above it that does not (no figure overflows on the way) */
+    const long long limit = 80LL << 30;
+    row fit = estimate("llama-3.2-1b", "DDP", "no", 1, 1, 4096, "--memory 80GiB");
+    cr_assert(fit.max_batch >= 1 && fit.max_batch < 100, "max batch %lld", fit.max_batch);
+    row at = estimate("llama-3.2-1b", "DDP", "no", 1, (int)fit.max_batch, 4096, NULL);
+    row above = estimate("llama-3.2-1b", "DDP", "no", 1, (int)fit.max_batch + 1, 4096, NULL);
+    cr_expect_leq(at.rss, limit);
+    cr_expect_gt(above.rss, limit);
+    out = run_cmd(0, "estimate-memory llama-3.2-1b --batch_size 1073741824");
+    cr_expect_eq(rc_of(out), 2);
+    cr_expect_not_null(strstr(out, "would overflow 64 bits"), "%s", out);
+    free(out);
     out = run_cmd(0, "estimate-memory llama-3.2-1b --seq_len 200000");
     cr_expect_eq(rc_of(out), 2);
     cr_expect_not_null(strstr(out, "max_position_embeddings 131072"), "%s", out);
