@@ -37,8 +37,9 @@ const char *ct_memory_strategy_label(ct_memory_strategy st, bool offload, char *
     return buf;
 }
 
-#define dsize cti_dsize
 typedef cti_memory_walk walk;
+
+static int64_t dsize(ct_dtype d) { return cti_dsize(d); }
 
 /* parameters of one Block, and of the root unit (wte, wpe, ln_f) */
 static int64_t block_numel(int64_t E) { return 12 * E * E + 13 * E; }
@@ -55,6 +56,7 @@ void cti_memory_cast_weight(walk *w, int64_t numel)
 {
     if (w->autocast && w->P != w->A) w->wcopy += numel * dsize(w->A);
 }
+
 /* layernorm on (N, C): rule f32; out f32 (N, C), mean and rstd f32 (N); w, b cast to
  * f32 (not cached: the rule is not "low") */
 static ct_dtype layernorm(walk *w, ct_dtype x)
@@ -115,7 +117,7 @@ static void gpt_forward(walk *w, const ct_memory_setup *s)
     const int64_t N = w->N, C = w->C, T = s->seq, V = g->vocab_size, H = g->n_head;
     w->act += 2 * N * 8 + T * 8;                        /* tokens x, y (i64) and the positions */
     w->act += N * C * dsize(w->P) + T * C * dsize(w->P); /* wte(idx), wpe(pos) */
-    ct_dtype x = cti_memory_add(w, w->P, w->P);                     /* the broadcast add is (N, C) */
+    ct_dtype x = cti_memory_add(w, w->P, w->P);          /* the broadcast add is (N, C) */
     for (int64_t l = 0; l < g->n_layer; l++) {
         ct_dtype h = layernorm(w, x);
         h = cti_memory_linear(w, h, C, 3 * C, true);

@@ -9,12 +9,17 @@
  * Units: one per LlamaDecoderLayer,
  *   C*q + 2*C*kv + q*C + 3*C*I + 2C   (q, k, v, o; gate, up, down; the two RMSNorms)
  * and the root: embed_tokens V*C, the final norm C, lm_head V*C when untied.
+ *
+ * Not counted: the padding row's gradient mask (nn/llama.c's embed(): two (B, T, 1)
+ * masks and three (N, C) tensors, made only when a batch holds pad_token_id; the
+ * built-in models have none).
  */
 #include "tools/memory_model.h"
 #include "tools/memory_model_walk.h"
 
-#define dsize cti_dsize
 typedef cti_memory_walk walk;
+
+static int64_t dsize(ct_dtype d) { return cti_dsize(d); }
 
 ct_status cti_memory_llama_layout(const ct_memory_setup *s, cti_memory_layout *out)
 {
