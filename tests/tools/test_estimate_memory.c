@@ -12,7 +12,7 @@
  *     (exact), ctrain's live storage at the step's peak (ct_storage_peak_bytes,
  *     within 10%) and the processes' peak RSS (ru_maxrss, within 10%); the same for
  *     the benchmark Llama (llama:w1) and an odd one read from a config.json (untied
- *     head, one key/value head for six query heads).
+ *     head, one key/value head for six query heads; and tied, with two).
  * Every command runs under `timeout`; the launcher stops its ranks when it is stopped. */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -628,5 +628,25 @@ Test(estimate_memory, odd_llama_on_1_2_and_4_ranks, .timeout = 150)
     check_ranks(tmpdir, "DDP", "bf16", 1);
     check_ranks(tmpdir, "ZeRO-2", "no", 2);
     check_ranks(tmpdir, "ZeRO-3", "no", 4);
+    remove_tmpdir();
+}
+
+/* A tied head (the head's gradient is the token table's: DDP's dense embedding
+ * gradient lands on an existing one) and three query heads per key/value head. */
+Test(estimate_memory, tied_llama_against_the_engine_in_process, .timeout = 120)
+{
+    make_tmpdir_with("/tmp/ct_estmem_");
+    FILE *f = fopen(path_of("config.json"), "w");
+    cr_assert_not_null(f);
+    fputs("{\"model_type\": \"llama\", \"vocab_size\": 1024, \"hidden_size\": 192, \"intermediate_size\": 500, "
+          "\"num_hidden_layers\": 3, \"num_attention_heads\": 6, \"num_key_value_heads\": 2, "
+          "\"max_position_embeddings\": 128, \"tie_word_embeddings\": true}\n",
+          f);
+    fclose(f);
+    ct_llama_config tied = LLAMA_ODD;
+    tied.num_key_value_heads = 2, tied.tie_word_embeddings = true;
+    static const size_t which[] = {0, 1, 2, 7}; /* DDP f32 and bf16, ZeRO-1 f32, ZeRO-3 bf16 */
+    for (size_t i = 0; i < sizeof which / sizeof *which; i++)
+        check_in_process_model(tmpdir, NULL, &tied, &LLAMA_ALL[which[i]]);
     remove_tmpdir();
 }
