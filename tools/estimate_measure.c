@@ -61,8 +61,9 @@ static const char *const M_NAMES[M_COUNT] = {"params_bytes", "grads_bytes", "opt
                                              "base_rss_bytes", "peak_rss_bytes"};
 
 /* one step: forward, backward, (DDP: the gradients' bytes), AdamW, zero_grad */
-static ct_status train_step(ct_accelerator *acc, const ct_model_built *model, ct_optimizer *opt, const ct_param_list *pl,
-                            const int64_t *xb, const int64_t *yb, int64_t B, int64_t T, int64_t *grad_bytes)
+static ct_status train_step(ct_accelerator *acc, const ct_model_built *model, ct_optimizer *opt,
+                            const ct_param_list *pl, const int64_t *xb, const int64_t *yb, int64_t B, int64_t T,
+                            int64_t *grad_bytes)
 {
     ct_status st = CT_OK;
     CT_FRAME {
