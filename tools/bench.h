@@ -9,7 +9,8 @@
  *                         per-run timeout), the progress line, the RESULT line parsed;
  *   tools/bench_report.c  the table, the checks under it, results.csv, the gnuplot plot;
  *   tools/bench_rank.c    the rank side: the hidden subcommand `ctrain bench-rank` that
- *                         `ctrain launch` starts on every rank (tools/bench_gpt.h's GPT).
+ *                         `ctrain launch` starts on every rank (tools/bench_gpt.h's GPT
+ *                         or Llama).
  *
  * These are the `ctrain` command's functions: they print and return exit codes, never
  * exit(). Single-threaded.

@@ -51,7 +51,7 @@ void ct_bench_usage(FILE *f)
           "                    [--mixed_precision LIST] [--batch_size B] [--seq_len T] [--steps S]\n"
           "                    [--warmup_steps W] [--num_cpu_threads_per_process K] [--seed X]\n"
           "                    [--timeout SECONDS] [--output_dir DIR]\n\n"
-          "Trains a GPT under each shard strategy, one `ctrain launch` run per cell of\n"
+          "Trains a GPT or a Llama under each shard strategy, one `ctrain launch` run per cell of\n"
           "num_processes x mixed_precision x strategies, and compares them: tokens/s, memory\n"
           "per rank (params, grads, optimizer, activations, peak RSS), bytes sent per step,\n"
           "exposed communication, loss. Prints a table, writes DIR/results.csv and, with\n"

@@ -1,6 +1,8 @@
-/* A GPT trained through the Accelerator for benchmarking: the model (seeded, so every
- * rank starts from the same weights), GPT-2's AdamW, random token batches, prepare,
- * and one step timed from the forward to the end of zero_grad.
+/* A GPT (nn/gpt.h) or a Llama (nn/llama.h) trained through the Accelerator for
+ * benchmarking: the model (seeded, so every rank starts from the same weights),
+ * GPT-2's AdamW, random token batches, prepare, and one step timed from the forward to
+ * the end of zero_grad. bench_gpt_init and bench_llama_init build one or the other;
+ * everything after is the same code.
  *
  * Header-only: `ctrain bench`'s rank side (tools/bench_rank.c) and the bench programs
  * (bench/gpt_accel.h, bench/gpt_cpu/gpt_step.h), which are built from one source file
@@ -78,7 +80,8 @@ static inline void bench_gpt_draw_batch(ct_rng *rng, int64_t B, int64_t T, int64
 
 typedef struct bench_gpt {
     ct_accelerator *acc; /* owned: freed first by bench_gpt_free */
-    ct_gpt *model;
+    ct_gpt *model;       /* the GPT, or NULL for a Llama */
+    ct_llama *llama;     /* the Llama, or NULL for a GPT */
     ct_optimizer *opt;
     ct_param_list params;
     bool have_params;
@@ -89,14 +92,18 @@ typedef struct bench_gpt {
     int rank;
 } bench_gpt;
 
-/* Takes acc; builds the model of cfg (block size T, or cfg's when larger: a position
- * table kept whole, as GPT-2's 1024; dropout 0), the optimizer and this rank's token
- * stream (seeded with seed and the rank, so the same whatever the strategy), and
- * prepares them. CT_OK, or an error naming the rank. bench_gpt_free in either case. */
-static inline ct_status bench_gpt_init(bench_gpt *g, ct_accelerator *acc, const ct_gpt_config *cfg, int64_t B,
-                                       int64_t T, uint64_t seed)
+/* The model being trained (NULL before init). */
+static inline ct_module *bench_gpt_module(const bench_gpt *g)
 {
-    *g = (bench_gpt){.acc = acc, .B = B, .T = T, .vocab = cfg->vocab_size, .rank = ct_accelerator_process_index(acc)};
+    return g->llama ? &g->llama->base : g->model ? &g->model->base : NULL;
+}
+
+/* What both inits do before the model: takes acc, seeds the weights' generator and
+ * this rank's token stream, allocates the token buffers. */
+static inline ct_status bench_gpt_begin(bench_gpt *g, ct_accelerator *acc, int64_t vocab, int64_t B, int64_t T,
+                                        uint64_t seed)
+{
+    *g = (bench_gpt){.acc = acc, .B = B, .T = T, .vocab = vocab, .rank = ct_accelerator_process_index(acc)};
     ct_set_seed(seed); /* the same weights on every rank; prepare broadcasts rank 0's anyway */
     ct_rng_init(&g->rng, (seed ^ 0x70c3e5ULL) + 0x9e3779b97f4a7c15ULL * (uint64_t)g->rank);
     g->raw = malloc((size_t)(B * (T + 1)) * sizeof *g->raw);
@@ -105,16 +112,45 @@ static inline ct_status bench_gpt_init(bench_gpt *g, ct_accelerator *acc, const 
     if (!g->raw || !g->xb || !g->yb)
         return ct_error_set(CT_ERR_NOMEM, "rank %d: out of memory for the token buffers (%lld x %lld)", g->rank,
                             (long long)B, (long long)T);
-    ct_gpt_config c = *cfg;
-    c.block_size = cfg->block_size > T ? cfg->block_size : T, c.dropout = 0.0, c.ln_eps = 1e-5;
-    if (!(g->model = ct_gpt_new(&c))) return ct_error_prefix("rank %d: ct_gpt_new: ", g->rank);
-    if (ct_module_named_tensors(&g->model->base, false, &g->params))
+    return CT_OK;
+}
+
+/* What both inits do after the model: the optimizer over its parameters, prepare. */
+static inline ct_status bench_gpt_prepare(bench_gpt *g)
+{
+    if (ct_module_named_tensors(bench_gpt_module(g), false, &g->params))
         return ct_error_prefix("rank %d: ct_module_named_tensors: ", g->rank);
     g->have_params = true;
     if (!(g->opt = bench_gpt_adamw(&g->params))) return ct_error_prefix("rank %d: ", g->rank);
-    if (ct_accelerator_prepare(acc, &g->model->base, g->opt, NULL, NULL))
+    if (ct_accelerator_prepare(g->acc, bench_gpt_module(g), g->opt, NULL, NULL))
         return ct_error_prefix("rank %d: ct_accelerator_prepare: ", g->rank);
     return CT_OK;
+}
+
+/* Takes acc; builds the GPT of cfg (block size T, or cfg's when larger: a position
+ * table kept whole, as GPT-2's 1024; dropout 0), the optimizer and this rank's token
+ * stream (seeded with seed and the rank, so the same whatever the strategy), and
+ * prepares them. CT_OK, or an error naming the rank. bench_gpt_free in either case. */
+static inline ct_status bench_gpt_init(bench_gpt *g, ct_accelerator *acc, const ct_gpt_config *cfg, int64_t B,
+                                       int64_t T, uint64_t seed)
+{
+    if (bench_gpt_begin(g, acc, cfg->vocab_size, B, T, seed)) return ct_last_status();
+    ct_gpt_config c = *cfg;
+    c.block_size = cfg->block_size > T ? cfg->block_size : T, c.dropout = 0.0, c.ln_eps = 1e-5;
+    if (!(g->model = ct_gpt_new(&c))) return ct_error_prefix("rank %d: ct_gpt_new: ", g->rank);
+    return bench_gpt_prepare(g);
+}
+
+/* The same for the Llama of cfg (f32; positions past max_position_embeddings are
+ * computed as any others: T is not limited by it). */
+static inline ct_status bench_llama_init(bench_gpt *g, ct_accelerator *acc, const ct_llama_config *cfg, int64_t B,
+                                         int64_t T, uint64_t seed)
+{
+    ct_llama_config c = *cfg;
+    c.dtype = CT_DTYPE_F32;
+    if (bench_gpt_begin(g, acc, cfg->vocab_size, B, T, seed)) return ct_last_status();
+    if (!(g->llama = ct_llama_new(&c))) return ct_error_prefix("rank %d: ct_llama_new: ", g->rank);
+    return bench_gpt_prepare(g);
 }
 
 /* Draws the next batch, then times forward + loss, ct_accelerator_backward,
@@ -131,7 +167,7 @@ static inline ct_status bench_gpt_step(bench_gpt *g, int step, double clip, doub
         ct_tensor *x = ct_tensor_from_data(CT_DTYPE_I64, 2, shape, g->xb);
         ct_tensor *y = ct_tensor_from_data(CT_DTYPE_I64, 2, shape, g->yb);
         CT_ACCUMULATE(g->acc) {
-            ct_tensor *l = x && y ? ct_gpt_loss(g->model, x, y) : NULL;
+            ct_tensor *l = !x || !y ? NULL : g->llama ? ct_llama_loss(g->llama, x, y) : ct_gpt_loss(g->model, x, y);
             if (!l) {
                 failed = x && y ? "forward/loss" : "token tensors";
             } else if (ct_accelerator_backward(g->acc, l)) {
@@ -158,7 +194,7 @@ static inline void bench_gpt_free(bench_gpt *g)
     ct_accelerator_free(g->acc); /* first: it unhooks the optimizer and gives the model its parameters back */
     if (g->have_params) ct_param_list_free(&g->params);
     ct_optimizer_free(g->opt);
-    ct_module_free(g->model ? &g->model->base : NULL);
+    ct_module_free(bench_gpt_module(g));
     free(g->raw), free(g->xb), free(g->yb);
     *g = (bench_gpt){0};
 }

@@ -4,7 +4,7 @@
  *         --mixed_precision P --batch_size B --seq_len T --steps K --warmup_steps W ...
  *
  * (the flags of `ctrain bench`, with one strategy and one precision). Every rank trains
- * tools/bench_gpt.h's GPT through the Accelerator with shard.strategy = S (ddp: DDP with
+ * tools/bench_gpt.h's GPT or Llama through the Accelerator with shard.strategy = S (ddp: DDP with
  * its default buckets; the sharded strategies wrap one unit per Block; hybrid shards
  * inside 2 groups of N/2 ranks) and draws its own random (B, T) batches, seeded with the
  * seed and the rank, before its clock starts: every strategy trains on the same tokens
@@ -72,7 +72,8 @@ static double median(double *v, int n)
 static ct_status train(const ct_bench_opts *o, bench_gpt *g, double *fig, const char **transport)
 {
     const ct_bench_strategy *s = o->strategies[0];
-    static const char *const block[] = {"Block"};
+    const ct_model_shape shape = ct_model_spec_shape(o->model);
+    const char *const block[] = {ct_model_shape_block_class(&shape)};
     ct_dist_env env;
     if (ct_dist_env_detect(&env)) return ct_last_status();
     const int world = env.world_size;
@@ -92,7 +93,9 @@ static ct_status train(const ct_bench_opts *o, bench_gpt *g, double *fig, const 
     if (!acc) return ct_error_prefix("ct_accelerator_new: ");
     ct_set_num_threads(o->threads); /* after ct_accelerator_new, which applies the launcher's count */
     const int64_t B = o->batch_size, T = o->seq_len;
-    if (bench_gpt_init(g, acc, &o->model->gpt, B, T, (uint64_t)o->seed)) return ct_last_status();
+    if (shape.kind == CT_MODEL_LLAMA ? bench_llama_init(g, acc, &shape.llama, B, T, (uint64_t)o->seed)
+                                     : bench_gpt_init(g, acc, &shape.gpt, B, T, (uint64_t)o->seed))
+        return ct_last_status();
     ct_shard *shard = ct_accelerator_shard(acc);
     ct_ddp *ddp = ct_accelerator_ddp(acc);
     if (s->shard != CT_SHARD_NO_SHARD && !shard)
@@ -126,7 +129,7 @@ static ct_status train(const ct_bench_opts *o, bench_gpt *g, double *fig, const 
     if (!st) m[M_MEDIAN] = median(times, o->steps);
     free(times);
     if (st) return st;
-    const double numel = (double)ct_module_num_params(&g->model->base);
+    const double numel = (double)ct_module_num_params(bench_gpt_module(g));
     if (shard) {
         m[M_PARAMS] = (double)ss.memory.params;
         m[M_GRADS] = (double)ss.memory.grads;

@@ -29,12 +29,19 @@ static void label_of(const ct_bench_row *r, char *buf, size_t cap)
     else snprintf(buf, cap, "%s", r->strategy->name);
 }
 
-/* Parameters of the model as bench_gpt_init builds it (block size at least T). */
+/* Parameters of the model as bench_gpt_init (a GPT's block size at least T) or
+ * bench_llama_init builds it. */
 static double params_of(const ct_bench_opts *o)
 {
-    ct_gpt_config c = o->model->gpt;
-    if (c.block_size < o->seq_len) c.block_size = o->seq_len;
-    return (double)ct_model_spec_gpt_params(&c);
+    ct_model_shape m = ct_model_spec_shape(o->model);
+    if (m.gpt.block_size < o->seq_len) m.gpt.block_size = o->seq_len;
+    return (double)ct_model_shape_params(&m);
+}
+
+static long long vocab_of(const ct_bench_opts *o)
+{
+    ct_model_shape m = ct_model_spec_shape(o->model);
+    return (long long)ct_model_shape_vocab(&m);
 }
 
 void ct_bench_table_print(FILE *f, const ct_bench_opts *o, const ct_bench_row *rows, int n)
@@ -79,7 +86,7 @@ void ct_bench_table_print(FILE *f, const ct_bench_opts *o, const ct_bench_row *r
 
 int ct_bench_checks_print(FILE *f, const ct_bench_opts *o, const ct_bench_row *rows, int n)
 {
-    const double ln_v = log((double)o->model->gpt.vocab_size);
+    const double ln_v = log((double)vocab_of(o));
     int bad = 0, checked = 0;
     for (int i = 0; i < n; i++) {
         const ct_bench_row *r = &rows[i];
@@ -89,7 +96,7 @@ int ct_bench_checks_print(FILE *f, const ct_bench_opts *o, const ct_bench_row *r
         if (!(fabs(x[CT_BENCH_LOSS0] - ln_v) <= CT_BENCH_LOSS0_TOL))
             fprintf(f, "%s- check failed: %d processes, %s, %s: first loss %.4f is not within %.1f of ln %lld = %.4f\n",
                     bad++ ? "" : "\n", r->processes, r->precision, r->strategy->name, x[CT_BENCH_LOSS0],
-                    CT_BENCH_LOSS0_TOL, (long long)o->model->gpt.vocab_size, ln_v);
+                    CT_BENCH_LOSS0_TOL, vocab_of(o), ln_v);
         const ct_bench_row *d = ddp_of(rows, n, r);
         if (!d || d == r || strcmp(r->precision, "no")) continue;
         double rel = fabs(x[CT_BENCH_LOSS] - d->fig[CT_BENCH_LOSS]) / fabs(d->fig[CT_BENCH_LOSS]);
@@ -103,7 +110,7 @@ int ct_bench_checks_print(FILE *f, const ct_bench_opts *o, const ct_bench_row *r
     else if (!bad)
         fprintf(f, "\nchecks: every first loss within %.1f of ln %lld = %.4f; in f32 every loss within %.0e "
                    "relative of DDP's\n",
-                CT_BENCH_LOSS0_TOL, (long long)o->model->gpt.vocab_size, ln_v, CT_BENCH_LOSS_RTOL);
+                CT_BENCH_LOSS0_TOL, vocab_of(o), ln_v, CT_BENCH_LOSS_RTOL);
     return bad;
 }
 

@@ -61,15 +61,16 @@ static const char *const M_NAMES[M_COUNT] = {"params_bytes", "grads_bytes", "opt
                                              "base_rss_bytes", "peak_rss_bytes"};
 
 /* one step: forward, backward, (DDP: the gradients' bytes), AdamW, zero_grad */
-static ct_status train_step(ct_accelerator *acc, ct_gpt *model, ct_optimizer *opt, const ct_param_list *pl,
-                            const int64_t *xb, const int64_t *yb, int64_t B, int64_t T, int64_t *grad_bytes)
+static ct_status train_step(ct_accelerator *acc, const ct_model_built *model, ct_optimizer *opt,
+                            const ct_param_list *pl, const int64_t *xb, const int64_t *yb, int64_t B, int64_t T,
+                            int64_t *grad_bytes)
 {
     ct_status st = CT_OK;
     CT_FRAME {
         ct_tensor *x = ct_tensor_from_data(CT_DTYPE_I64, CT_SHAPE(B, T), xb);
         ct_tensor *y = ct_tensor_from_data(CT_DTYPE_I64, CT_SHAPE(B, T), yb);
         CT_ACCUMULATE(acc) {
-            ct_tensor *l = x && y ? ct_gpt_loss(model, x, y) : NULL;
+            ct_tensor *l = x && y ? ct_model_built_loss(model, x, y) : NULL;
             st = !l ? ct_last_status() : ct_accelerator_backward(acc, l);
             if (!st && grad_bytes) {
                 *grad_bytes = 0;
@@ -86,7 +87,7 @@ static ct_status train_step(ct_accelerator *acc, ct_gpt *model, ct_optimizer *op
 int ct_memory_measure_run(const ct_memory_measure *m)
 {
     const ct_memory_setup *s = &m->setup;
-    static const char *const block[] = {"Block"};
+    const char *const block[] = {ct_model_shape_block_class(&s->model)};
     static const ct_shard_strategy strat[] = {CT_SHARD_NO_SHARD, CT_SHARD_OPTIMIZER, CT_SHARD_GRAD_OP, CT_SHARD_FULL};
     double v[M_COUNT] = {0};
     v[M_BASE] = rss_now();
@@ -105,9 +106,9 @@ int ct_memory_measure_run(const ct_memory_measure *m)
         return 1;
     }
     const int rank = ct_accelerator_process_index(acc), world = ct_accelerator_num_processes(acc);
-    const int64_t B = s->batch, T = s->seq, V = s->gpt.vocab_size;
+    const int64_t B = s->batch, T = s->seq, V = ct_model_shape_vocab(&s->model);
     int status = 1;
-    ct_gpt *model = NULL;
+    ct_model_built model = {0};
     ct_optimizer *opt = NULL;
     ct_param_list pl = {0};
     bool have_pl = false;
@@ -115,18 +116,16 @@ int ct_memory_measure_run(const ct_memory_measure *m)
     const char *what = "out of memory for the tokens";
     if (!xb) goto fail;
     ct_set_seed(1337);
-    ct_gpt_config gc = s->gpt;
-    gc.dropout = 0, gc.dtype = CT_DTYPE_F32;
-    what = "ct_gpt_new";
-    if (!(model = ct_gpt_new(&gc))) goto fail;
+    what = s->model.kind == CT_MODEL_LLAMA ? "ct_llama_new" : "ct_gpt_new";
+    if (ct_model_shape_build(&s->model, T, &model)) goto fail;
     what = "ct_module_named_tensors";
-    if (ct_module_named_tensors(&model->base, false, &pl)) goto fail;
+    if (ct_module_named_tensors(model.module, false, &pl)) goto fail;
     have_pl = true;
     what = "AdamW";
     if (!(opt = ct_adamw_new(pl.n, pl.tensors, &(ct_adamw_config){.lr = 1e-4, .weight_decay = 0.1}))) goto fail;
     ct_storage_peak_reset();
     what = "ct_accelerator_prepare";
-    if (ct_accelerator_prepare(acc, &model->base, opt, NULL, NULL)) goto fail;
+    if (ct_accelerator_prepare(acc, model.module, opt, NULL, NULL)) goto fail;
     v[M_SETUP] = (double)ct_storage_peak_reserved_bytes();
     ct_rng rng;
     ct_rng_init(&rng, 1337 + (uint64_t)rank);
@@ -144,7 +143,7 @@ int ct_memory_measure_run(const ct_memory_measure *m)
             }
         int64_t gb = 0;
         ct_storage_peak_reset();
-        if (train_step(acc, model, opt, &pl, xb, yb, B, T, shard ? NULL : &gb)) {
+        if (train_step(acc, &model, opt, &pl, xb, yb, B, T, shard ? NULL : &gb)) {
             free(raw);
             goto fail;
         }
@@ -202,7 +201,7 @@ out:
     ct_accelerator_free(acc); /* first: it gives the model its parameters back */
     if (have_pl) ct_param_list_free(&pl);
     ct_optimizer_free(opt);
-    ct_module_free(model ? &model->base : NULL);
+    ct_module_free(model.module);
     free(xb);
     ct_frame_reset_root();
     return status;

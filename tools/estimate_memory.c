@@ -29,7 +29,7 @@ typedef struct strategy_choice {
 } strategy_choice;
 
 typedef struct options {
-    ct_gpt_config gpt;
+    ct_model_shape shape;
     const char *model;
     int worlds[MAX_LIST], nworlds;
     ct_dtype precisions[MAX_LIST];
@@ -52,14 +52,16 @@ static void usage(FILE *f)
           "ZeRO-3 units, 16-bit weight copies, the logits' gradient), the total of ctrain's storage at\n"
           "the step's peak, and the process's peak resident set (the total plus the runtime's own\n"
           "footprint).\n\n"
-          "MODEL: a built-in name (below), a HuggingFace GPT-2 config.json (or a directory holding\n"
-          "one), or a GPT-2 model.safetensors.\n\n"
+          "MODEL: a built-in name (below), a HuggingFace config.json of a GPT-2 or a Llama (model_type\n"
+          "gpt2 or llama; or a directory holding one), a GPT-2 model.safetensors, or another\n"
+          "model.safetensors with its config.json beside it.\n\n"
           "  --num_processes LIST   ranks, e.g. 1,2,4,8 (default)\n"
           "  --mixed_precision LIST no, bf16, fp16, fp8 (default: no,bf16,fp16; f32 = no)\n"
           "  --strategies LIST      DDP, ZeRO-1, ZeRO-2, ZeRO-3, ZeRO-1+offload, ZeRO-2+offload,\n"
           "                         ZeRO-3+offload (default: all; case and '-' do not matter: zero3)\n"
           "  --batch_size B         rows per rank per micro-batch (default 1)\n"
-          "  --seq_len T            tokens per row (default: the model's block size)\n"
+          "  --seq_len T            tokens per row (default: the model's block size or\n"
+          "                         max_position_embeddings; the built-in Llama 3.2 models: 4096)\n"
           "  --memory SIZE          also print the largest micro-batch whose peak RSS fits in SIZE\n"
           "                         per rank (units B, KiB, MiB, GiB, TiB, KB, MB, GB, TB: 80GiB)\n"
           "  --runtime_overhead SIZE  the process's footprint beside ctrain's storage (default 18MiB,\n"
@@ -300,7 +302,7 @@ static int print_table(const options *o)
     } else {
         char mem[32];
         printf("%s: %.1fM parameters; AdamW; micro-batch %lld x %lld tokens per rank%s%s%s\n", o->model,
-               (double)ct_model_spec_gpt_params(&o->gpt) / 1e6, (long long)o->batch, (long long)o->seq,
+               (double)ct_model_shape_params(&o->shape) / 1e6, (long long)o->batch, (long long)o->seq,
                fit ? "; largest micro-batch within " : "", fit ? human(o->memory, mem, sizeof mem) : "",
                fit ? " of peak RSS" : "");
     }
@@ -311,7 +313,7 @@ static int print_table(const options *o)
                    "activations", "temporaries", "total", "peak RSS", fit ? "  max batch" : "");
         for (int w = 0; w < o->nworlds; w++)
             for (int k = 0; k < o->nstrategies; k++) {
-                ct_memory_setup s = {.gpt = o->gpt, .strategy = o->strategies[k].st,
+                ct_memory_setup s = {.model = o->shape, .strategy = o->strategies[k].st,
                                      .offload = o->strategies[k].offload, .precision = o->precisions[p],
                                      .world = o->worlds[w], .batch = o->batch, .seq = o->seq,
                                      .runtime_bytes = o->overhead, .fp8_widen = fp8_widen()};
@@ -351,18 +353,19 @@ int ct_estimate_memory_main(int argc, char **argv)
     /* a built-in name, else a file; a name that is neither gets both reasons */
     const ct_model_spec *spec = ct_model_spec_find(o.model);
     if (spec) {
-        o.gpt = spec->gpt;
+        o.shape = ct_model_spec_shape(spec);
     } else if (!strchr(o.model, '/') && !strchr(o.model, '.')) {
         fprintf(stderr, CMD ": %s; nor is it a file\n", ct_last_error());
         return 2;
-    } else if (ct_model_file_load(o.model, &o.gpt)) {
+    } else if (ct_model_file_load(o.model, &o.shape)) {
         fprintf(stderr, CMD ": %s\n", ct_last_error());
         return 2;
     }
-    if (!o.seq) o.seq = o.gpt.block_size;
-    if (o.seq > o.gpt.block_size) {
-        fprintf(stderr, CMD ": --seq_len %lld is longer than %s's block size %lld\n", (long long)o.seq, o.model,
-                (long long)o.gpt.block_size);
+    const int64_t positions = ct_model_shape_positions(&o.shape);
+    if (!o.seq) o.seq = spec ? ct_model_spec_default_seq(spec) : positions;
+    if (o.seq > positions) {
+        fprintf(stderr, CMD ": --seq_len %lld is longer than %s's %s %lld\n", (long long)o.seq, o.model,
+                o.shape.kind == CT_MODEL_LLAMA ? "max_position_embeddings" : "block size", (long long)positions);
         return 2;
     }
     if (o.measure) {
@@ -371,7 +374,7 @@ int ct_estimate_memory_main(int argc, char **argv)
                     "--mixed_precision (the ranks are the launcher's)\n");
             return 2;
         }
-        ct_memory_measure m = {.setup = {.gpt = o.gpt, .strategy = o.strategies[0].st,
+        ct_memory_measure m = {.setup = {.model = o.shape, .strategy = o.strategies[0].st,
                                          .offload = o.strategies[0].offload, .precision = o.precisions[0],
                                          .world = 1, .batch = o.batch, .seq = o.seq, .runtime_bytes = o.overhead,
                                          .fp8_widen = fp8_widen()},

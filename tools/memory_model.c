@@ -1,4 +1,6 @@
-/* Per-rank training memory of a GPT under ctrain's strategies (tools/memory_model.h).
+/* Per-rank training memory of a GPT or a Llama under ctrain's strategies
+ * (tools/memory_model.h): the state, the transients and the resident set, shared by
+ * both; the GPT's forward walk (the Llama's is tools/memory_model_llama.c).
  *
  * Notation: Psi parameters, S ranks, N = B*T tokens, C width, H heads, V vocab, L
  * layers, P the parameters' dtype (f32, or the 16-bit param_dtype of the sharded
@@ -17,11 +19,13 @@
  *           slice (4·padded/S) under 16-bit P or offload, and its f32 gradient
  *           (another 4·padded/S) under offload
  * The forward's tensors live until the step's frame ends (after the optimizer step),
- * so every candidate peak holds the state and every forward output (forward() below:
- * what each op of nn/gpt.c allocates under autocast); the transients decide which of
- * three moments is the peak (ct_memory_estimate_compute).
+ * so every candidate peak holds the state and every forward output (gpt_forward()
+ * below: what each op of nn/gpt.c allocates under autocast; the Llama's in
+ * tools/memory_model_llama.c); the transients decide which of three moments is the
+ * peak (ct_memory_estimate_compute).
  */
 #include "tools/memory_model.h"
+#include "tools/memory_model_walk.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -33,31 +37,22 @@ const char *ct_memory_strategy_label(ct_memory_strategy st, bool offload, char *
     return buf;
 }
 
-static int64_t dsize(ct_dtype d) { return (int64_t)ct_dtype_size(d); }
+typedef cti_memory_walk walk;
+
+static int64_t dsize(ct_dtype d) { return cti_dsize(d); }
 
 /* parameters of one Block, and of the root unit (wte, wpe, ln_f) */
 static int64_t block_numel(int64_t E) { return 12 * E * E + 13 * E; }
 static int64_t root_numel(const ct_gpt_config *g) { return (g->vocab_size + g->block_size) * g->n_embd + 2 * g->n_embd; }
 
-typedef struct walk {
-    int64_t act;   /* forward outputs: held by the step's frame */
-    int64_t wcopy; /* autocast's cached low-precision weight copies (cleared after the step) */
-    bool autocast, fp8; /* fp8: linears through ct_fp8_linear, the rest in A = bf16 */
-    ct_dtype P, A, wide;
-    int64_t N, C;
-} walk;
-
-/* the dtype an activation of dtype x has after autocast's cast to `to` (a new tensor
- * of numel elements unless it is already in it) */
-static ct_dtype cast_act(walk *w, ct_dtype x, ct_dtype to, int64_t numel)
+ct_dtype cti_memory_cast_act(walk *w, ct_dtype x, ct_dtype to, int64_t numel)
 {
     if (!w->autocast || x == to) return x;
     w->act += numel * dsize(to);
     return to;
 }
 
-/* a parameter of numel elements as an A operand: autocast's weight cache */
-static void cast_weight(walk *w, int64_t numel)
+void cti_memory_cast_weight(walk *w, int64_t numel)
 {
     if (w->autocast && w->P != w->A) w->wcopy += numel * dsize(w->A);
 }
@@ -66,7 +61,7 @@ static void cast_weight(walk *w, int64_t numel)
  * f32 (not cached: the rule is not "low") */
 static ct_dtype layernorm(walk *w, ct_dtype x)
 {
-    x = cast_act(w, x, CT_DTYPE_F32, w->N * w->C);
+    x = cti_memory_cast_act(w, x, CT_DTYPE_F32, w->N * w->C);
     if (w->autocast && w->P != CT_DTYPE_F32) w->act += 2 * w->C * 4;
     w->act += w->N * w->C * 4 + 2 * w->N * 4;
     return CT_DTYPE_F32;
@@ -77,22 +72,21 @@ static ct_dtype layernorm(walk *w, ct_dtype x)
  * this step (in x out bytes, dropped by the fp8 state's step), both widened for the
  * CPU's GEMM (precision/fp8.c: copies in the step's frame), the product in f32, a
  * 16-bit bias widened to f32, and the output cast to A. */
-static ct_dtype linear(walk *w, ct_dtype x, int64_t in, int64_t out)
+ct_dtype cti_memory_linear(walk *w, ct_dtype x, int64_t in, int64_t out, bool bias)
 {
     if (w->fp8) {
-        w->act += w->N * in + w->N * out * 4 + w->N * out * dsize(w->A) + (w->P != CT_DTYPE_F32 ? out * 4 : 0) +
-                  (w->N * in + in * out) * dsize(w->wide);
+        w->act += w->N * in + w->N * out * 4 + w->N * out * dsize(w->A) +
+                  (bias && w->P != CT_DTYPE_F32 ? out * 4 : 0) + (w->N * in + in * out) * dsize(w->wide);
         w->wcopy += in * out;
         return w->A;
     }
-    x = cast_act(w, x, w->A, w->N * in);
-    cast_weight(w, in * out + out);
+    x = cti_memory_cast_act(w, x, w->A, w->N * in);
+    cti_memory_cast_weight(w, in * out + (bias ? out : 0));
     w->act += w->N * out * dsize(w->autocast ? w->A : x);
     return w->autocast ? w->A : x;
 }
 
-/* residual add of two (N, C): rule widest, the narrower input cast first */
-static ct_dtype add(walk *w, ct_dtype a, ct_dtype b)
+ct_dtype cti_memory_add(walk *w, ct_dtype a, ct_dtype b)
 {
     ct_dtype wide = dsize(a) >= dsize(b) ? a : b;
     if (a != b && w->autocast) w->act += w->N * w->C * dsize(wide);
@@ -100,49 +94,82 @@ static ct_dtype add(walk *w, ct_dtype a, ct_dtype b)
     return wide;
 }
 
-/* nn/gpt.c's forward and ct_cross_entropy: what each op allocates. */
-static void forward(walk *w, const ct_memory_setup *s)
+void cti_memory_loss(walk *w, ct_dtype lg, int64_t V)
 {
-    const int64_t N = w->N, C = w->C, T = s->seq, V = s->gpt.vocab_size, H = s->gpt.n_head;
-    w->act += 2 * N * 8 + T * 8;                        /* tokens x, y (i64) and the positions */
-    w->act += N * C * dsize(w->P) + T * C * dsize(w->P); /* wte(idx), wpe(pos) */
-    ct_dtype x = add(w, w->P, w->P);                     /* the broadcast add is (N, C) */
-    for (int64_t l = 0; l < s->gpt.n_layer; l++) {
-        ct_dtype h = layernorm(w, x);
-        h = linear(w, h, C, 3 * C);
-        w->act += N * C * dsize(h) + H * N * 4;          /* attention_qkv: out, lse (f32) */
-        h = linear(w, h, C, C);
-        x = add(w, x, h);
-        h = layernorm(w, x);
-        h = linear(w, h, C, 4 * C);
-        w->act += N * 4 * C * dsize(h);                  /* gelu */
-        h = linear(w, h, 4 * C, C);
-        x = add(w, x, h);
-    }
-    x = layernorm(w, x);
-    /* tied head: x @ wte^T in A, then f32 logits */
-    x = cast_act(w, x, w->A, N * C);
-    cast_weight(w, V * C);
-    ct_dtype lg = w->autocast ? w->A : x;
-    w->act += N * V * dsize(lg);
-    if (lg != CT_DTYPE_F32) w->act += N * V * 4;
-    w->act += N * 4 + 4;                                 /* cross_entropy: lse, loss */
+    if (lg != CT_DTYPE_F32) w->act += w->N * V * 4;
+    w->act += w->N * 4 + 4; /* cross_entropy: lse, loss */
 }
 
-ct_status ct_memory_estimate_compute(const ct_memory_setup *s, ct_memory_estimate *out)
+void cti_memory_tied_head_loss(walk *w, ct_dtype x, int64_t V)
 {
-    if (!s || !out) return ct_error_set(CT_ERR_INVALID, "memory estimate: NULL setup or result");
-    const ct_gpt_config *g = &s->gpt;
+    /* x @ table^T in A, then f32 logits */
+    x = cti_memory_cast_act(w, x, w->A, w->N * w->C);
+    cti_memory_cast_weight(w, V * w->C);
+    ct_dtype lg = w->autocast ? w->A : x;
+    w->act += w->N * V * dsize(lg);
+    cti_memory_loss(w, lg, V);
+}
+
+/* nn/gpt.c's forward and ct_cross_entropy: what each op allocates. */
+static void gpt_forward(walk *w, const ct_memory_setup *s)
+{
+    const ct_gpt_config *g = &s->model.gpt;
+    const int64_t N = w->N, C = w->C, T = s->seq, V = g->vocab_size, H = g->n_head;
+    w->act += 2 * N * 8 + T * 8;                        /* tokens x, y (i64) and the positions */
+    w->act += N * C * dsize(w->P) + T * C * dsize(w->P); /* wte(idx), wpe(pos) */
+    ct_dtype x = cti_memory_add(w, w->P, w->P);          /* the broadcast add is (N, C) */
+    for (int64_t l = 0; l < g->n_layer; l++) {
+        ct_dtype h = layernorm(w, x);
+        h = cti_memory_linear(w, h, C, 3 * C, true);
+        w->act += N * C * dsize(h) + H * N * 4;          /* attention_qkv: out, lse (f32) */
+        h = cti_memory_linear(w, h, C, C, true);
+        x = cti_memory_add(w, x, h);
+        h = layernorm(w, x);
+        h = cti_memory_linear(w, h, C, 4 * C, true);
+        w->act += N * 4 * C * dsize(h);                  /* gelu */
+        h = cti_memory_linear(w, h, 4 * C, C, true);
+        x = cti_memory_add(w, x, h);
+    }
+    cti_memory_tied_head_loss(w, layernorm(w, x), V);
+}
+
+/* GPT's units: the root (wte, wpe, ln_f) and one per Block */
+static ct_status gpt_layout(const ct_memory_setup *s, cti_memory_layout *out)
+{
+    const ct_gpt_config *g = &s->model.gpt;
     if (g->vocab_size < 1 || g->block_size < 1 || g->n_layer < 1 || g->n_head < 1 || g->n_embd < 1 ||
         g->n_embd % g->n_head)
         return ct_error_set(CT_ERR_INVALID, "memory estimate: model vocab %lld, block %lld, layers %lld, heads %lld, "
                             "width %lld: sizes must be >= 1 and the width a multiple of the heads",
                             (long long)g->vocab_size, (long long)g->block_size, (long long)g->n_layer,
                             (long long)g->n_head, (long long)g->n_embd);
-    if (s->world < 1 || s->batch < 1 || s->seq < 1 || s->seq > g->block_size)
-        return ct_error_set(CT_ERR_INVALID, "memory estimate: world %d, batch %lld, seq %lld: each must be >= 1 and "
-                            "seq <= the block size %lld", s->world, (long long)s->batch, (long long)s->seq,
-                            (long long)g->block_size);
+    if (s->seq > g->block_size)
+        return ct_error_set(CT_ERR_INVALID, "memory estimate: seq %lld: must be <= the block size %lld",
+                            (long long)s->seq, (long long)g->block_size);
+    *out = (cti_memory_layout){.root = root_numel(g), .block = block_numel(g->n_embd), .layers = g->n_layer,
+                               .V = g->vocab_size, .E = g->n_embd, .tied = true};
+    out->numel = out->root + out->layers * out->block;
+    return CT_OK;
+}
+
+ct_status ct_memory_estimate_compute(const ct_memory_setup *s, ct_memory_estimate *out)
+{
+    if (!s || !out) return ct_error_set(CT_ERR_INVALID, "memory estimate: NULL setup or result");
+    if (s->world < 1 || s->batch < 1 || s->seq < 1)
+        return ct_error_set(CT_ERR_INVALID, "memory estimate: world %d, batch %lld, seq %lld: each must be >= 1",
+                            s->world, (long long)s->batch, (long long)s->seq);
+    cti_memory_layout m;
+    ct_status st = s->model.kind == CT_MODEL_LLAMA ? cti_memory_llama_layout(s, &m) : gpt_layout(s, &m);
+    if (st) return st;
+    /* every figure must fit in 64 bits: a generous bound on the bytes (per token and
+     * layer 64 bytes for each of the block's widths, the logits and their gradients
+     * 32 per vocabulary entry, 64 per parameter) stays below 2^62 */
+    const double tokens = (double)s->batch * (double)s->seq,
+                 bound = tokens * (64.0 * (double)m.layers * ((double)m.block / (double)m.E + (double)m.E) +
+                                   32.0 * (double)m.V + 64.0 * (double)m.E) + 64.0 * (double)m.numel;
+    if (bound > 4e18)
+        return ct_error_set(CT_ERR_INVALID, "memory estimate: batch %lld x seq %lld: far beyond any memory (the "
+                            "figures would overflow 64 bits)", (long long)s->batch, (long long)s->seq);
     if (s->precision != CT_DTYPE_F32 && s->precision != CT_DTYPE_BF16 && s->precision != CT_DTYPE_F16 &&
         s->precision != CT_DTYPE_F8_E4M3)
         return ct_error_set(CT_ERR_INVALID, "memory estimate: precision %s; allowed: f32, bf16, f16, f8_e4m3 (fp8)",
@@ -152,24 +179,24 @@ ct_status ct_memory_estimate_compute(const ct_memory_setup *s, ct_memory_estimat
                             "with ZeRO", (int)s->strategy, s->offload ? " with offload" : "");
 
     const bool sharded = s->strategy != CT_MEMORY_DDP, low = s->precision != CT_DTYPE_F32;
-    const int64_t S = s->world, E = g->n_embd;
+    const int64_t S = s->world, E = m.E;
     const bool fp8 = s->precision == CT_DTYPE_F8_E4M3;
     /* fp8 keeps 16-bit bf16 parameters where bf16 would (the Accelerator's param_dtype) */
     const ct_dtype L = fp8 ? CT_DTYPE_BF16 : s->precision, P = sharded && low ? L : CT_DTYPE_F32;
-    ct_memory_estimate e = {.numel = root_numel(g) + g->n_layer * block_numel(E)};
+    ct_memory_estimate e = {.numel = m.numel};
 
-    /* units: the root and one per Block, each padded to a multiple of S; rank 0 owns
+    /* units: the root and one per decoder block, each padded to a multiple of S; rank 0 owns
      * the first padded/S elements of each, min(shard, numel) of them parameters */
     int64_t shard = 0, owned = 0, biggest = 0;
-    const int64_t sizes[2] = {root_numel(g), block_numel(E)};
+    const int64_t sizes[2] = {m.root, m.block};
     for (int k = 0; k < 2; k++) {
-        const int64_t n = sizes[k], count = k ? g->n_layer : 1, pad = (n + S - 1) / S * S;
+        const int64_t n = sizes[k], count = k ? m.layers : 1, pad = (n + S - 1) / S * S;
         e.padded += count * (sharded ? pad : n);
         shard += count * pad / S;
         owned += count * (pad / S < n ? pad / S : n);
         if (pad > biggest && k) biggest = pad;
     }
-    if (sharded) e.units = 1 + (int)g->n_layer;
+    if (sharded) e.units = 1 + (int)m.layers;
 
     switch (s->strategy) {
     case CT_MEMORY_DDP:
@@ -192,7 +219,8 @@ ct_status ct_memory_estimate_compute(const ct_memory_setup *s, ct_memory_estimat
 
     walk w = {.autocast = low, .fp8 = fp8, .P = P, .A = low ? L : CT_DTYPE_F32, .N = s->batch * s->seq, .C = E,
               .wide = s->fp8_widen ? s->fp8_widen : CT_DTYPE_BF16};
-    forward(&w, s);
+    if (s->model.kind == CT_MODEL_LLAMA) cti_memory_llama_forward(&w, s);
+    else gpt_forward(&w, s);
     e.activations = w.act;
 
     /* Transients. The first moment, `late`, is the end of backward and the step, the
@@ -211,7 +239,7 @@ ct_status ct_memory_estimate_compute(const ct_memory_setup *s, ct_memory_estimat
      * - under 16-bit P without offload: the f32 gradient finish widens for each master
      *   slice (4·padded/S); ZeRO-1 also keeps its reduced slice from backward;
      * and at both the 16-bit weight copies of autocast (DDP under bf16/fp16). */
-    const int64_t pz = dsize(P), root = root_numel(g), blk = biggest;
+    const int64_t pz = dsize(P), root = m.root, blk = biggest;
     int64_t bwd = 0, step = 0;
     if (!sharded && S > 1) bwd += 4 * e.numel;
     if (s->strategy == CT_MEMORY_ZERO2 || s->strategy == CT_MEMORY_ZERO3) {
@@ -229,21 +257,23 @@ ct_status ct_memory_estimate_compute(const ct_memory_setup *s, ct_memory_estimat
     /* The second moment: the head's backward, the first node to run: the
      * logits' gradient (N, V) in f32; under autocast its 16-bit copy for the 16-bit
      * head (the f32 one goes when the cast's backward ends); in f32 the head's dx (N, C)
-     * and wte's gradient (V, C) with the copy the leaf keeps (ZeRO-1 adds it into its
+     * and the head weight's gradient (V, C) with the copy the leaf keeps (ZeRO-1 adds it into its
      * flat buffer instead). DDP's gradients do not exist yet (zero_grad dropped them);
      * its buckets do, and ZeRO-3's root unit, gathered since the forward. */
-    const int64_t N = w.N, V = g->vocab_size;
+    const int64_t N = w.N, V = m.V;
     int64_t ws = N * V * 4;
     if (low) ws += N * V * dsize(w.A);
     else ws += N * E * 4 + V * E * 4 * (s->strategy == CT_MEMORY_ZERO1 ? 1 : 2);
     int64_t head = e.params + e.optimizer + e.activations + w.wcopy + (sharded ? e.grads : 0) + ws;
     if (!sharded && S > 1) head += 4 * e.numel;
     if (s->strategy == CT_MEMORY_ZERO3 && S > 1) head += pz * root;
-    /* The third, DDP only: the token embedding's backward, the last node, makes a dense f32 gradient
-     * (V, C) and adds it into wte's while every other gradient exists; its end of
-     * backward holds nothing else transient. (The sharded strategies' root gradients,
-     * wte's among them, are already in bwd above: measured, no more.) */
-    const int64_t emb = sharded ? 0 : late + V * E * 4;
+    /* The third, DDP with a tied head only: the token embedding's backward, the last
+     * node, makes a dense f32 gradient (V, C) and adds it into the table's (the head's)
+     * while every other gradient exists; its end of backward holds nothing else
+     * transient. (Untied, that gradient is the table's first: it is in the state. The
+     * sharded strategies' root gradients, the table's among them, are already in bwd
+     * above: measured, no more.) */
+    const int64_t emb = sharded || !m.tied ? 0 : late + V * E * 4;
     e.total = late > head ? late : head;
     if (emb > e.total) e.total = emb;
     /* what the peak holds beyond the state and the activations */

@@ -1,11 +1,12 @@
-/* Per-rank memory of training a GPT (nn/gpt.h) with AdamW under one strategy,
+/* Per-rank memory of training a GPT (nn/gpt.h) or a Llama (nn/llama.h) with AdamW under one strategy,
  * precision and world size, as ctrain lays it out: what `ctrain estimate-memory`
  * prints (docs/launch.md, "ctrain estimate-memory", has the formulas).
  *
  * Every figure is bytes per rank at the step's peak, for one micro-batch of B rows of
  * T tokens, with the Accelerator's defaults: DDP's 25 MiB buckets (1 MiB first), the
- * sharding engine with one unit per Block (transformer_based_wrap) plus the root
- * unit, reshard_after_forward, and a 16-bit param_dtype under bf16/fp16 for the
+ * sharding engine with one unit per decoder block (transformer_based_wrap: GPT's
+ * Block, Llama's LlamaDecoderLayer) plus the root unit (the rest: the embeddings, the
+ * final norm, an untied head), reshard_after_forward, and a 16-bit param_dtype under bf16/fp16 for the
  * sharded strategies (autocast over f32 parameters for DDP).
  */
 #ifndef CT_TOOLS_MEMORY_MODEL_H
@@ -16,7 +17,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
-#include "nn/gpt.h"
+#include "tools/model_shape.h"
 
 typedef enum ct_memory_strategy {
     CT_MEMORY_DDP,   /* replicated (one rank: no DDP wrapper, no buckets) */
@@ -26,7 +27,7 @@ typedef enum ct_memory_strategy {
 } ct_memory_strategy;
 
 typedef struct ct_memory_setup {
-    ct_gpt_config gpt;           /* the shape (dtype and dropout are ignored: f32, 0) */
+    ct_model_shape model;        /* the shape (dtype and dropout are ignored: f32, 0) */
     ct_memory_strategy strategy;
     bool offload;                /* CPU offload of the optimizer (sharded strategies only) */
     ct_dtype precision;          /* CT_DTYPE_F32 ("no"), CT_DTYPE_BF16, CT_DTYPE_F16, or
@@ -56,8 +57,9 @@ typedef struct ct_memory_estimate {
 } ct_memory_estimate;
 
 /* Fills *out for s. CT_ERR_INVALID naming the field for a bad setup (sizes < 1,
- * n_embd not a multiple of n_head, seq > block_size, offload with DDP, a precision
- * other than f32/bf16/f16). */
+ * GPT's n_embd not a multiple of n_head, a Llama config ct_llama_config_resolve
+ * refuses, seq beyond the model's positions, offload with DDP, a precision other than
+ * f32/bf16/f16/fp8). */
 ct_status ct_memory_estimate_compute(const ct_memory_setup *s, ct_memory_estimate *out);
 
 /* "DDP", "ZeRO-1", ... (with "+offload" when offload) into buf. */

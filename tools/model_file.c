@@ -1,4 +1,4 @@
-/* GPT shapes from HuggingFace files (tools/model_file.h). */
+/* GPT and Llama shapes from HuggingFace files (tools/model_file.h). */
 #include "tools/model_file.h"
 
 #include <cjson/cJSON.h>
@@ -59,18 +59,43 @@ static ct_status json_int(const cJSON *root, const char *path, const char *key, 
     return CT_OK;
 }
 
-static ct_status load_config(const char *path, ct_gpt_config *g)
+/* The model types a config.json may name, for messages */
+#define MODEL_TYPES "\"gpt2\" (or none: GPT-2's keys), \"llama\""
+
+static ct_status load_config(const char *path, ct_model_shape *m)
 {
     size_t len = 0;
     char *text = read_text(path, &len);
     if (!text) return ct_last_status();
     cJSON *root = cJSON_ParseWithLength(text, len);
-    free(text);
     if (!cJSON_IsObject(root)) {
+        free(text);
         cJSON_Delete(root);
-        return ct_error_set(CT_ERR_INVALID, "model config '%s': not a JSON object (a HuggingFace GPT-2 config.json "
+        return ct_error_set(CT_ERR_INVALID, "model config '%s': not a JSON object (a HuggingFace config.json "
                             "is expected)", path);
     }
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    if (mt && (!cJSON_IsString(mt) || (strcmp(mt->valuestring, "gpt2") && strcmp(mt->valuestring, "llama")))) {
+        char *shown = cJSON_PrintUnformatted(mt);
+        ct_error_set(CT_ERR_UNSUPPORTED, "model config '%s': model_type %.80s is not supported (supported: "
+                     MODEL_TYPES ")", path, shown ? shown : "?");
+        free(shown);
+        free(text);
+        cJSON_Delete(root);
+        return CT_ERR_UNSUPPORTED;
+    }
+    if (mt && !strcmp(mt->valuestring, "llama")) {
+        cJSON_Delete(root);
+        m->kind = CT_MODEL_LLAMA;
+        ct_status st = ct_llama_config_from_json(text, path, &m->llama);
+        free(text);
+        if (!st) st = ct_llama_config_resolve(&m->llama, &m->llama);
+        m->llama.dtype = CT_DTYPE_F32;
+        return st;
+    }
+    free(text);
+    m->kind = CT_MODEL_GPT;
+    ct_gpt_config *g = &m->gpt;
     const int64_t big = (int64_t)1 << 31;
     int64_t ctx = 0;
     ct_status st = json_int(root, path, "vocab_size", 1, big, -1, &g->vocab_size);
@@ -104,10 +129,38 @@ static ct_status matrix_shape(const ct_safetensors *f, const char *path, const c
     return CT_OK;
 }
 
-static ct_status load_safetensors(const char *path, ct_gpt_config *g)
+/* dir/config.json beside the file path, or an error saying why it is needed */
+static ct_status load_config_beside(const char *path, ct_model_shape *m)
+{
+    char cfg[4096];
+    const char *slash = strrchr(path, '/');
+    int n = slash ? snprintf(cfg, sizeof cfg, "%.*s/config.json", (int)(slash - path), path)
+                  : snprintf(cfg, sizeof cfg, "config.json");
+    struct stat sb;
+    if (n >= (int)sizeof cfg) return ct_error_set(CT_ERR_INVALID, "model '%s': the path is too long", path);
+    if (stat(cfg, &sb))
+        return ct_error_set(CT_ERR_INVALID, "model file '%s': not a GPT-2 model (no wte.weight), and no config.json "
+                            "beside it to say what it is (%s: %s)", path, cfg, strerror(errno));
+    return load_config(cfg, m);
+}
+
+static bool has_tensor(const ct_safetensors *f, const char *name)
+{
+    char full[128];
+    snprintf(full, sizeof full, "transformer.%s", name);
+    return ct_safetensors_info(f, name, NULL, NULL, NULL) || ct_safetensors_info(f, full, NULL, NULL, NULL);
+}
+
+static ct_status load_safetensors(const char *path, ct_model_shape *m)
 {
     ct_safetensors *f = ct_safetensors_open(path);
     if (!f) return ct_last_status();
+    if (!has_tensor(f, "wte.weight")) {
+        ct_safetensors_close(f);
+        return load_config_beside(path, m);
+    }
+    m->kind = CT_MODEL_GPT;
+    ct_gpt_config *g = &m->gpt;
     int64_t pe = 0;
     ct_status st = matrix_shape(f, path, "wte.weight", &g->vocab_size, &g->n_embd);
     if (!st) st = matrix_shape(f, path, "wpe.weight", &g->block_size, &pe);
@@ -133,13 +186,13 @@ static ct_status load_safetensors(const char *path, ct_gpt_config *g)
     return CT_OK;
 }
 
-ct_status ct_model_file_load(const char *path, ct_gpt_config *out)
+ct_status ct_model_file_load(const char *path, ct_model_shape *out)
 {
     if (!path || !out) return ct_error_set(CT_ERR_INVALID, "model file: NULL path or result");
     struct stat sb;
     if (stat(path, &sb))
         return ct_error_set(CT_ERR_IO, "model '%s': no such built-in model or file: %s", path, strerror(errno));
-    ct_gpt_config g = {.dtype = CT_DTYPE_F32};
+    ct_model_shape g = {.gpt = {.dtype = CT_DTYPE_F32}};
     ct_status st;
     if (S_ISDIR(sb.st_mode)) {
         char cfg[4096];

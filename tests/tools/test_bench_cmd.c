@@ -1,11 +1,13 @@
 /* Tests for `ctrain bench` (tools/bench_cmd.c, bench_args.c, bench_rank.c,
  * bench_report.c, bench_spawn.c), run as a program (CTRAIN_BIN; make test sets it) on
- * the smallest job there is: gpt:w1, 2 x 16 tokens per rank, one step, 2 processes.
+ * the smallest job there is: gpt:w1 (and llama:w1), 2 x 16 tokens per rank, one step,
+ * 2 processes.
  *
  * The expectations are written out here from docs/launch.md, not taken from the
  * command: the CSV's header, one row per strategy in the order given, f32 losses equal
  * to DDP's within 1e-4 relative (the same tokens and weights), the first loss near
- * ln 256 (a uniform guess over 256 tokens; the initial weights are small), the PNG
+ * ln V (a uniform guess over V tokens; the initial weights are small), the parameter
+ * counts worked out by hand from the models' shapes, the PNG
  * signature of the PNG specification. Nothing is timed. Every run is bounded by
  * `timeout` and every test by its Criterion timeout. */
 #include <criterion/criterion.h>
@@ -72,6 +74,7 @@ static void assert_has(const char *hay, const char *needle)
 #define COL_STATUS 9
 #define COL_LOSS0 23
 #define COL_LOSS 24
+#define COL_PARAMS 25
 #define MAX_ROWS 8
 
 typedef struct {
@@ -110,29 +113,30 @@ static void setup(void)
     make_tmpdir_with("/tmp/ct_bench_cmd_");
 }
 
-Test(bench_cmd, csv_rows_and_f32_losses, .init = setup, .fini = remove_tmpdir, .timeout = 60)
+/* The rows of a 2-process f32 run of model over the strategies want[0..n) (ddp first):
+ * the header, one row each in order, the first loss near ln V (small initial weights:
+ * a near-uniform guess), the last loss equal to DDP's (the same tokens and weights),
+ * the parameter count, the table's rows and the checks' line. */
+static void check_f32_rows(const char *model, int vocab, long long params, const char *const *want, int n_want)
 {
-    char args[1024];
-    snprintf(args, sizeof args, TINY "--num_processes 2 --strategies ddp,zero1,zero2,zero3 --output_dir %s",
-             path_of("out"));
-    cr_assert_eq(bench("", args), 0, "stdout:\n%s\nstderr:\n%s", out, err);
     char header[1024];
     csv_row rows[MAX_ROWS];
     int n = read_csv(header, sizeof header, rows);
     cr_assert_str_eq(header, HEADER);
-    cr_assert_eq(n, 4, "one row per strategy");
-    const char *want[] = {"ddp", "zero1", "zero2", "zero3"};
-    const double ln256 = log(256.0);
+    cr_assert_eq(n, n_want, "one row per strategy");
+    const double ln_v = log((double)vocab);
     double ddp_loss = NAN;
     for (int i = 0; i < n; i++) {
         cr_assert_eq(rows[i].n, 31, "row %d has %d fields", i, rows[i].n);
-        cr_assert_str_eq(rows[i].cells[0], "gpt:w1");
+        cr_assert_str_eq(rows[i].cells[0], model);
         cr_assert_str_eq(rows[i].cells[1], "2");
         cr_assert_str_eq(rows[i].cells[2], "no");
         cr_assert_str_eq(rows[i].cells[COL_STRATEGY], want[i]);
         cr_assert_str_eq(rows[i].cells[COL_STATUS], "ok", "%s: %s", want[i], rows[i].cells[30]);
+        cr_assert_eq(atoll(rows[i].cells[COL_PARAMS]), params, "%s: %s parameters, by hand %lld", want[i],
+                     rows[i].cells[COL_PARAMS], params);
         double loss0 = atof(rows[i].cells[COL_LOSS0]), loss = atof(rows[i].cells[COL_LOSS]);
-        cr_assert_lt(fabs(loss0 - ln256), 0.2, "%s: first loss %g, ln 256 = %g", want[i], loss0, ln256);
+        cr_assert_lt(fabs(loss0 - ln_v), 0.2, "%s: first loss %g, ln %d = %g", want[i], loss0, vocab, ln_v);
         if (i == 0) ddp_loss = loss;
         cr_assert_leq(fabs(loss - ddp_loss), 1e-4 * fabs(ddp_loss), "%s: loss %.8f, DDP's %.8f", want[i], loss,
                       ddp_loss);
@@ -141,7 +145,39 @@ Test(bench_cmd, csv_rows_and_f32_losses, .init = setup, .fini = remove_tmpdir, .
         snprintf(cell, sizeof cell, "| 2 | no | %s | ", want[i]);
         assert_has(out, cell);
     }
-    assert_has(out, "checks: every first loss within 0.5 of ln 256");
+    char checks[64];
+    snprintf(checks, sizeof checks, "checks: every first loss within 0.5 of ln %d", vocab);
+    assert_has(out, checks);
+}
+
+/* gpt:w1: wte 256 x 256, wpe 256 x 256 (block = max(256, T)), 4 blocks of
+ * 12 E^2 + 13 E, ln_f */
+Test(bench_cmd, csv_rows_and_f32_losses, .init = setup, .fini = remove_tmpdir, .timeout = 60)
+{
+    char args[1024];
+    snprintf(args, sizeof args, TINY "--num_processes 2 --strategies ddp,zero1,zero2,zero3 --output_dir %s",
+             path_of("out"));
+    cr_assert_eq(bench("", args), 0, "stdout:\n%s\nstderr:\n%s", out, err);
+    const char *const want[] = {"ddp", "zero1", "zero2", "zero3"};
+    const long long E = 256;
+    check_f32_rows("gpt:w1", 256, 2 * 256 * E + 4 * (12 * E * E + 13 * E) + 2 * E, want, 4);
+}
+
+/* llama:w1 (nn/llama.h): embed_tokens and the untied lm_head 2048 x 256, the norm;
+ * 4 layers of q, o 256 x 256, k, v 128 x 256 (2 key/value heads of 64), gate, up
+ * 688 x 256, down 256 x 688, two norms */
+Test(bench_cmd, llama_csv_rows_and_f32_losses, .init = setup, .fini = remove_tmpdir, .timeout = 60)
+{
+    char args[1024];
+    snprintf(args, sizeof args,
+             "--model llama:w1 --seq_len 16 --batch_size 2 --steps 1 --warmup_steps 0 --num_processes 2 "
+             "--strategies ddp,zero1,zero3 --output_dir %s",
+             path_of("out"));
+    cr_assert_eq(bench("", args), 0, "stdout:\n%s\nstderr:\n%s", out, err);
+    const char *const want[] = {"ddp", "zero1", "zero3"};
+    const long long C = 256, layer = 2 * C * C + 2 * 128 * C + 3 * 688 * C + 2 * C;
+    check_f32_rows("llama:w1", 2048, 2 * 2048 * C + C + 4 * layer, want, 3);
+    assert_has(out, "llama:w1: 3950848 parameters");
 }
 
 /* gnuplot on PATH? */

@@ -1,14 +1,18 @@
 /* Tests for `ctrain estimate-memory` (tools/estimate_memory.c, tools/memory_model.c,
- * tools/model_file.c), run as a program (CTRAIN_BIN, set by `make test`).
+ * tools/memory_model_llama.c, tools/model_file.c), run as a program (CTRAIN_BIN, set
+ * by `make test`).
  *
  * References, none of them the estimator's own code:
  *   - GPT-2 small's parameter count as HuggingFace publishes it (124,439,808) and the
  *     ZeRO tables of parallel/shard.h, with the units' padding worked out here;
+ *   - the Llama presets' parameter counts as HuggingFace's model cards give them;
  *   - the engine itself: the W1 GPT and a wider one (8 layers, width 384) trained in
  *     this process under each strategy (one rank), and as 2 and 4 ranks of
  *     `ctrain launch` running the command's --measure mode: the engine's byte counts
  *     (exact), ctrain's live storage at the step's peak (ct_storage_peak_bytes,
- *     within 10%) and the processes' peak RSS (ru_maxrss, within 10%).
+ *     within 10%) and the processes' peak RSS (ru_maxrss, within 10%); the same for
+ *     the benchmark Llama (llama:w1) and an odd one read from a config.json (untied
+ *     head, one key/value head for six query heads; and tied, with two).
  * Every command runs under `timeout`; the launcher stops its ranks when it is stopped. */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -248,9 +252,10 @@ typedef struct config {
 /* Trains model (vocab 256, block 256) for 2 steps of 4 x 64 tokens under c and checks
  * the engine's state bytes (exact) and the second step's live peak (10%) against the
  * command's estimate. */
-static void check_in_process(const char *model, const ct_gpt_config *shape, const config *c)
+static void check_in_process_model(const char *model, const ct_gpt_config *shape, const ct_llama_config *llama,
+                                   const config *c)
 {
-    static const char *const block[] = {"Block"};
+    const char *const block[] = {llama ? "LlamaDecoderLayer" : "Block"};
     /* what earlier configurations of this process left (frames, caches) is not this one's */
     ct_frame_reset_root();
     const int64_t base = ct_storage_live_bytes();
@@ -262,16 +267,19 @@ static void check_in_process(const char *model, const ct_gpt_config *shape, cons
     cr_assert_not_null(acc, "%s", ct_last_error());
     ct_set_num_threads(1);
     ct_set_seed(7);
-    ct_gpt *m = ct_gpt_new(shape);
-    cr_assert_not_null(m, "%s", ct_last_error());
+    ct_gpt *m = llama ? NULL : ct_gpt_new(shape);
+    ct_llama *lm = llama ? ct_llama_new(llama) : NULL;
+    cr_assert(m || lm, "%s", ct_last_error());
+    ct_module *mod = lm ? &lm->base : &m->base;
     ct_param_list pl;
-    cr_assert_eq(ct_module_named_tensors(&m->base, false, &pl), CT_OK);
+    cr_assert_eq(ct_module_named_tensors(mod, false, &pl), CT_OK);
     ct_optimizer *opt = ct_adamw_new(pl.n, pl.tensors, &(ct_adamw_config){.lr = 1e-4, .weight_decay = 0.1});
     cr_assert_not_null(opt);
-    cr_assert_eq(ct_accelerator_prepare(acc, &m->base, opt, NULL, NULL), CT_OK, "%s", ct_last_error());
+    cr_assert_eq(ct_accelerator_prepare(acc, mod, opt, NULL, NULL), CT_OK, "%s", ct_last_error());
     const int64_t B = 4, T = 64;
     int64_t x[4 * 64], y[4 * 64];
-    for (int i = 0; i < B * T; i++) x[i] = (i * 7 + 3) % 256, y[i] = (i * 13 + 5) % 256;
+    const int V = (int)(lm ? llama->vocab_size : shape->vocab_size);
+    for (int i = 0; i < B * T; i++) x[i] = (i * 7 + 3) % V, y[i] = (i * 13 + 5) % V;
     int64_t grads = 0, peak = 0;
     for (int step = 0; step < 2; step++) {
         ct_storage_peak_reset();
@@ -279,7 +287,7 @@ static void check_in_process(const char *model, const ct_gpt_config *shape, cons
             ct_tensor *xt = ct_tensor_from_data(CT_DTYPE_I64, CT_SHAPE(B, T), x);
             ct_tensor *yt = ct_tensor_from_data(CT_DTYPE_I64, CT_SHAPE(B, T), y);
             CT_ACCUMULATE(acc) {
-                ct_tensor *l = ct_gpt_loss(m, xt, yt);
+                ct_tensor *l = lm ? ct_llama_loss(lm, xt, yt) : ct_gpt_loss(m, xt, yt);
                 cr_assert_not_null(l, "%s", ct_last_error());
                 cr_assert_eq(ct_accelerator_backward(acc, l), CT_OK, "%s", ct_last_error());
                 grads = 0;
@@ -307,7 +315,7 @@ static void check_in_process(const char *model, const ct_gpt_config *shape, cons
     ct_accelerator_free(acc);
     ct_param_list_free(&pl);
     ct_optimizer_free(opt);
-    ct_module_free(&m->base);
+    ct_module_free(mod);
     row e = estimate(model, c->strategy, c->precision, 1, (int)B, (int)T, NULL);
     cr_expect_eq(e.params, params, "%s %s %s: params estimated %lld, engine %lld", model, c->strategy, c->precision,
                  e.params, (long long)params);
@@ -320,6 +328,11 @@ static void check_in_process(const char *model, const ct_gpt_config *shape, cons
               c->strategy, c->precision, e.total, (long long)peak, ratio);
     printf("in process: %s %s %s: peak estimated %.2f MiB, measured %.2f MiB (%.3f)\n", model, c->strategy,
            c->precision, e.total / 1048576.0, peak / 1048576.0, ratio);
+}
+
+static void check_in_process(const char *model, const ct_gpt_config *shape, const config *c)
+{
+    check_in_process_model(model, shape, NULL, c);
 }
 
 static const config ALL[] = {
@@ -393,7 +406,7 @@ static void check_ranks(const char *model, const char *strategy, const char *pre
     char *out = run_cmd(world > 1 ? world : 0, args);
     cr_assert_eq(rc_of(out), 0, "%s on %d ranks:\n%s", args, world, out);
     row e = estimate(model, strategy, precision, world, 4, 64, NULL);
-    const char *what = strstr(model, "/") ? "wider GPT" : model;
+    const char *what = strstr(model, "/") ? "the model of config.json" : model;
     cr_expect_eq(e.params, (long long)measured(out, "params_bytes"), "%s %s %s x%d: params", what, strategy, precision,
                  world);
     cr_expect_eq(e.grads, (long long)measured(out, "grads_bytes"), "%s %s %s x%d: grads", what, strategy, precision,
@@ -425,5 +438,215 @@ Test(estimate_memory, wider_gpt_on_1_2_and_4_ranks, .timeout = 150)
     check_ranks(tmpdir, "ZeRO-1", "bf16", 1);
     check_ranks(tmpdir, "ZeRO-3", "bf16", 2);
     check_ranks(tmpdir, "ZeRO-2", "no", 4);
+    remove_tmpdir();
+}
+
+/* ---- Llama ------------------------------------------------------------------------------ */
+
+/* HuggingFace's parameter counts of the presets (their model cards), and the ZeRO
+ * tables on them: Llama 3.2 1B's units (the root: embed_tokens 128256 x 2048 and the
+ * norm, the head tied; 16 layers) divide by 8. */
+Test(estimate_memory, llama_presets_follow_hf_counts, .timeout = 60)
+{
+    static const struct {
+        const char *name;
+        long long params;
+        int seq;
+    } presets[] = {{"tinyllama-1.1b", 1100048384LL, 2048}, {"llama-3.2-1b", 1235814400LL, 4096},
+                   {"llama-3.2-3b", 3212749824LL, 4096}, {"llama-3-8b", 8030261248LL, 8192}};
+    for (size_t i = 0; i < sizeof presets / sizeof *presets; i++) {
+        row r = estimate(presets[i].name, "DDP", "no", 1, 1, 128, NULL);
+        cr_expect_eq(r.params, 4 * presets[i].params, "%s: %lld bytes of parameters, HF counts %lld parameters",
+                     presets[i].name, r.params, presets[i].params);
+        cr_expect_eq(r.optimizer, 8 * presets[i].params, "%s", presets[i].name);
+        /* no --seq_len: the preset's training length (the CSV's seq_len column) */
+        char args[256];
+        snprintf(args, sizeof args, "estimate-memory %s --strategies ddp --mixed_precision no --num_processes 1 --csv",
+                 presets[i].name);
+        char *out = run_cmd(0, args), want[64];
+        snprintf(want, sizeof want, ",DDP,no,1,1,%d,", presets[i].seq);
+        cr_expect_not_null(strstr(out, want), "%s: expected '%s' in:\n%s", presets[i].name, want, out);
+        free(out);
+    }
+    const long long P = 1235814400LL;
+    row r = estimate("llama-3.2-1b", "ZeRO-3", "bf16", 8, 1, 1024, NULL);
+    cr_expect_eq(r.params, 2 * P / 8);
+    cr_expect_eq(r.grads, 2 * P / 8);
+    cr_expect_eq(r.optimizer, 12 * P / 8);
+    char *out = run_cmd(0, "estimate-memory --help");
+    for (size_t i = 0; i < sizeof presets / sizeof *presets; i++)
+        cr_expect_not_null(strstr(out, presets[i].name), "%s not listed in:\n%s", presets[i].name, out);
+    cr_expect_not_null(strstr(out, "llama:w1"), "%s", out);
+    free(out);
+    /* --memory on a large vocabulary and long rows: the largest micro-batch that fits and
+     * the one above it that does not (no figure overflows on the way) */
+    const long long limit = 80LL << 30;
+    row fit = estimate("llama-3.2-1b", "DDP", "no", 1, 1, 4096, "--memory 80GiB");
+    cr_assert(fit.max_batch >= 1 && fit.max_batch < 100, "max batch %lld", fit.max_batch);
+    row at = estimate("llama-3.2-1b", "DDP", "no", 1, (int)fit.max_batch, 4096, NULL);
+    row above = estimate("llama-3.2-1b", "DDP", "no", 1, (int)fit.max_batch + 1, 4096, NULL);
+    cr_expect_leq(at.rss, limit);
+    cr_expect_gt(above.rss, limit);
+    out = run_cmd(0, "estimate-memory llama-3.2-1b --batch_size 1073741824");
+    cr_expect_eq(rc_of(out), 2);
+    cr_expect_not_null(strstr(out, "would overflow 64 bits"), "%s", out);
+    free(out);
+    out = run_cmd(0, "estimate-memory llama-3.2-1b --seq_len 200000");
+    cr_expect_eq(rc_of(out), 2);
+    cr_expect_not_null(strstr(out, "max_position_embeddings 131072"), "%s", out);
+    free(out);
+}
+
+/* The benchmark Llama: vocab 2048, width 256, 4 layers, 4 heads (2 key/value heads),
+ * MLP 688, untied head, 256 positions. */
+static const ct_llama_config LLAMA_W1 = {.vocab_size = 2048, .hidden_size = 256, .intermediate_size = 688,
+                                         .num_hidden_layers = 4, .num_attention_heads = 4, .num_key_value_heads = 2,
+                                         .max_position_embeddings = 256};
+
+/* An odd Llama: six query heads of 32 sharing one key/value head, an MLP of 500, an
+ * untied head, 3 layers. */
+static const ct_llama_config LLAMA_ODD = {.vocab_size = 1024, .hidden_size = 192, .intermediate_size = 500,
+                                          .num_hidden_layers = 3, .num_attention_heads = 6, .num_key_value_heads = 1,
+                                          .max_position_embeddings = 128};
+
+static void write_llama_odd(const char *name)
+{
+    FILE *f = fopen(path_of(name), "w");
+    cr_assert_not_null(f);
+    fputs("{\"model_type\": \"llama\", \"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 1024, "
+          "\"hidden_size\": 192, \"intermediate_size\": 500, \"num_hidden_layers\": 3, \"num_attention_heads\": 6, "
+          "\"num_key_value_heads\": 1, \"max_position_embeddings\": 128, \"rms_norm_eps\": 1e-05, "
+          "\"tie_word_embeddings\": false, \"hidden_act\": \"silu\"}\n",
+          f);
+    fclose(f);
+}
+
+/* Parameters by hand: per layer q 192x192, k and v 32x192, o 192x192, gate and up
+ * 500x192, down 192x500, two norms; embed_tokens and lm_head 1024x192, the norm. A
+ * config.json names the model type; a safetensors file without GPT-2's tensors takes
+ * the config.json beside it; other model types are named in the error. */
+Test(estimate_memory, llama_from_config_json, .timeout = 60)
+{
+    make_tmpdir_with("/tmp/ct_estmem_");
+    write_llama_odd("config.json");
+    const long long layer = 2 * 192 * 192 + 2 * 32 * 192 + 3 * 192 * 500 + 2 * 192, root = 2 * 1024 * 192 + 192;
+    row r = estimate(tmpdir, "DDP", "no", 1, 1, 64, NULL);
+    cr_expect_eq(r.params, 4 * (3 * layer + root), "params %lld, by hand %lld", r.params, 4 * (3 * layer + root));
+    /* ZeRO-2 on 4 ranks, f32: full (padded) params, the gradient slices of the units
+     * (the root and 3 layers, each padded to a multiple of 4) */
+    const long long shard = up(root, 4) / 4 + 3 * (up(layer, 4) / 4);
+    r = estimate(tmpdir, "ZeRO-2", "no", 4, 1, 64, NULL);
+    cr_expect_eq(r.params, 4 * (up(root, 4) + 3 * up(layer, 4)));
+    cr_expect_eq(r.grads, 4 * shard);
+    /* the same as a file, and the weights file beside it */
+    row byfile = estimate(path_of("config.json"), "ZeRO-2", "no", 4, 1, 64, NULL);
+    cr_expect_eq(byfile.total, r.total);
+    ct_tensor *w;
+    CT_FRAME {
+        w = ct_tensor_zeros(CT_DTYPE_F32, CT_SHAPE(1024, 192));
+        const char *names[] = {"model.embed_tokens.weight"};
+        cr_assert_eq(ct_safetensors_save(path_of("model.safetensors"), 1, names, &w, 0, NULL, NULL), CT_OK, "%s",
+                     ct_last_error());
+    }
+    row st = estimate(path_of("model.safetensors"), "ZeRO-2", "no", 4, 1, 64, NULL);
+    cr_expect_eq(st.total, r.total);
+    /* the llama:w1 built-in equals its config.json */
+    FILE *f = fopen(path_of("w1.json"), "w");
+    cr_assert_not_null(f);
+    fputs("{\"model_type\": \"llama\", \"vocab_size\": 2048, \"hidden_size\": 256, \"intermediate_size\": 688, "
+          "\"num_hidden_layers\": 4, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
+          "\"max_position_embeddings\": 256}",
+          f);
+    fclose(f);
+    row a = estimate("llama:w1", "ZeRO-3", "bf16", 2, 2, 128, NULL);
+    row b = estimate(path_of("w1.json"), "ZeRO-3", "bf16", 2, 2, 128, NULL);
+    cr_expect_eq(a.total, b.total);
+    cr_expect_eq(a.rss, b.rss);
+    static const struct {
+        const char *json, *want;
+    } bad[] = {
+        {"{\"model_type\": \"mistral\", \"vocab_size\": 32000}",
+         "model_type \"mistral\" is not supported (supported: \"gpt2\" (or none: GPT-2's keys), \"llama\")"},
+        {"{\"model_type\": \"llama\", \"vocab_size\": 256, \"hidden_size\": 96, \"intermediate_size\": 64, "
+         "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 3}",
+         "num_key_value_heads 3 must divide num_attention_heads 4"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        f = fopen(path_of("bad.json"), "w");
+        cr_assert_not_null(f);
+        fputs(bad[i].json, f);
+        fclose(f);
+        char args[512];
+        snprintf(args, sizeof args, "estimate-memory %s", path_of("bad.json"));
+        char *out = run_cmd(0, args);
+        cr_expect_eq(rc_of(out), 2, "%s", out);
+        cr_expect_not_null(strstr(out, bad[i].want), "expected '%s' in:\n%s", bad[i].want, out);
+        free(out);
+    }
+    remove_tmpdir();
+}
+
+static const config LLAMA_ALL[] = {
+    {"DDP", "no", CT_SHARD_NO_SHARD, false},
+    {"DDP", "bf16", CT_SHARD_NO_SHARD, false},
+    {"ZeRO-1", "no", CT_SHARD_OPTIMIZER, false},
+    {"ZeRO-1", "bf16", CT_SHARD_OPTIMIZER, false},
+    {"ZeRO-2", "no", CT_SHARD_GRAD_OP, false},
+    {"ZeRO-2", "bf16", CT_SHARD_GRAD_OP, false},
+    {"ZeRO-3", "no", CT_SHARD_FULL, false},
+    {"ZeRO-3", "bf16", CT_SHARD_FULL, false},
+    {"ZeRO-1+offload", "bf16", CT_SHARD_OPTIMIZER, true},
+    {"ZeRO-3+offload", "no", CT_SHARD_FULL, true},
+};
+
+Test(estimate_memory, llama_w1_against_the_engine_in_process, .timeout = 120)
+{
+    for (size_t i = 0; i < sizeof LLAMA_ALL / sizeof *LLAMA_ALL; i++)
+        check_in_process_model("llama:w1", NULL, &LLAMA_W1, &LLAMA_ALL[i]);
+}
+
+Test(estimate_memory, odd_llama_against_the_engine_in_process, .timeout = 120)
+{
+    make_tmpdir_with("/tmp/ct_estmem_");
+    write_llama_odd("config.json");
+    for (size_t i = 0; i < sizeof LLAMA_ALL / sizeof *LLAMA_ALL; i++)
+        check_in_process_model(tmpdir, NULL, &LLAMA_ODD, &LLAMA_ALL[i]);
+    remove_tmpdir();
+}
+
+Test(estimate_memory, llama_w1_on_1_2_and_4_ranks, .timeout = 150)
+{
+    check_ranks("llama:w1", "ZeRO-1", "bf16", 1);
+    check_ranks("llama:w1", "DDP", "no", 2);
+    check_ranks("llama:w1", "ZeRO-3+offload", "bf16", 4);
+}
+
+Test(estimate_memory, odd_llama_on_1_2_and_4_ranks, .timeout = 150)
+{
+    make_tmpdir_with("/tmp/ct_estmem_");
+    write_llama_odd("config.json");
+    check_ranks(tmpdir, "DDP", "bf16", 1);
+    check_ranks(tmpdir, "ZeRO-2", "no", 2);
+    check_ranks(tmpdir, "ZeRO-3", "no", 4);
+    remove_tmpdir();
+}
+
+/* A tied head (the head's gradient is the token table's: DDP's dense embedding
+ * gradient lands on an existing one) and three query heads per key/value head. */
+Test(estimate_memory, tied_llama_against_the_engine_in_process, .timeout = 120)
+{
+    make_tmpdir_with("/tmp/ct_estmem_");
+    FILE *f = fopen(path_of("config.json"), "w");
+    cr_assert_not_null(f);
+    fputs("{\"model_type\": \"llama\", \"vocab_size\": 1024, \"hidden_size\": 192, \"intermediate_size\": 500, "
+          "\"num_hidden_layers\": 3, \"num_attention_heads\": 6, \"num_key_value_heads\": 2, "
+          "\"max_position_embeddings\": 128, \"tie_word_embeddings\": true}\n",
+          f);
+    fclose(f);
+    ct_llama_config tied = LLAMA_ODD;
+    tied.num_key_value_heads = 2, tied.tie_word_embeddings = true;
+    static const size_t which[] = {0, 1, 2, 7}; /* DDP f32 and bf16, ZeRO-1 f32, ZeRO-3 bf16 */
+    for (size_t i = 0; i < sizeof which / sizeof *which; i++)
+        check_in_process_model(tmpdir, NULL, &tied, &LLAMA_ALL[which[i]]);
     remove_tmpdir();
 }
