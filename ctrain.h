@@ -4,12 +4,13 @@
  *   kernels/   tensor-level kernels dispatched per device (ct_kernel_*)
  *   precision/ autocast policy, fp16 loss scaler, fp8 formats and delayed scaling
  *   autograd/  differentiable ops (ct_matmul, ct_softmax, ...), backward, hooks, gradcheck
- *   nn/        modules with named parameters, layers, GPT, Llama, HF model directories
+ *   nn/        modules with named parameters, layers, GPT, Llama, HF model directories,
+ *              tensor-parallel ops and layers (Megatron-LM)
  *   optim/     SGD, Adam, AdamW, LR schedules, gradient clipping
  *   data/      datasets, token files, byte and BPE tokenizers, data loader
  *   dist/      launcher environment, rendezvous store, process groups, work requests
  *   parallel/  training strategies: DDP, the sharding engine (ZeRO-1/2/3, hybrid, offload),
- *              the device mesh, tensor-parallel ops and layers, pipelines
+ *              the device mesh, pipelines
  *   accel/     the Accelerator, its DeepSpeed and FSDP plugins, ds_config.json, training-state checkpoints
  *
  * Only what these headers declare with CT_API is exported by libctrain.so; the
@@ -66,6 +67,8 @@
 #include "nn/llama.h"
 #include "nn/lm.h"
 #include "nn/module.h"
+#include "nn/tp_ops.h"
+#include "nn/tp_layers.h"
 
 #include "optim/clip.h"
 #include "optim/optimizer.h"
@@ -91,8 +94,6 @@
 #include "parallel/shard_flat.h"
 #include "parallel/shard_plan.h"
 #include "parallel/shard_state.h"
-#include "parallel/tp_layers.h"
-#include "parallel/tp_ops.h"
 
 #include "accel/accelerator.h"
 #include "accel/checkpoint.h"

@@ -71,7 +71,7 @@ CT_API int ct_mesh_rank_at(const ct_mesh *m, int dp_i, int tp_i, int pp_i);
 
 /* Checks that a model fits the layout: tp divides n_head and n_kv_head (grouped-query
  * attention: the key/value heads are split too; 0 = n_head) and pp <= n_layer. The
- * vocabulary needs no check: it is padded to a multiple of tp (parallel/tp_layers.h).
+ * vocabulary needs no check: it is padded to a multiple of tp (nn/tp_layers.h).
  * The error names the numbers ("mesh: tp 4 does not divide n_kv_head 2"). */
 CT_API ct_status ct_mesh_check_model(const ct_mesh_config *layout, int64_t n_head, int64_t n_kv_head, int64_t n_layer);
 

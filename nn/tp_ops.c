@@ -1,4 +1,4 @@
-/* ctrain — tensor-parallel communication ops (parallel/tp_ops.h).
+/* ctrain — tensor-parallel communication ops (nn/tp_ops.h).
  *
  * The collectives work on contiguous buffers; gathering or scattering along a dim
  * other than the first is done by viewing the tensor as (A, S, B) (A the product of
@@ -6,7 +6,7 @@
  *   all-gather: buffer (n, A, s, B) from the group -> permute (A, n, s, B) -> (A, n*s, B)
  *   reduce-scatter: x (A, n, s, B) -> permute (n, A, s, B) -> block r of the sum (A, s, B)
  */
-#include "parallel/tp_ops.h"
+#include "nn/tp_ops.h"
 
 #include "autograd/node.h"
 #include "core/frame.h"

@@ -1,4 +1,4 @@
-/* Tests for parallel/tp_layers.c and tp_vocab.c on fork()ed ranks: every layer's
+/* Tests for nn/tp_layers.c and tp_vocab.c on fork()ed ranks: every layer's
  * forward, input gradient and parameter gradients against the unsharded layer built
  * from the same full tensors with the plain ct_ ops (ct_linear, ct_gelu,
  * ct_embedding, ct_cross_entropy) on each rank; a rank's parameter gradient must
@@ -8,8 +8,8 @@
 
 #include "autograd/autograd.h"
 #include "autograd/ops.h"
-#include "parallel/tp_layers.h"
-#include "tests/parallel/tp_check.h"
+#include "nn/tp_layers.h"
+#include "tests/nn/tp_check.h"
 
 typedef struct layers_arg {
     ct_dtype dt;
@@ -252,16 +252,16 @@ static void run_layers(int world, layers_arg a)
     expect_all_ok(res, world);
 }
 
-Test(parallel_tp_layers, f32_on_2_ranks_equals_the_unsharded_layers, .timeout = 60)
+Test(tp_layers, f32_on_2_ranks_equals_the_unsharded_layers, .timeout = 60)
 {
     run_layers(2, (layers_arg){.dt = CT_DTYPE_F32, .tol = 1e-6});
 }
-Test(parallel_tp_layers, f32_on_4_ranks_equals_the_unsharded_layers, .timeout = 60)
+Test(tp_layers, f32_on_4_ranks_equals_the_unsharded_layers, .timeout = 60)
 {
     run_layers(4, (layers_arg){.dt = CT_DTYPE_F32, .tol = 1e-6});
 }
 /* bf16 parameters and inputs: each side rounds its own partial results to 8 bits */
-Test(parallel_tp_layers, bf16_on_2_ranks_is_close, .timeout = 60)
+Test(tp_layers, bf16_on_2_ranks_is_close, .timeout = 60)
 {
     run_layers(2, (layers_arg){.dt = CT_DTYPE_BF16, .tol = 3e-2});
 }
@@ -312,7 +312,7 @@ static int errors_rank(rank_ctx *c)
     return rc;
 }
 
-Test(parallel_tp_layers, bad_layouts_and_inputs_name_the_numbers, .timeout = 30)
+Test(tp_layers, bad_layouts_and_inputs_name_the_numbers, .timeout = 30)
 {
     rank_result res[MAX_RANKS];
     run_ranks(2, errors_rank, NULL, res, 20);

@@ -1,12 +1,12 @@
-/* ctrain — the vocabulary-parallel embedding and cross-entropy (parallel/tp_layers.h). */
+/* ctrain — the vocabulary-parallel embedding and cross-entropy (nn/tp_layers.h). */
 #include <math.h>
 
 #include "autograd/node.h"
 #include "autograd/ops.h"
 #include "core/frame.h"
-#include "parallel/tp_internal.h"
-#include "parallel/tp_layers.h"
-#include "parallel/tp_ops.h"
+#include "nn/tp_internal.h"
+#include "nn/tp_layers.h"
+#include "nn/tp_ops.h"
 
 int64_t ct_tp_vocab_padded(int64_t vocab, int n, int64_t multiple)
 {

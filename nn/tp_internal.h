@@ -1,4 +1,4 @@
-/* ctrain — helpers shared by the tensor-parallel layers (parallel/tp_layers.c, tp_vocab.c). */
+/* ctrain — helpers shared by the tensor-parallel layers (nn/tp_layers.c, tp_vocab.c). */
 #ifndef CT_PARALLEL_TP_INTERNAL_H
 #define CT_PARALLEL_TP_INTERNAL_H
 

@@ -1,4 +1,4 @@
-/* Tests for parallel/tp_ops.c on fork()ed ranks: each op's forward and its input
+/* Tests for nn/tp_ops.c on fork()ed ranks: each op's forward and its input
  * gradient against the values written out here from the definitions (sums and
  * concatenations over the ranks' deterministic inputs, made on every rank in f64),
  * on the world group of 2 and 4 ranks and on the tensor-parallel sub-groups of a
@@ -9,8 +9,8 @@
 #include "autograd/autograd.h"
 #include "autograd/ops.h"
 #include "parallel/mesh.h"
-#include "parallel/tp_ops.h"
-#include "tests/parallel/tp_check.h"
+#include "nn/tp_ops.h"
+#include "tests/nn/tp_check.h"
 
 typedef struct ops_arg {
     bool mesh; /* run in the tp groups of a dp 2 x tp 2 mesh instead of the world group */
@@ -151,16 +151,16 @@ static void run_ops(int world, ops_arg a)
     expect_all_ok(res, world);
 }
 
-Test(parallel_tp_ops, f32_on_2_ranks, .timeout = 60) { run_ops(2, (ops_arg){.dt = CT_DTYPE_F32, .tol = 1e-6}); }
-Test(parallel_tp_ops, f32_on_4_ranks, .timeout = 60) { run_ops(4, (ops_arg){.dt = CT_DTYPE_F32, .tol = 1e-6}); }
-Test(parallel_tp_ops, f32_in_the_tp_groups_of_a_dp2_tp2_mesh, .timeout = 60)
+Test(tp_ops, f32_on_2_ranks, .timeout = 60) { run_ops(2, (ops_arg){.dt = CT_DTYPE_F32, .tol = 1e-6}); }
+Test(tp_ops, f32_on_4_ranks, .timeout = 60) { run_ops(4, (ops_arg){.dt = CT_DTYPE_F32, .tol = 1e-6}); }
+Test(tp_ops, f32_in_the_tp_groups_of_a_dp2_tp2_mesh, .timeout = 60)
 {
     run_ops(4, (ops_arg){.mesh = true, .dt = CT_DTYPE_F32, .tol = 1e-6});
 }
 /* bf16: inputs exact, sums of up to 2 values rounded once to 8 bits */
-Test(parallel_tp_ops, bf16_on_2_ranks, .timeout = 60) { run_ops(2, (ops_arg){.dt = CT_DTYPE_BF16, .tol = 8e-3}); }
+Test(tp_ops, bf16_on_2_ranks, .timeout = 60) { run_ops(2, (ops_arg){.dt = CT_DTYPE_BF16, .tol = 8e-3}); }
 /* f16: 11 bits; f64: the group sums in f64 */
-Test(parallel_tp_ops, f16_and_f64_on_2_ranks, .timeout = 60)
+Test(tp_ops, f16_and_f64_on_2_ranks, .timeout = 60)
 {
     run_ops(2, (ops_arg){.dt = CT_DTYPE_F16, .tol = 1e-3});
     run_ops(2, (ops_arg){.dt = CT_DTYPE_F64, .tol = 1e-12});
@@ -197,7 +197,7 @@ static int errors_rank(rank_ctx *c)
     return rc;
 }
 
-Test(parallel_tp_ops, bad_calls_name_op_shape_and_rank, .timeout = 30)
+Test(tp_ops, bad_calls_name_op_shape_and_rank, .timeout = 30)
 {
     rank_result res[MAX_RANKS];
     run_ranks(2, errors_rank, NULL, res, 20);

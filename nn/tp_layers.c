@@ -1,13 +1,13 @@
-/* ctrain — column- and row-parallel linears (parallel/tp_layers.h); the vocabulary-
- * parallel layers are in parallel/tp_vocab.c. */
-#include "parallel/tp_layers.h"
+/* ctrain — column- and row-parallel linears (nn/tp_layers.h); the vocabulary-
+ * parallel layers are in nn/tp_vocab.c. */
+#include "nn/tp_layers.h"
 
 #include <string.h>
 
 #include "autograd/ops.h"
 #include "core/frame.h"
-#include "parallel/tp_internal.h"
-#include "parallel/tp_ops.h"
+#include "nn/tp_internal.h"
+#include "nn/tp_ops.h"
 
 ct_tensor *cti_tp_take_slice(const ct_tensor *full, int dim, int64_t start, int64_t end)
 {
