@@ -10,6 +10,8 @@
 #include "autograd/ops.h"
 #include "core/frame.h"
 #include "autograd/ops_fp8.h"
+#include "nn/llama_internal.h"
+#include "nn/tp_ops.h"
 
 /* ---- configuration ------------------------------------------------------------- */
 
@@ -248,7 +250,11 @@ static ct_llama_layer *layer_new(const ct_llama_config *c)
     return m;
 }
 
-static void llama_destroy(ct_module *m) { free(((ct_llama *)m)->blocks); }
+static void llama_destroy(ct_module *m)
+{
+    free(((ct_llama *)m)->blocks);
+    cti_llama_tp_free(((ct_llama *)m)->tp);
+}
 
 ct_llama *ct_llama_new(const ct_llama_config *cfg)
 {
@@ -298,11 +304,15 @@ static ct_tensor *repeat_kv(ct_tensor *k, int64_t rep)
     return ct_reshape(e, CT_SHAPE(B, H * rep, S, D));
 }
 
-/* x (B, T, C) -> o_proj(attention) (B, T, C) */
+/* x (B, T, C) -> o_proj(attention) (B, T, C). Sharded (tp): H and Hkv are this rank's
+ * heads, x enters as the input of the column-parallel q/k/v (under sequence
+ * parallelism x is (B, T/n, C) and is all-gathered) and o_proj's partial sums leave
+ * through the reduction. */
 static ct_tensor *attention_forward(ct_llama_attention *m, ct_tensor *x, ct_tensor *cos, ct_tensor *sin,
-                                    ct_kv_cache *cache, int layer)
+                                    ct_kv_cache *cache, int layer, const ct_llama_tp *tp)
 {
     if (!x || ct_module_forward_begin(&m->base)) return NULL;
+    if (tp && !(x = cti_llama_tp_enter(tp, x))) return ct_module_forward_end(&m->base, NULL);
     int64_t B = x->shape[0], T = x->shape[1], H = m->n_head, Hkv = m->n_kv_head, D = m->head_dim;
     ct_tensor *q = rope_apply(ct_reshape(linear_forward(m->q_proj, x), CT_SHAPE(B, T, H, D)), cos, sin);
     ct_tensor *k = rope_apply(ct_reshape(linear_forward(m->k_proj, x), CT_SHAPE(B, T, Hkv, D)), cos, sin);
@@ -311,14 +321,19 @@ static ct_tensor *attention_forward(ct_llama_attention *m, ct_tensor *x, ct_tens
     if (cache && k && v && ct_kv_cache_append(cache, layer, k, v, &k, &v)) k = v = NULL;
     ct_tensor *y = ct_attention(q, repeat_kv(k, H / Hkv), repeat_kv(v, H / Hkv), true, 0.0);
     y = ct_reshape(ct_transpose(y, 1, 2), CT_SHAPE(B, T, H * D));
-    return ct_module_forward_end(&m->base, linear_forward(m->o_proj, y));
+    y = linear_forward(m->o_proj, y);
+    return ct_module_forward_end(&m->base, tp ? cti_llama_tp_exit(tp, y) : y);
 }
 
-static ct_tensor *mlp_forward(ct_llama_mlp *m, ct_tensor *x)
+/* x (B, T, C) -> down(silu(gate(x)) * up(x)); sharded as the attention: gate/up
+ * column-parallel, down row-parallel */
+static ct_tensor *mlp_forward(ct_llama_mlp *m, ct_tensor *x, const ct_llama_tp *tp)
 {
     if (!x || ct_module_forward_begin(&m->base)) return NULL;
+    if (tp && !(x = cti_llama_tp_enter(tp, x))) return ct_module_forward_end(&m->base, NULL);
     ct_tensor *h = ct_mul(ct_silu(linear_forward(m->gate_proj, x)), linear_forward(m->up_proj, x));
-    return ct_module_forward_end(&m->base, linear_forward(m->down_proj, h));
+    h = linear_forward(m->down_proj, h);
+    return ct_module_forward_end(&m->base, tp ? cti_llama_tp_exit(tp, h) : h);
 }
 
 static ct_tensor *layer_forward(ct_llama_layer *m, ct_tensor *x, ct_tensor *cos, ct_tensor *sin,
@@ -326,9 +341,9 @@ static ct_tensor *layer_forward(ct_llama_layer *m, ct_tensor *x, ct_tensor *cos,
 {
     if (!x || ct_module_forward_begin(&m->base)) return NULL;
     ct_tensor *a = attention_forward(m->self_attn, ct_rmsnorm_layer_forward(m->input_layernorm, x), cos, sin,
-                                     cache, layer);
+                                     cache, layer, m->tp);
     x = ct_add(x, a);
-    x = ct_add(x, mlp_forward(m->mlp, ct_rmsnorm_layer_forward(m->post_attention_layernorm, x)));
+    x = ct_add(x, mlp_forward(m->mlp, ct_rmsnorm_layer_forward(m->post_attention_layernorm, x), m->tp));
     return ct_module_forward_end(&m->base, x);
 }
 
@@ -338,6 +353,7 @@ static ct_tensor *layer_forward(ct_llama_layer *m, ct_tensor *x, ct_tensor *cos,
  * the same values with the pad row's gradient cut. */
 static ct_tensor *embed(ct_llama *m, ct_tensor *idx)
 {
+    if (m->tp) return cti_llama_tp_embed(m, idx);
     ct_tensor *w = m->embed_tokens->weight, *e = ct_embedding_layer_forward(m->embed_tokens, idx);
     int64_t pad = m->cfg.pad_token_id, B = idx->shape[0], T = idx->shape[1];
     if (!e || pad < 0 || pad >= m->cfg.vocab_size || !ct_grad_is_enabled() || !w->requires_grad) return e;
@@ -355,7 +371,8 @@ static ct_tensor *embed(ct_llama *m, ct_tensor *idx)
     return ct_add(ct_mul(e, keep), ct_mul(ct_detach(e), drop));
 }
 
-static ct_tensor *forward(ct_llama *m, ct_tensor *idx, ct_kv_cache *cache, const char *op)
+/* logits (B, T, V); local (sharded models only): this rank's columns (B, T, Vp / n) */
+static ct_tensor *forward(ct_llama *m, ct_tensor *idx, ct_kv_cache *cache, bool local, const char *op)
 {
     if (!m || !idx) return NULL;
     char d[200];
@@ -369,6 +386,7 @@ static ct_tensor *forward(ct_llama *m, ct_tensor *idx, ct_kv_cache *cache, const
     if (cache && ct_kv_cache_check(cache, op, (int)g->num_hidden_layers, g->num_key_value_heads, g->head_dim,
                                    idx->shape[0], idx->shape[1]))
         return NULL;
+    if (m->tp && cti_llama_tp_check(m->tp, op, idx->shape[1], cache != NULL)) return NULL;
     if (ct_module_forward_begin(&m->base)) return NULL;
     int64_t T = idx->shape[1], start = cache ? cache->len : 0;
     ct_tensor *w = m->embed_tokens->weight, *cos = NULL, *sin = NULL, *logits = NULL;
@@ -377,34 +395,44 @@ static ct_tensor *forward(ct_llama *m, ct_tensor *idx, ct_kv_cache *cache, const
         for (int64_t i = 0; i < m->cfg.num_hidden_layers; i++)
             x = layer_forward(m->blocks[i], x, cos, sin, cache, (int)i);
         x = ct_rmsnorm_layer_forward(m->norm, x);
+        if (m->tp) x = cti_llama_tp_enter(m->tp, x); /* the head is column-parallel over the vocabulary */
         /* tied: (B, T, C) @ embed_tokens^T (C, V) */
         logits = m->lm_head ? linear_forward(m->lm_head, x) : ct_matmul_t(x, m->embed_tokens->weight, false, true);
         /* under autocast the head computes in 16 bits; the model's output is f32 */
         if (logits && logits->dtype != CT_DTYPE_F32 && logits->dtype != CT_DTYPE_F64)
             logits = ct_cast(logits, CT_DTYPE_F32);
+        if (logits && m->tp && !local) { /* (B, T, Vp / n) -> (B, T, Vp) -> (B, T, V) */
+            logits = ct_tp_gather(m->tp->group, logits, -1);
+            if (logits && m->tp->vocab_padded != g->vocab_size) logits = ct_narrow(logits, 2, 0, g->vocab_size);
+        }
         if (logits && cache && ct_kv_cache_advance(cache, T)) logits = NULL;
     }
     if (!logits) ct_error_prefix("%s: ", op);
     return ct_module_forward_end(&m->base, logits);
 }
 
-ct_tensor *ct_llama_forward(ct_llama *m, ct_tensor *idx) { return forward(m, idx, NULL, "llama_forward"); }
+ct_tensor *ct_llama_forward(ct_llama *m, ct_tensor *idx) { return forward(m, idx, NULL, false, "llama_forward"); }
 
 ct_tensor *ct_llama_forward_cached(ct_llama *m, ct_tensor *idx, ct_kv_cache *cache)
 {
-    return forward(m, idx, cache, "llama_forward_cached");
+    return forward(m, idx, cache, false, "llama_forward_cached");
 }
 
 ct_tensor *ct_llama_loss(ct_llama *m, ct_tensor *idx, ct_tensor *targets)
 {
-    return ct_cross_entropy(ct_llama_forward(m, idx), targets, -1);
+    if (!m || !m->tp) return ct_cross_entropy(ct_llama_forward(m, idx), targets, -1);
+    /* sharded: the loss from the local logit columns, never the full logits */
+    ct_tensor *logits = forward(m, idx, NULL, true, "llama_loss");
+    ct_tensor *loss = ct_vocab_parallel_cross_entropy(m->tp->group, logits, targets, m->cfg.vocab_size, -1);
+    if (logits && !loss) ct_error_prefix("llama_loss: ");
+    return loss;
 }
 
 /* ---- nn/lm.h ------------------------------------------------------------------- */
 
 static ct_tensor *lm_forward(ct_lm *lm, ct_tensor *idx, ct_kv_cache *cache)
 {
-    return forward(lm->model, idx, cache, cache ? "llama_forward_cached" : "llama_forward");
+    return forward(lm->model, idx, cache, false, cache ? "llama_forward_cached" : "llama_forward");
 }
 
 static ct_status lm_save(ct_lm *lm, const char *dir) { return ct_llama_save_pretrained(lm->model, dir); }

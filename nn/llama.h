@@ -33,9 +33,11 @@
 #include <stdbool.h>
 
 #include "core/api.h"
+#include "dist/pg.h"
 #include "nn/kv_cache.h"
 #include "nn/layers.h"
 #include "nn/lm.h"
+#include "nn/tp_layers.h"
 
 /* rope_scaling "rope_type" (or the older "type") of HF's ROPE_INIT_FUNCTIONS. */
 typedef enum ct_rope_type {
@@ -93,11 +95,14 @@ typedef struct ct_llama_mlp {
     ct_llama_linear *gate_proj, *up_proj, *down_proj;
 } ct_llama_mlp;
 
+typedef struct ct_llama_tp ct_llama_tp;
+
 typedef struct ct_llama_layer { /* module type "LlamaDecoderLayer" (the FSDP wrap unit) */
     ct_module base;
     ct_rmsnorm_layer *input_layernorm, *post_attention_layernorm;
     ct_llama_attention *self_attn;
     ct_llama_mlp *mlp;
+    const ct_llama_tp *tp; /* the model's, borrowed; NULL unless sharded */
 } ct_llama_layer;
 
 typedef struct ct_llama {
@@ -109,6 +114,7 @@ typedef struct ct_llama {
     ct_llama_layer **blocks;
     ct_rmsnorm_layer *norm;
     ct_llama_linear *lm_head; /* NULL when tied */
+    ct_llama_tp *tp;          /* owned; NULL unless ct_llama_tensor_parallel sharded the model */
 } ct_llama;
 
 /* A model with fresh HF initialisation from the process generator (ct_set_seed first
@@ -152,5 +158,70 @@ CT_API ct_status ct_llama_save_pretrained_sharded(const ct_llama *m, const char 
 CT_API char *ct_llama_config_to_json(const ct_llama_config *cfg);
 /* Parses config.json's text (label names it in messages) into *out (defaults resolved). */
 CT_API ct_status ct_llama_config_from_json(const char *json, const char *label, ct_llama_config *out);
+
+/* ---- tensor (and sequence) parallelism, Megatron-LM style (nn/llama_tp.c) -------
+ *
+ * ct_llama_tensor_parallel(m, tp, sp) shards a full model in place on every rank of
+ * the group tp (n ranks, this one r; every rank holds the same full weights, e.g. the
+ * same seed or the same checkpoint). Each rank keeps (H, Hkv, I = the sizes of the
+ * full model, D = head_dim):
+ *   q_proj      rows of query heads [r H/n, (r+1) H/n)         column-parallel
+ *   k/v_proj    rows of key/value heads [r Hkv/n, (r+1) Hkv/n)  column-parallel; the
+ *               query heads of a rank are exactly those its kv heads serve (GQA stays local)
+ *   o_proj      the matching input columns                      row-parallel
+ *   gate/up     rows [r I/n, (r+1) I/n)                          column-parallel
+ *   down_proj   the matching input columns                      row-parallel
+ *   embed_tokens rows [r Vp/n, (r+1) Vp/n) of the vocabulary padded with zero rows to
+ *               Vp = ct_tp_vocab_padded(V, n, 1); lookups of other ranks' ids give zeros
+ *               and the rows are summed over tp
+ *   lm_head     the same rows (padded), giving this rank's Vp/n logit columns; a tied
+ *               head multiplies by embed_tokens' local rows
+ *   norms       replicated; the rotary tables are per head and unchanged
+ * n must divide num_attention_heads, num_key_value_heads and intermediate_size (an
+ * error names the numbers otherwise). Parameter names stay Hugging Face's; every
+ * parameter's ct_tp_shard (dim -1 for the replicated norms) is recorded, so a
+ * checkpoint can gather the full tensors: ct_llama_tp_shard_of. Modules' in/out and
+ * head counts become the local ones; m->cfg keeps the full model's sizes. Shard before
+ * making the optimizer (the parameter tensors are replaced) and before
+ * ct_accelerator_prepare; the group is borrowed and must outlive the model.
+ *
+ * The forward (Megatron's f and g): the input of q/k/v, of gate/up and of the head
+ * goes through ct_tp_copy_to (its gradient allreduced); the outputs of o_proj and
+ * down_proj, and the embedding, through ct_tp_reduce_from. With sequence_parallel the
+ * activations between them are (B, T/n, C), this rank's chunk of the sequence (dim 1):
+ * the RMSNorms and residual adds run on the chunk, copy_to becomes an all-gather
+ * (backward: reduce-scatter) and reduce_from a reduce-scatter (backward: all-gather);
+ * T must be a multiple of n. ct_llama_forward returns the full logits (B, T, V)
+ * (all-gathered over the vocabulary); ct_llama_loss never gathers them: it uses
+ * ct_vocab_parallel_cross_entropy on the local columns. Cached (generation) forwards
+ * are refused on a sharded model, as is ct_llama_save_pretrained.
+ *
+ * Gradients. Without sequence parallelism every gradient is final after backward: the
+ * sharded ones are this rank's slices, the replicated ones are equal on every rank.
+ * With it, the norms' weight gradients are partial sums over the sequence chunks:
+ * ct_llama_tp_sync_grads allreduces them over tp (what the Accelerator calls after
+ * the last backward of an optimizer step, before clipping; Megatron does the same).
+ * Global-norm clipping over the shards: the sharded parameters' sum |g|^p is summed
+ * over tp, the replicated ones' counted once (ct_llama_tp_grad_norm). */
+
+/* Shards m in place over tp (see above). Errors: NULL arguments, a model already
+ * sharded, sizes tp does not divide (naming the numbers), parameters not on the CPU.
+ * On error m is unchanged. */
+CT_API ct_status ct_llama_tensor_parallel(ct_llama *m, ct_pg *tp, bool sequence_parallel);
+/* The record of which part of the full tensor param holds (borrowed from m); NULL when
+ * m is not sharded or param is none of its parameters. */
+CT_API const ct_tp_shard *ct_llama_tp_shard_of(const ct_llama *m, const ct_tensor *param);
+/* Allreduces (sum) the RMSNorm weights' gradients over tp when the model is sharded
+ * with sequence parallelism; otherwise nothing to do (CT_OK). Every rank of tp calls
+ * it after its last backward before the optimizer step. */
+CT_API ct_status ct_llama_tp_sync_grads(ct_llama *m);
+/* The norm_type-norm (> 0, or INFINITY) of all the model's gradients together, as if
+ * unsharded: sum |g|^p of the sharded parameters summed over tp, of the replicated
+ * ones counted once (call ct_llama_tp_sync_grads first). An unsharded model: as
+ * ct_grad_norm over its parameters. Every rank of tp calls it; NAN + error. */
+CT_API double ct_llama_tp_grad_norm(ct_llama *m, double norm_type);
+/* Scales every gradient by ct_clip_coef(total, max_norm), total =
+ * ct_llama_tp_grad_norm (returned; nothing scaled when it is not finite). */
+CT_API double ct_llama_tp_clip_grad_norm(ct_llama *m, double max_norm, double norm_type);
 
 #endif

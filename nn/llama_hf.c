@@ -190,6 +190,9 @@ ct_llama *ct_llama_from_pretrained(const char *dir)
 ct_status ct_llama_save_pretrained_sharded(const ct_llama *m, const char *dir, int64_t max_shard_bytes)
 {
     if (!m || !dir) return ct_error_set(CT_ERR_INVALID, "llama_save_pretrained: model or directory is NULL");
+    if (m->tp) /* its tensors are slices under the full names: gather them first (ct_llama_tp_shard_of) */
+        return ct_error_set(CT_ERR_UNSUPPORTED, "llama_save_pretrained %s: the model is sharded for tensor "
+                            "parallelism; save the gathered full weights", dir);
     ct_status st = ct_hf_dir_make(dir);
     char *json = st ? NULL : ct_llama_config_to_json(&m->cfg);
     size_t n = strlen(dir) + 16;
