@@ -383,10 +383,10 @@ static ct_tensor *forward(ct_llama *m, ct_tensor *idx, ct_kv_cache *cache, bool 
         return NULL;
     }
     const ct_llama_config *g = &m->cfg;
+    if (m->tp && cti_llama_tp_check(m->tp, op, idx->shape[1], cache != NULL)) return NULL;
     if (cache && ct_kv_cache_check(cache, op, (int)g->num_hidden_layers, g->num_key_value_heads, g->head_dim,
                                    idx->shape[0], idx->shape[1]))
         return NULL;
-    if (m->tp && cti_llama_tp_check(m->tp, op, idx->shape[1], cache != NULL)) return NULL;
     if (ct_module_forward_begin(&m->base)) return NULL;
     int64_t T = idx->shape[1], start = cache ? cache->len : 0;
     ct_tensor *w = m->embed_tokens->weight, *cos = NULL, *sin = NULL, *logits = NULL;

@@ -204,7 +204,8 @@ CT_API ct_status ct_llama_config_from_json(const char *json, const char *label, 
  * Global-norm clipping over the shards: the sharded parameters' sum |g|^p is summed
  * over tp, the replicated ones' counted once (ct_llama_tp_grad_norm). */
 
-/* Shards m in place over tp (see above). Errors: NULL arguments, a model already
+/* Shards m in place over tp in Megatron's layout (docs/strategies.md,
+ * "Tensor parallelism for the Llama"). Errors: NULL arguments, a model already
  * sharded, sizes tp does not divide (naming the numbers), parameters not on the CPU.
  * On error m is unchanged. */
 CT_API ct_status ct_llama_tensor_parallel(ct_llama *m, ct_pg *tp, bool sequence_parallel);
