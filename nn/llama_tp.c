@@ -112,7 +112,8 @@ static ct_status plan_add(plan *p, ct_module *owner, ct_tensor **field, int dim,
     int64_t full = dim >= 0 ? w->shape[dim] : w->shape[0];
     if (dim >= 0) {
         slice = cti_tp_take_slice(w, dim, start, end);
-        if (!slice || ct_tensor_set_requires_grad(slice, w->requires_grad) || (w->name && ct_tensor_set_name(slice, w->name)))
+        if (!slice || ct_tensor_set_requires_grad(slice, w->requires_grad) ||
+            (w->name && ct_tensor_set_name(slice, w->name)))
             return ct_last_status() ? ct_last_status() : CT_ERR_NOMEM;
     } else {
         start = 0, end = full;

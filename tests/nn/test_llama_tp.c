@@ -207,6 +207,7 @@ static int reference_rank(rank_ctx *c)
     tcase *t = c->arg;
     ref_header *h = t->ref;
     int rc = 0;
+    ct_set_num_threads(1); /* the cores are shared with other tests; the results do not depend on it */
     CT_FRAME {
         ct_set_seed(7);
         ct_llama *m = ct_llama_new(&t->cfg);
@@ -431,9 +432,30 @@ Test(llama_tp, odd_sizes_untied_and_tied_on_2_ranks, .timeout = 120)
     run_case(&t, 2, both, 2);
 }
 
+/* 2 key/value heads over 4 ranks: refused (no replication of key/value heads) */
+static int gqa_refused_rank(rank_ctx *c)
+{
+    ct_pg *g = rank_pg(c, 30, NULL);
+    if (!g) return 1;
+    int rc = 0;
+    CT_FRAME {
+        ct_llama *m = ct_llama_new(&odd);
+        if (!m) rc = failed(c, "model");
+        else
+            rc = expect_error(c, "2 kv heads over 4", ct_llama_tensor_parallel(m, g, false) != CT_OK,
+                              "tp 4 must divide num_attention_heads 4 and num_key_value_heads 2");
+        ct_module_free(m ? &m->base : NULL);
+    }
+    ct_pg_free(g);
+    return rc;
+}
+
 /* 4 ranks need 4 key/value heads; 97 is padded to 100 */
 Test(llama_tp, odd_sizes_on_4_ranks, .timeout = 120)
 {
+    rank_result res[MAX_RANKS];
+    run_ranks(4, gqa_refused_rank, NULL, res, 30);
+    expect_all_ok(res, 4);
     tcase t = {.name = "odd on 4", .cfg = odd, .B = 2, .T = 8, .tol_fwd = 1e-5, .tol_grad = 1e-5,
                .tol_param = 1e-5};
     t.cfg.num_key_value_heads = 4;
