@@ -169,7 +169,8 @@ CT_API ct_tensor *ct_gpt_block_forward(ct_gpt_block *m, ct_tensor *x);
  *                   ct_gpt_tp_sync_grads(m);            (SP: sums the partial grads)
  *                   ct_gpt_tp_clip_grad_norm(m, max);   (instead of ct_clip_grad_norm)
  *                   ct_optimizer_step(opt);
- * The Accelerator calls ct_gpt_tp_sync_grads before clipping and its optimizer step.
+ * ct_gpt_tp_sync_grads is a no-op without sequence parallelism: a training loop (and the
+ * Accelerator, once it drives tensor parallelism) calls it unconditionally there.
  */
 typedef struct ct_gpt_tp ct_gpt_tp;
 

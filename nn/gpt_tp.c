@@ -290,7 +290,7 @@ static ct_tensor *embed_tokens(ct_gpt *m, ct_tensor *idx)
     float *k = ct_tensor_data(mask);
     for (int64_t i = 0; i < B * T; i++) {
         if (p[i] < 0 || p[i] >= m->cfg.vocab_size) {
-            ct_error_set(CT_ERR_INVALID, "gpt_forward: token id %lld at flat index %lld is outside the vocabulary of "
+            ct_error_set(CT_ERR_INVALID, "token id %lld at flat index %lld is outside the vocabulary of "
                          "%lld", (long long)p[i], (long long)i, (long long)m->cfg.vocab_size);
             return NULL;
         }
@@ -304,28 +304,29 @@ static ct_tensor *embed_tokens(ct_gpt *m, ct_tensor *idx)
     return t->sp ? ct_tp_reduce_scatter_to_sequence(t->g, y, 1) : ct_tp_reduce_from(t->g, y);
 }
 
-/* idx (B, T) -> this rank's logits (B, T, Vp/n) in f32 (at least) */
-static ct_tensor *local_logits(ct_gpt *m, ct_tensor *idx, const char *op)
+/* idx (B, T) -> this rank's logits (B, T, Vp/n) in f32 (at least); the caller prefixes
+ * errors with its name and the rank */
+static ct_tensor *local_logits(ct_gpt *m, ct_tensor *idx)
 {
     const ct_gpt_tp *t = m->tp;
     char d[200];
     if (idx->ndim != 2 || idx->shape[1] > m->cfg.block_size || idx->shape[1] < 1 || ct_dtype_is_float(idx->dtype)) {
-        ct_error_set(CT_ERR_INVALID, "%s: idx %s must be integer tokens (B, T) with 1 <= T <= block_size %lld", op,
+        ct_error_set(CT_ERR_INVALID, "idx %s must be integer tokens (B, T) with 1 <= T <= block_size %lld",
                      ct_tensor_describe(idx, d, sizeof d), (long long)m->cfg.block_size);
         return NULL;
     }
     int64_t T = idx->shape[1];
     if (t->sp && T % t->n) {
-        ct_error_set(CT_ERR_INVALID, "%s: sequence parallelism needs the sequence length T %lld divisible by tp %d", op,
+        ct_error_set(CT_ERR_INVALID, "sequence parallelism needs the sequence length T %lld divisible by tp %d",
                      (long long)T, t->n);
         return NULL;
     }
     if (ct_autocast_enabled() && ct_autocast_fp8_state()) {
-        ct_error_set(CT_ERR_INVALID, "%s: fp8 autocast is not supported with tensor parallelism (use bf16)", op);
+        ct_error_set(CT_ERR_INVALID, "fp8 autocast is not supported with tensor parallelism (use bf16)");
         return NULL;
     }
     if (idx->device.type != CT_DEVICE_CPU) {
-        ct_error_set(CT_ERR_INVALID, "%s: idx on %s; a tensor-parallel GPT runs on the CPU", op,
+        ct_error_set(CT_ERR_INVALID, "idx on %s; a tensor-parallel GPT runs on the CPU",
                      ct_device_str(idx->device, d, sizeof d));
         return NULL;
     }
@@ -348,7 +349,7 @@ static ct_tensor *local_logits(ct_gpt *m, ct_tensor *idx, const char *op)
 ct_tensor *cti_gpt_tp_forward(ct_gpt *m, ct_tensor *idx)
 {
     if (ct_module_forward_begin(&m->base)) return NULL;
-    ct_tensor *logits = local_logits(m, idx, "gpt_forward");
+    ct_tensor *logits = local_logits(m, idx);
     /* (B, T, Vp) gathered over the vocabulary, the padding columns dropped */
     if (logits) logits = ct_tp_gather(m->tp->g, logits, -1);
     if (logits && m->tp->vocab_padded != m->cfg.vocab_size) logits = ct_narrow(logits, 2, 0, m->cfg.vocab_size);
@@ -360,7 +361,7 @@ ct_tensor *cti_gpt_tp_loss(ct_gpt *m, ct_tensor *idx, ct_tensor *targets)
 {
     if (!idx || !targets) return NULL;
     if (ct_module_forward_begin(&m->base)) return NULL;
-    ct_tensor *logits = local_logits(m, idx, "gpt_loss");
+    ct_tensor *logits = local_logits(m, idx);
     ct_tensor *loss = logits ? ct_vocab_parallel_cross_entropy(m->tp->g, logits, targets, m->cfg.vocab_size, -1) : NULL;
     if (!loss) ct_error_prefix("gpt_loss (tp rank %d of %d): ", m->tp->r, m->tp->n);
     /* the loss is the module's output here: hooks see it */
