@@ -155,8 +155,8 @@ ct_tensor *ct_gpt_attention_forward(ct_gpt_attention *m, ct_tensor *x)
         /* this rank's heads: (B, T, 3C/n) -> (B, T, C/n) -> row-parallel c_proj */
         ct_tensor *qkv = ct_linear_layer_forward(m->c_attn, tp_enter(m->tp, m->sequence_parallel, x));
         ct_tensor *y = ct_attention_qkv(qkv, m->n_head / ct_pg_size(m->tp), true, 0.0);
-        return ct_module_forward_end(
-            &m->base, ct_dropout_layer_forward(m->resid_dropout, tp_row_forward(m->c_proj, m->tp, m->sequence_parallel, y)));
+        y = tp_row_forward(m->c_proj, m->tp, m->sequence_parallel, y);
+        return ct_module_forward_end(&m->base, ct_dropout_layer_forward(m->resid_dropout, y));
     }
     /* (B, T, 3C) -> causal attention over n_head heads, read and written in place -> (B, T, C) */
     ct_tensor *y = ct_attention_qkv(ct_linear_layer_forward(m->c_attn, x), m->n_head, true, 0.0);
@@ -170,8 +170,8 @@ ct_tensor *ct_gpt_mlp_forward(ct_gpt_mlp *m, ct_tensor *x)
     if (m->tp) {
         /* column-parallel c_fc (B, T, 4C/n), GELU on the slice, row-parallel c_proj */
         ct_tensor *h = ct_gelu(ct_linear_layer_forward(m->c_fc, tp_enter(m->tp, m->sequence_parallel, x)));
-        return ct_module_forward_end(
-            &m->base, ct_dropout_layer_forward(m->dropout, tp_row_forward(m->c_proj, m->tp, m->sequence_parallel, h)));
+        h = tp_row_forward(m->c_proj, m->tp, m->sequence_parallel, h);
+        return ct_module_forward_end(&m->base, ct_dropout_layer_forward(m->dropout, h));
     }
     ct_tensor *h = ct_gelu(ct_linear_layer_forward(m->c_fc, x));
     return ct_module_forward_end(&m->base, ct_dropout_layer_forward(m->dropout, ct_linear_layer_forward(m->c_proj, h)));

@@ -143,8 +143,8 @@ ct_status ct_gpt_tensor_parallel(ct_gpt *m, ct_pg *tp, bool sequence_parallel)
         t->shards = calloc((size_t)list.n + 1, sizeof *t->shards);
     }
     ct_tensor **fresh = calloc((size_t)list.n + 1, sizeof *fresh);
-    ct_status st = t && t->names && t->params && t->shards && fresh ? CT_OK
-                                                                    : ct_error_set(CT_ERR_NOMEM, "%s: out of memory", op);
+    bool allocated = t && t->names && t->params && t->shards && fresh;
+    ct_status st = allocated ? CT_OK : ct_error_set(CT_ERR_NOMEM, "%s: out of memory", op);
     /* every slice first, so that a failure leaves the model as it was */
     ct_frame_push();
     bool prev = ct_grad_set_enabled(false);
