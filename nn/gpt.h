@@ -161,9 +161,15 @@ CT_API ct_tensor *ct_gpt_block_forward(ct_gpt_block *m, ct_tensor *x);
  * ct_vocab_parallel_cross_entropy on the local logits and never gathers them.
  * ct_gpt_forward_cached refuses a sharded model.
  *
- * Not supported: dropout > 0 (a replicated region would need the same mask on every
- * rank and a sharded one different masks: set dropout 0), fp8 autocast, tensors off
- * the CPU (the tp collectives run on the CPU). bf16 autocast works.
+ * Dropout: every dropout of the GPT acts on activations that are replicated over tp
+ * (without sequence parallelism) or on the rank's chunk of the sequence (with it). So
+ * sharding gives the model's dropout layers one generator of their own
+ * (ct_gpt_tp_dropout_rng), seeded from the process generator of tp rank 0 (broadcast):
+ * the same stream on every rank without sequence parallelism (the same masks, as one
+ * process would draw), a different stream per rank with it.
+ *
+ * Not supported: fp8 autocast, tensors off the CPU (the tp collectives run on the
+ * CPU). bf16 autocast works.
  *
  * A training step:  loss = ct_gpt_loss(...); ct_backward(loss);   (x accumulation)
  *                   ct_gpt_tp_sync_grads(m);            (SP: sums the partial grads)
@@ -191,8 +197,12 @@ typedef struct ct_gpt_tp_shard {
 
 /* Shards m in place over tp (borrowed: it must outlive the model and its graphs).
  * Errors, with nothing changed: n_head or 4 n_embd not divisible by tp's size, a model
- * already sharded, dropout > 0, parameters off the CPU. */
+ * already sharded, parameters off the CPU. With dropout > 0 it draws the dropout
+ * stream's seed from rank 0's process generator. */
 CT_API ct_status ct_gpt_tensor_parallel(ct_gpt *m, ct_pg *tp, bool sequence_parallel);
+/* The dropout layers' generator of a sharded model (a plain value: save and restore its
+ * seed and offset with a checkpoint); NULL when m is not sharded. Borrowed. */
+CT_API ct_rng *ct_gpt_tp_dropout_rng(ct_gpt *m);
 /* The shard record of the parameter named name (dotted, as ct_module_find), or of the
  * tensor param when name is NULL; borrowed from m. NULL when m is not sharded or has
  * no such parameter. */

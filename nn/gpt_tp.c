@@ -23,6 +23,10 @@ struct ct_gpt_tp {
     ct_pg *g; /* borrowed */
     int n, r;
     bool sp;
+    /* the dropout layers' stream: the same on every rank without sequence parallelism
+     * (the dropouts act on replicated activations), one per rank with it (they act on
+     * the rank's chunk of the sequence) */
+    ct_rng rng;
     int64_t vocab_padded, v_start, v_end; /* wte's rows on this rank: [v_start, v_end) of Vp */
     int count;
     char **names;         /* owned */
@@ -123,16 +127,27 @@ ct_status ct_gpt_tensor_parallel(ct_gpt *m, ct_pg *tp, bool sequence_parallel)
         return ct_error_set(CT_ERR_INVALID,
                             "%s: tp %d must divide n_head %lld (attention is split by heads) and 4 * n_embd %lld (the "
                             "MLP's width)", op, n, (long long)c->n_head, (long long)(4 * c->n_embd));
-    if (c->dropout > 0)
-        return ct_error_set(CT_ERR_INVALID,
-                            "%s: dropout %g with tensor parallelism is not supported (replicated regions would need "
-                            "the same mask on every rank); set dropout 0", op, c->dropout);
     char dev[32];
     if (m->wte->weight->device.type != CT_DEVICE_CPU)
         return ct_error_set(CT_ERR_INVALID, "%s: the parameters are on %s; tensor parallelism runs on the CPU", op,
                             ct_device_str(m->wte->weight->device, dev, sizeof dev));
     int64_t Vp = ct_tp_vocab_padded(c->vocab_size, n, 1);
     if (Vp < 0) return ct_error_prefix("%s: ", op);
+    /* the dropout stream's seed: drawn on rank 0 from the process generator, broadcast */
+    uint64_t seed = 0;
+    if (c->dropout > 0) {
+        uint32_t w[2] = {0, 0};
+        if (r == 0) ct_rng_u32(ct_rng_default(), w, 2);
+        int64_t v = (int64_t)((uint64_t)w[1] << 32 | w[0]);
+        ct_status bst = CT_OK;
+        CT_FRAME {
+            ct_tensor *b = ct_tensor_from_data(CT_DTYPE_I64, CT_SHAPE(1), &v);
+            bst = b ? ct_work_run(ct_pg_broadcast(tp, b, 0)) : ct_last_status();
+            if (!bst) v = ((const int64_t *)ct_tensor_data(b))[0];
+        }
+        if (bst) return ct_error_prefix("%s: broadcasting the dropout seed: ", op);
+        seed = (uint64_t)v;
+    }
 
     ct_param_list list = {0};
     if (ct_module_named_tensors(&m->base, false, &list)) return ct_error_prefix("%s: ", op);
@@ -176,6 +191,9 @@ ct_status ct_gpt_tensor_parallel(ct_gpt *m, ct_pg *tp, bool sequence_parallel)
         return st;
     }
     t->g = tp, t->n = n, t->r = r, t->sp = sequence_parallel;
+    /* under SP each rank's stream is its own (the golden-ratio step keeps the seeds apart) */
+    ct_rng_init(&t->rng, sequence_parallel ? seed + 0x9e3779b97f4a7c15ull * (uint64_t)(r + 1) : seed);
+    m->drop->rng = &t->rng;
     t->vocab_padded = Vp, t->v_start = r * (Vp / n), t->v_end = (r + 1) * (Vp / n);
     m->tp = t;
     int64_t C = c->n_embd;
@@ -188,10 +206,13 @@ ct_status ct_gpt_tensor_parallel(ct_gpt *m, ct_pg *tp, bool sequence_parallel)
         refresh_linear(b->mlp->c_fc, C, 4 * C / n);
         refresh_linear(b->mlp->c_proj, 4 * C / n, C);
         b->attn->tp = b->mlp->tp = tp;
+        b->attn->resid_dropout->rng = b->mlp->dropout->rng = &t->rng;
         b->attn->sequence_parallel = b->mlp->sequence_parallel = sequence_parallel;
     }
     return CT_OK;
 }
+
+ct_rng *ct_gpt_tp_dropout_rng(ct_gpt *m) { return m && m->tp ? &m->tp->rng : NULL; }
 
 const ct_gpt_tp_shard *ct_gpt_tp_shard_of(const ct_gpt *m, const char *name, const ct_tensor *param)
 {

@@ -12,6 +12,7 @@
 #include "autograd/autograd.h"
 #include "autograd/ops.h"
 #include "core/threads.h"
+#include "dist/work.h"
 #include "nn/gpt.h"
 #include "optim/clip.h"
 #include "optim/optimizer.h"
@@ -205,6 +206,15 @@ static int gpt_tp_rank(rank_ctx *c)
             rc = failed(c, "gpt_new / gpt_tensor_parallel");
             break;
         }
+        /* dropout: the unsharded model draws its masks from a copy of the sharded one's
+         * stream, as one process with that generator would */
+        ct_rng ref_rng = {0};
+        if (a->cfg.dropout > 0) {
+            ref_rng = *ct_gpt_tp_dropout_rng(tpm);
+            ref->drop->rng = &ref_rng;
+            for (int64_t i = 0; i < a->cfg.n_layer; i++)
+                ref->blocks[i]->attn->resid_dropout->rng = ref->blocks[i]->mlp->dropout->rng = &ref_rng;
+        }
         /* parameters and records right after sharding */
         rc |= compare_params(c, tpm, ref, n, r, false, 0, false, "sharded");
 
@@ -329,6 +339,75 @@ Test(gpt_tp, odd_vocab_on_4_ranks, .timeout = 60)
 {
     run_gpt(4, (gpt_tp_arg){.cfg = ODD, .B = 2, .T = 12, .steps = 2});
 }
+/* dropout without sequence parallelism: every rank draws the masks one process draws */
+Test(gpt_tp, dropout_on_2_ranks_trains_as_one_process, .timeout = 60)
+{
+    ct_gpt_config cfg = ODD;
+    cfg.dropout = 0.2;
+    run_gpt(2, (gpt_tp_arg){.cfg = cfg, .B = 2, .T = 12, .steps = 3});
+}
+
+/* dropout under sequence parallelism: each rank's stream is its own (its chunk of the
+ * sequence gets its own masks), training mode draws, evaluation does not */
+static int sp_dropout_rank(rank_ctx *c)
+{
+    ct_pg *g = rank_pg(c, 20, NULL);
+    if (!g) return 1;
+    ct_set_num_threads(1);
+    int rc = 0, n = ct_pg_size(g);
+    ct_gpt *m = NULL;
+    CT_FRAME {
+        ct_gpt_config cfg = ODD;
+        cfg.dropout = 0.2;
+        ct_set_seed(7);
+        m = ct_gpt_new(&cfg);
+        if (!m || ct_gpt_tensor_parallel(m, g, true)) {
+            rc = failed(c, "shard");
+            break;
+        }
+        ct_rng *rng = ct_gpt_tp_dropout_rng(m);
+        if (!rng || m->drop->rng != rng || m->blocks[1]->mlp->dropout->rng != rng) {
+            report(c, "rank %d: the dropout layers do not use the model's stream", c->rank);
+            rc = 1;
+            break;
+        }
+        int64_t mine = (int64_t)rng->seed;
+        ct_tensor *all = ct_tensor_empty(CT_DTYPE_I64, CT_SHAPE(n));
+        if (ct_work_run(ct_pg_allgather(g, all, ct_tensor_from_data(CT_DTYPE_I64, CT_SHAPE(1), &mine)))) {
+            rc = failed(c, "allgather");
+            break;
+        }
+        const int64_t *seeds = ct_tensor_data(all);
+        for (int i = 1; i < n; i++)
+            if (seeds[i] == seeds[0]) {
+                report(c, "rank %d: ranks 0 and %d share the dropout seed %lld", c->rank, i, (long long)seeds[0]);
+                rc = 1;
+            }
+        ct_tensor *x = tokens(2, 12, cfg.vocab_size, 1, false), *y = tokens(2, 12, cfg.vocab_size, 2, false);
+        ct_tensor *l1 = ct_gpt_loss(m, x, y);
+        uint64_t used = rng->offset;
+        ct_module_train(&m->base, false);
+        ct_tensor *l2 = ct_gpt_loss(m, x, y), *l3 = ct_gpt_loss(m, x, y);
+        if (!l1 || !l2 || !l3 || !isfinite(ct_tensor_item(l1)) || used == 0 || rng->offset != used ||
+            ct_tensor_item(l1) == ct_tensor_item(l2) || ct_tensor_item(l2) != ct_tensor_item(l3)) {
+            report(c, "rank %d: training loss %g (%llu words drawn), evaluation %g and %g", c->rank,
+                   l1 ? ct_tensor_item(l1) : NAN, (unsigned long long)used, l2 ? ct_tensor_item(l2) : NAN,
+                   l3 ? ct_tensor_item(l3) : NAN);
+            rc = 1;
+        }
+    }
+    ct_module_free(m ? &m->base : NULL);
+    ct_pg_free(g);
+    return rc;
+}
+
+Test(gpt_tp, dropout_under_sequence_parallelism_differs_per_rank, .timeout = 30)
+{
+    rank_result res[MAX_RANKS];
+    run_ranks(2, sp_dropout_rank, NULL, res, 20);
+    expect_all_ok(res, 2);
+}
+
 /* bf16 autocast on both sides: the sharded model tracks the unsharded bf16 run */
 Test(gpt_tp, bf16_on_2_ranks_tracks_one_process, .timeout = 60)
 {
@@ -352,11 +431,7 @@ static int errors_rank(rank_ctx *c)
             rc = 1;
         }
         ct_module_free(&m->base);
-        cfg.n_head = 2, cfg.dropout = 0.1;
-        m = ct_gpt_new(&cfg);
-        rc |= expect_error(c, "dropout", ct_gpt_tensor_parallel(m, g, false) != CT_OK, "dropout 0.1");
-        ct_module_free(&m->base);
-        cfg.dropout = 0;
+        cfg.n_head = 2;
         m = ct_gpt_new(&cfg);
         if (ct_gpt_tensor_parallel(m, g, true)) {
             rc = failed(c, "shard");
