@@ -207,6 +207,14 @@ CT_API ct_rng *ct_gpt_tp_dropout_rng(ct_gpt *m);
  * tensor param when name is NULL; borrowed from m. NULL when m is not sharded or has
  * no such parameter. */
 CT_API const ct_gpt_tp_shard *ct_gpt_tp_shard_of(const ct_gpt *m, const char *name, const ct_tensor *param);
+/* The full tensor of the parameter named name, put back together from the ranks'
+ * shards (all-gathered over tp, c_attn's q, k and v blocks reassembled, wte's padding
+ * dropped); a copy of it for a replicated one. A collective: every rank of tp calls it
+ * with the same name. New reference, current frame; NULL + error. */
+CT_API ct_tensor *ct_gpt_tp_gather(ct_gpt *m, const char *name);
+/* A new unsharded GPT (the caller owns it) holding the whole model, on every rank: for
+ * ct_gpt_save_hf, evaluation in one process, or a check. A collective. NULL + error. */
+CT_API ct_gpt *ct_gpt_tp_gather_model(ct_gpt *m);
 /* Under sequence parallelism allreduces (sums) over tp the gradients whose record says
  * partial_grad; a no-op without it or on an unsharded model. Every rank must call it
  * after the backward (after the last accumulation step) and before clipping and the

@@ -388,3 +388,86 @@ ct_tensor *cti_gpt_tp_loss(ct_gpt *m, ct_tensor *idx, ct_tensor *targets)
     /* the loss is the module's output here: hooks see it */
     return ct_module_forward_end(&m->base, loss);
 }
+
+/* ---- back to full tensors ------------------------------------------------------- */
+
+ct_tensor *ct_gpt_tp_gather(ct_gpt *m, const char *name)
+{
+    const char *op = "gpt_tp_gather";
+    const ct_gpt_tp_shard *s = ct_gpt_tp_shard_of(m, name, NULL);
+    ct_tensor *p = s ? ct_module_find(&m->base, name) : NULL;
+    if (!p) {
+        ct_error_set(CT_ERR_INVALID, "%s: %s is not a parameter of a tensor-parallel GPT", op, name ? name : "(null)");
+        return NULL;
+    }
+    if (s->shard.dim < 0) return ct_tensor_clone(p);
+    const ct_gpt_tp *t = m->tp;
+    int d = s->shard.dim, nd = p->ndim;
+    int64_t len = s->shard.end - s->shard.start, L = p->shape[d];
+    /* dim d first, so that the ranks' blocks are contiguous: (L, rest) -> (n L, rest) */
+    int perm[CT_MAX_DIMS], k = 0;
+    perm[k++] = d;
+    for (int i = 0; i < nd; i++)
+        if (i != d) perm[k++] = i;
+    ct_tensor *local = ct_tensor_contiguous(ct_tensor_permute(p, perm));
+    int64_t shape[CT_MAX_DIMS];
+    for (int i = 0; i < nd; i++) shape[i] = local ? local->shape[i] : 0;
+    shape[0] = t->n * L;
+    ct_tensor *all = local ? ct_tensor_empty(p->dtype, nd, shape) : NULL;
+    if (!all || ct_work_run(ct_pg_allgather(t->g, all, local))) {
+        ct_error_prefix("%s: %s: ", op, name);
+        return NULL;
+    }
+    /* part j of the full dim: the ranks' j-th blocks in rank order, the padding dropped */
+    ct_tensor *full = NULL, **rows = calloc((size_t)t->n * s->parts, sizeof *rows);
+    if (!rows) {
+        ct_error_set(CT_ERR_NOMEM, "%s: out of memory", op);
+        return NULL;
+    }
+    int np = 0;
+    for (int j = 0; j < s->parts; j++)
+        for (int r = 0; r < t->n; r++) {
+            int64_t start = r * len, keep = s->shard.full - start; /* rank r's rows of part j that are real */
+            keep = keep < 0 ? 0 : keep > len ? len : keep;
+            if (keep > 0) rows[np++] = ct_tensor_narrow(all, 0, r * L + j * len, keep);
+        }
+    bool prev = ct_grad_set_enabled(false);
+    full = np == 1 ? ct_tensor_clone(rows[0]) : ct_concat(np, rows, 0);
+    ct_grad_set_enabled(prev);
+    free(rows);
+    /* back to the parameter's order of dims */
+    int inv[CT_MAX_DIMS];
+    for (int i = 0; i < nd; i++) inv[perm[i]] = i;
+    full = full ? ct_tensor_contiguous(ct_tensor_permute(full, inv)) : NULL;
+    if (!full) ct_error_prefix("%s: %s: ", op, name);
+    return full;
+}
+
+ct_gpt *ct_gpt_tp_gather_model(ct_gpt *m)
+{
+    const char *op = "gpt_tp_gather_model";
+    if (!m || !m->tp) {
+        ct_error_set(CT_ERR_INVALID, "%s: the model is not sharded for tensor parallelism", op);
+        return NULL;
+    }
+    /* the new model's own initialisation must not move the process generator */
+    ct_rng saved = *ct_rng_default();
+    ct_gpt *full = ct_gpt_new(&m->cfg);
+    *ct_rng_default() = saved;
+    if (!full) return NULL;
+    ct_param_list l = {0};
+    ct_status st = ct_module_named_tensors(&full->base, false, &l);
+    for (int i = 0; !st && i < l.n; i++) {
+        ct_frame_push();
+        ct_tensor *g = ct_gpt_tp_gather(m, l.names[i]);
+        if (!g || ct_tensor_copy_(l.tensors[i], g)) st = ct_error_prefix("%s: ", op);
+        ct_frame_pop();
+    }
+    ct_param_list_free(&l);
+    if (st) {
+        ct_module_free(&full->base);
+        return NULL;
+    }
+    ct_module_train(&full->base, m->base.training);
+    return full;
+}

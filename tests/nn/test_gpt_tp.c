@@ -298,6 +298,29 @@ static int gpt_tp_rank(rank_ctx *c)
         }
         /* f32: the parameters too (bf16 rounding flips the sign of Adam's tiny updates) */
         if (!rc && !a->bf16) rc |= compare_params(c, tpm, ref, n, r, false, 1e-5, false, "after the steps");
+        /* the whole model back on every rank: the unsharded parameters */
+        if (!rc && !a->bf16) {
+            ct_gpt *whole = ct_gpt_tp_gather_model(tpm);
+            if (!whole) {
+                rc = failed(c, "gather_model");
+                break;
+            }
+            ct_param_list lw = {0}, lr2 = {0};
+            ct_module_named_tensors(&whole->base, false, &lw);
+            ct_module_named_tensors(&ref->base, false, &lr2);
+            for (int i = 0; i < lw.n && i < lr2.n; i++) {
+                char what[160];
+                snprintf(what, sizeof what, "gathered %s", lw.names[i]);
+                rc |= expect_close(c, what, lw.tensors[i], lr2.tensors[i], 1e-5);
+            }
+            if (lw.n != lr2.n) {
+                report(c, "rank %d: gathered %d parameters, want %d", c->rank, lw.n, lr2.n);
+                rc = 1;
+            }
+            ct_param_list_free(&lw);
+            ct_param_list_free(&lr2);
+            ct_module_free(&whole->base);
+        }
     }
     ct_optimizer_free(oref);
     ct_optimizer_free(otp);
