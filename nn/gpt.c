@@ -8,6 +8,8 @@
 #include "autograd/ops.h"
 #include "core/frame.h"
 #include "nn/generate.h"
+#include "nn/gpt_tp_internal.h"
+#include "nn/tp_ops.h"
 #include "precision/autocast.h"
 
 
@@ -62,7 +64,32 @@ static ct_gpt_block *block_new(const ct_gpt_config *c, double proj_std)
     return m;
 }
 
-static void gpt_destroy(ct_module *m) { free(((ct_gpt *)m)->blocks); }
+static void gpt_destroy(ct_module *m)
+{
+    free(((ct_gpt *)m)->blocks);
+    cti_gpt_tp_free(((ct_gpt *)m)->tp);
+}
+
+/* The input of a column-parallel linear of a sharded block: all-gathered along T under
+ * sequence parallelism (backward: reduce-scatter), else Megatron's f (backward:
+ * allreduce of the partial input gradients). */
+static ct_tensor *tp_enter(ct_pg *tp, bool sp, ct_tensor *x)
+{
+    return sp ? ct_tp_gather_from_sequence(tp, x, 1) : ct_tp_copy_to(tp, x);
+}
+
+/* A row-parallel linear of a sharded block: x (B, T, in/n) @ weight (in/n, C) is this
+ * rank's partial sum; summed over tp (reduce-scattered along T under sequence
+ * parallelism), then the replicated bias added. */
+static ct_tensor *tp_row_forward(ct_linear_layer *l, ct_pg *tp, bool sp, ct_tensor *x)
+{
+    if (!x || ct_module_forward_begin(&l->base)) return NULL;
+    ct_tensor *y = ct_linear(x, l->weight, NULL);
+    y = sp ? ct_tp_reduce_scatter_to_sequence(tp, y, 1) : ct_tp_reduce_from(tp, y);
+    /* under autocast y is 16-bit: the bias joins in y's dtype, as ct_linear's would */
+    if (y && l->bias) y = ct_add(y, y->dtype != l->bias->dtype ? ct_cast(l->bias, y->dtype) : l->bias);
+    return ct_module_forward_end(&l->base, y);
+}
 
 ct_gpt *ct_gpt_new(const ct_gpt_config *cfg)
 {
@@ -124,6 +151,13 @@ ct_gpt *ct_gpt_new(const ct_gpt_config *cfg)
 ct_tensor *ct_gpt_attention_forward(ct_gpt_attention *m, ct_tensor *x)
 {
     if (!m || !x || ct_module_forward_begin(&m->base)) return NULL;
+    if (m->tp) {
+        /* this rank's heads: (B, T, 3C/n) -> (B, T, C/n) -> row-parallel c_proj */
+        ct_tensor *qkv = ct_linear_layer_forward(m->c_attn, tp_enter(m->tp, m->sequence_parallel, x));
+        ct_tensor *y = ct_attention_qkv(qkv, m->n_head / ct_pg_size(m->tp), true, 0.0);
+        y = tp_row_forward(m->c_proj, m->tp, m->sequence_parallel, y);
+        return ct_module_forward_end(&m->base, ct_dropout_layer_forward(m->resid_dropout, y));
+    }
     /* (B, T, 3C) -> causal attention over n_head heads, read and written in place -> (B, T, C) */
     ct_tensor *y = ct_attention_qkv(ct_linear_layer_forward(m->c_attn, x), m->n_head, true, 0.0);
     return ct_module_forward_end(&m->base,
@@ -133,6 +167,12 @@ ct_tensor *ct_gpt_attention_forward(ct_gpt_attention *m, ct_tensor *x)
 ct_tensor *ct_gpt_mlp_forward(ct_gpt_mlp *m, ct_tensor *x)
 {
     if (!m || !x || ct_module_forward_begin(&m->base)) return NULL;
+    if (m->tp) {
+        /* column-parallel c_fc (B, T, 4C/n), GELU on the slice, row-parallel c_proj */
+        ct_tensor *h = ct_gelu(ct_linear_layer_forward(m->c_fc, tp_enter(m->tp, m->sequence_parallel, x)));
+        h = tp_row_forward(m->c_proj, m->tp, m->sequence_parallel, h);
+        return ct_module_forward_end(&m->base, ct_dropout_layer_forward(m->dropout, h));
+    }
     ct_tensor *h = ct_gelu(ct_linear_layer_forward(m->c_fc, x));
     return ct_module_forward_end(&m->base, ct_dropout_layer_forward(m->dropout, ct_linear_layer_forward(m->c_proj, h)));
 }
@@ -147,6 +187,7 @@ ct_tensor *ct_gpt_block_forward(ct_gpt_block *m, ct_tensor *x)
 ct_tensor *ct_gpt_forward(ct_gpt *m, ct_tensor *idx)
 {
     if (!m || !idx) return NULL;
+    if (m->tp) return cti_gpt_tp_forward(m, idx);
     char d[200];
     if (idx->ndim != 2 || idx->shape[1] > m->cfg.block_size || idx->shape[1] < 1 || ct_dtype_is_float(idx->dtype)) {
         ct_error_set(CT_ERR_INVALID, "gpt_forward: idx %s must be integer tokens (B, T) with 1 <= T <= block_size %lld",
@@ -175,6 +216,7 @@ ct_tensor *ct_gpt_forward(ct_gpt *m, ct_tensor *idx)
 
 ct_tensor *ct_gpt_loss(ct_gpt *m, ct_tensor *idx, ct_tensor *targets)
 {
+    if (m && m->tp) return cti_gpt_tp_loss(m, idx, targets);
     return ct_cross_entropy(ct_gpt_forward(m, idx), targets, -1);
 }
 

@@ -23,9 +23,11 @@
 
 #include "core/api.h"
 #include "core/philox.h"
+#include "dist/pg.h"
 #include "nn/kv_cache.h"
 #include "nn/layers.h"
 #include "nn/lm.h"
+#include "nn/tp_layers.h"
 
 typedef struct ct_gpt_config {
     int64_t vocab_size; /* default 50257 */
@@ -47,12 +49,18 @@ typedef struct ct_gpt_attention {
     int64_t n_head, n_embd;
     ct_linear_layer *c_attn, *c_proj;
     ct_dropout_layer *resid_dropout;
+    /* set by ct_gpt_tensor_parallel (NULL: not sharded; borrowed): c_attn holds
+     * n_head / tp heads, c_proj the matching rows */
+    ct_pg *tp;
+    bool sequence_parallel;
 } ct_gpt_attention;
 
 typedef struct ct_gpt_mlp {
     ct_module base;
     ct_linear_layer *c_fc, *c_proj;
     ct_dropout_layer *dropout;
+    ct_pg *tp; /* as ct_gpt_attention's */
+    bool sequence_parallel;
 } ct_gpt_mlp;
 
 typedef struct ct_gpt_block {
@@ -70,6 +78,7 @@ typedef struct ct_gpt {
     ct_module *h; /* children "0" .. "n_layer-1", each a ct_gpt_block */
     ct_gpt_block **blocks;
     ct_layernorm_layer *ln_f;
+    struct ct_gpt_tp *tp; /* NULL unless ct_gpt_tensor_parallel sharded the model */
 } ct_gpt;
 
 /* A GPT with fresh GPT-2 initialisation from the process generator
@@ -119,6 +128,106 @@ CT_API ct_tensor *ct_gpt_mlp_forward(ct_gpt_mlp *m, ct_tensor *x);
 /* One pre-norm transformer block: x + attn(ln_1(x)), then + mlp(ln_2(.)) (new reference,
  * current frame). */
 CT_API ct_tensor *ct_gpt_block_forward(ct_gpt_block *m, ct_tensor *x);
+
+/* ---- tensor (and sequence) parallelism, Megatron-LM style (nn/gpt_tp.c) ----------
+ *
+ * ct_gpt_tensor_parallel(m, tp, sp) turns a full model into this rank's shard of it, in
+ * place; every rank of tp must call it on the same full weights (e.g. built after the
+ * same ct_set_seed, or loaded from the same checkpoint). With n ranks, this one r:
+ *
+ *   h.i.attn.c_attn   split by heads: rank r keeps the q, k and v columns of heads
+ *                     [r H/n, (r+1) H/n), weight (C, 3C/n) = [q_r | k_r | v_r]
+ *   h.i.attn.c_proj   row-parallel: weight rows [r C/n, (r+1) C/n); bias replicated
+ *   h.i.mlp.c_fc      column-parallel: weight columns [r 4C/n, (r+1) 4C/n) and bias
+ *   h.i.mlp.c_proj    row-parallel: weight rows [r 4C/n, (r+1) 4C/n); bias replicated
+ *   wte               vocabulary-parallel: rows [r Vp/n, (r+1) Vp/n) of the table
+ *                     padded with zero rows to Vp, the next multiple of n; the tied
+ *                     head uses the same rows, so the local logits are (B, T, Vp/n)
+ *   wpe, ln_1, ln_2, ln_f, the row-parallel biases: replicated
+ *
+ * The parameters keep their names (h.0.attn.c_attn.weight, ...); ct_gpt_tp_shard_of
+ * says which part of the full tensor each holds, so a checkpoint writer can gather a
+ * full state dict. Per block the forward runs one allreduce after attn.c_proj and one
+ * after mlp.c_proj (their backward: one before c_attn and one before c_fc).
+ *
+ * Sequence parallelism (sp): the activations between the blocks are (B, T/n, C), this
+ * rank's chunk of the sequence (T divisible by n); the layernorms and residual adds run
+ * on the chunk; the input of c_attn, c_fc and the head is all-gathered along T (its
+ * backward a reduce-scatter), the outputs of the row-parallel linears and of the
+ * embedding are reduce-scattered along T instead of allreduced.
+ *
+ * ct_gpt_forward on a sharded model returns the full logits (B, T, V), gathered over
+ * the vocabulary (for evaluation and generation); ct_gpt_loss uses
+ * ct_vocab_parallel_cross_entropy on the local logits and never gathers them.
+ * ct_gpt_forward_cached refuses a sharded model.
+ *
+ * Dropout: every dropout of the GPT acts on activations that are replicated over tp
+ * (without sequence parallelism) or on the rank's chunk of the sequence (with it). So
+ * sharding gives the model's dropout layers one generator of their own
+ * (ct_gpt_tp_dropout_rng), seeded from the process generator of tp rank 0 (broadcast):
+ * the same stream on every rank without sequence parallelism (the same masks, as one
+ * process would draw), a different stream per rank with it.
+ *
+ * Not supported: fp8 autocast, tensors off the CPU (the tp collectives run on the
+ * CPU). bf16 autocast works.
+ *
+ * A training step:  loss = ct_gpt_loss(...); ct_backward(loss);   (x accumulation)
+ *                   ct_gpt_tp_sync_grads(m);            (SP: sums the partial grads)
+ *                   ct_gpt_tp_clip_grad_norm(m, max);   (instead of ct_clip_grad_norm)
+ *                   ct_optimizer_step(opt);
+ * ct_gpt_tp_sync_grads is a no-op without sequence parallelism: a training loop (and the
+ * Accelerator, once it drives tensor parallelism) calls it unconditionally there.
+ */
+typedef struct ct_gpt_tp ct_gpt_tp;
+
+/* What part of the full tensor one parameter of a sharded model holds. */
+typedef struct ct_gpt_tp_shard {
+    /* shard.dim = -1: replicated. Otherwise indices [start, end) of dim, in each of
+     * `parts` equal blocks of shard.full indices that make up the full dim (c_attn:
+     * parts 3, the q | k | v blocks, full C; the local tensor is the blocks' slices
+     * concatenated); every other sharded parameter has parts 1. Indices at or past
+     * full are padding (wte's rows past the vocabulary), dropped by a gather. */
+    ct_tp_shard shard;
+    int parts;
+    /* replicated, but under sequence parallelism each rank's gradient is a partial
+     * sum over its chunk of the sequence (wpe, the layernorms, the row-parallel
+     * biases): ct_gpt_tp_sync_grads allreduces it */
+    bool partial_grad;
+} ct_gpt_tp_shard;
+
+/* Shards m in place over tp (borrowed: it must outlive the model and its graphs).
+ * Errors, with nothing changed: n_head or 4 n_embd not divisible by tp's size, a model
+ * already sharded, parameters off the CPU. With dropout > 0 it draws the dropout
+ * stream's seed from rank 0's process generator. */
+CT_API ct_status ct_gpt_tensor_parallel(ct_gpt *m, ct_pg *tp, bool sequence_parallel);
+/* The dropout layers' generator of a sharded model (a plain value: save and restore its
+ * seed and offset with a checkpoint); NULL when m is not sharded. Borrowed. */
+CT_API ct_rng *ct_gpt_tp_dropout_rng(ct_gpt *m);
+/* The shard record of the parameter named name (dotted, as ct_module_find), or of the
+ * tensor param when name is NULL; borrowed from m. NULL when m is not sharded or has
+ * no such parameter. */
+CT_API const ct_gpt_tp_shard *ct_gpt_tp_shard_of(const ct_gpt *m, const char *name, const ct_tensor *param);
+/* The full tensor of the parameter named name, put back together from the ranks'
+ * shards (all-gathered over tp, c_attn's q, k and v blocks reassembled, wte's padding
+ * dropped); a copy of it for a replicated one. A collective: every rank of tp calls it
+ * with the same name. New reference, current frame; NULL + error. */
+CT_API ct_tensor *ct_gpt_tp_gather(ct_gpt *m, const char *name);
+/* A new unsharded GPT (the caller owns it) holding the whole model, on every rank: for
+ * ct_gpt_save_hf, evaluation in one process, or a check. A collective. NULL + error. */
+CT_API ct_gpt *ct_gpt_tp_gather_model(ct_gpt *m);
+/* Under sequence parallelism allreduces (sums) over tp the gradients whose record says
+ * partial_grad; a no-op without it or on an unsharded model. Every rank must call it
+ * after the backward (after the last accumulation step) and before clipping and the
+ * optimizer step. */
+CT_API ct_status ct_gpt_tp_sync_grads(ct_gpt *m);
+/* The 2-norm of the whole (unsharded) model's gradient: the sharded parameters'
+ * squared norms summed over tp, the replicated ones counted once (after
+ * ct_gpt_tp_sync_grads they are the same on every rank). An unsharded model: the
+ * norm of its gradients. NAN + error on failure. A collective: every rank calls it. */
+CT_API double ct_gpt_tp_grad_norm(ct_gpt *m);
+/* Scales every gradient by ct_clip_coef(ct_gpt_tp_grad_norm(m), max_norm), as
+ * ct_clip_grad_norm does for one process; returns the norm before clipping. */
+CT_API double ct_gpt_tp_clip_grad_norm(ct_gpt *m, double max_norm);
 
 typedef struct ct_generate_config {
     int64_t max_new_tokens;

@@ -60,6 +60,11 @@ ct_tensor *ct_gpt_forward_cached(ct_gpt *m, ct_tensor *idx, ct_kv_cache *cache)
         ct_error_set(CT_ERR_INVALID, "gpt_forward_cached: NULL model or idx");
         return NULL;
     }
+    if (m->tp) {
+        ct_error_set(CT_ERR_INVALID, "gpt_forward_cached: the model is sharded for tensor parallelism; the key/value "
+                     "cache needs the whole model (generate with ct_gpt_forward, or gather the weights first)");
+        return NULL;
+    }
     /* the cache holds copies: gradients would silently stop at it */
     if (ct_grad_is_enabled()) {
         ct_error_set(CT_ERR_INVALID, "gpt_forward_cached: the key/value cache is not differentiable; run it with grad "
