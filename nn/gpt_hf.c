@@ -122,6 +122,9 @@ static char *hf_config_json(const ct_gpt_config *c)
 ct_status ct_gpt_save_hf_sharded(const ct_gpt *m, const char *dir, int64_t max_shard_bytes)
 {
     if (!m || !dir) return ct_error_set(CT_ERR_INVALID, "gpt_save_hf: model or directory is NULL");
+    if (m->tp) /* its tensors are slices under the full names */
+        return ct_error_set(CT_ERR_UNSUPPORTED, "gpt_save_hf %s: the model is sharded for tensor parallelism; "
+                            "save ct_gpt_tp_gather_model(m) instead", dir);
     size_t n = strlen(dir) + 32;
     char *path = malloc(n);
     char *json = hf_config_json(&m->cfg);

@@ -471,6 +471,9 @@ static int errors_rank(rank_ctx *c)
             rc |= expect_error(c, "cached", kv && !ct_gpt_forward_cached(m, x, kv), "sharded for tensor parallelism");
             ct_kv_cache_free(kv);
         }
+        /* its tensors are slices under the full names: never written as a whole model */
+        rc |= expect_error(c, "save_hf", ct_gpt_save_hf(m, "/nonexistent-dir/never") != CT_OK,
+                           "sharded for tensor parallelism; save ct_gpt_tp_gather_model(m) instead");
         /* the group still works: a loss on a good batch */
         x = tokens(2, 4, 11, 3, false);
         ct_tensor *loss = ct_gpt_loss(m, x, x);
