@@ -653,7 +653,17 @@ Test(launch, log_dir_files, .timeout = 30)
     run_t r;
     run(&r, ARGS("launch", "--num_processes", "2", "--log_dir", dir, "sh", "-c", script));
     cr_assert_eq(r.code, 0, "stderr: %s", r.err.p);
-    assert_has(r.out.p, "[rank1] out 1\n[rank1] last\n", "still on the console");
+    /* each rank's lines in its order; the ranks' lines may interleave (rank 0's line
+     * can come between rank 1's two writes), and the unterminated "last" gets its
+     * newline when the rank's output ends */
+    for (int k = 0; k < 2; k++) {
+        char first[32], second[32];
+        snprintf(first, sizeof first, "[rank%d] out %d\n", k, k);
+        snprintf(second, sizeof second, "[rank%d] last\n", k);
+        assert_has(r.out.p, first, "still on the console");
+        assert_has(r.out.p, second, "still on the console");
+        cr_assert(strstr(r.out.p, first) < strstr(r.out.p, second), "rank %d's lines out of order:\n%s", k, r.out.p);
+    }
     char path[512], want[64];
     for (int k = 0; k < 2; k++) {
         snprintf(path, sizeof path, "%s/rank%d.stdout", dir, k);
