@@ -1,16 +1,17 @@
 /* Tests for parallel/pipeline_model.c, pipeline_gpt.c and pipeline_llama.c on fork()ed
  * ranks. The reference is one process training the whole model the ordinary way
- * (ct_gpt_loss / ct_llama_loss, ct_backward, ct_clip_grad_norm over every parameter,
- * AdamW), run in a process of its own first, its numbers left in shared memory. Each
- * pipeline rank builds the same model from the same seed, trains its stage on the same
- * batches and checks against it: the loss of every step on every rank, the gradients
- * of the first step (the tied embedding's two copies summed), the global gradient
- * norm the clipping used, and every parameter of its stage after 5 AdamW steps with
- * clipping active (1e-5 relative, in norm, per tensor). Cases: the GPT at pp=2 (GPipe
- * and 1F1B, M = 1 and 4) and pp=4, with 2-step gradient accumulation, in bf16
- * (autocast, against the single process in bf16); the Llama at pp=2 (untied) and pp=4
- * (tied). Errors: more stages than layers and a batch not divisible into M
- * micro-batches name the numbers. */
+ * (ct_gpt_loss / ct_llama_loss on the M micro-batches, each loss / M, ct_backward,
+ * ct_clip_grad_norm over every parameter, AdamW), run in a process of its own first,
+ * its numbers left in shared memory. Each pipeline rank builds the same model from the
+ * same seed, trains its stage on the same batches and checks against it: the loss of
+ * every step on every rank, the gradients of the first step (the tied embedding's two
+ * copies summed), the global gradient norm the clipping used, and every parameter of
+ * its stage after 5 AdamW steps with clipping active (1e-5 relative, in norm, per
+ * tensor). Cases: the GPT at pp=2 (GPipe M=1, 1F1B M=4), at pp=4 with 2-step gradient
+ * accumulation, and in bf16 (autocast, against the single process in bf16); the Llama
+ * at pp=2 (untied, GPipe) and pp=4 (tied, 1F1B). Errors: more stages than layers, a
+ * batch not divisible into M micro-batches and a sequence past block_size name the
+ * numbers. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
@@ -29,7 +30,7 @@
 
 #define STEPS 5
 #define MAXACC 2
-#define B 8
+#define B 8  /* rows of a GPT batch; the Llama's (its vocabulary is 8 times larger) take B / 2 */
 #define T 32
 #define LR 3e-3
 #define MAXN 0.5 /* below the models' gradient norms: clipping is active */
@@ -71,18 +72,20 @@ static ct_module *model_new(const pcase *k, int64_t *vocab)
     return m ? &m->base : NULL;
 }
 
-/* Batch `i` (B, T): tokens and targets from a hash, so every process makes the same. */
-static void batch_make(int i, int64_t vocab, ct_tensor **x, ct_tensor **y)
+static int64_t rows_of(const pcase *k) { return k->llama ? B / 2 : B; }
+
+/* Batch `i` (rows, T): tokens and targets from a hash, so every process makes the same. */
+static void batch_make(int i, int64_t rows, int64_t vocab, ct_tensor **x, ct_tensor **y)
 {
     int64_t tx[B * T], ty[B * T];
-    for (int n = 0; n < B * T; n++) {
+    for (int n = 0; n < rows * T; n++) {
         uint64_t h = (uint64_t)(i * 7919 + n) * 0x9E3779B97F4A7C15ull;
         h ^= h >> 29;
         tx[n] = (int64_t)(h % (uint64_t)vocab);
         ty[n] = (int64_t)((h >> 17) % (uint64_t)vocab);
     }
-    *x = ct_tensor_from_data(CT_DTYPE_I64, CT_SHAPE(B, T), tx);
-    *y = ct_tensor_from_data(CT_DTYPE_I64, CT_SHAPE(B, T), ty);
+    *x = ct_tensor_from_data(CT_DTYPE_I64, CT_SHAPE(rows, T), tx);
+    *y = ct_tensor_from_data(CT_DTYPE_I64, CT_SHAPE(rows, T), ty);
 }
 
 static ct_optimizer *adamw(int n, ct_tensor *const *p)
@@ -125,10 +128,10 @@ static int reference_rank(rank_ctx *c)
         ct_optimizer_zero_grad(opt);
         for (int a = 0; a < k->accum && !rc; a++) CT_FRAME {
                 ct_tensor *x, *y, *loss = NULL;
-                batch_make(s * MAXACC + a, vocab, &x, &y);
+                batch_make(s * MAXACC + a, rows_of(k), vocab, &x, &y);
                 /* as gradient accumulation over the M micro-batches, each loss / M */
                 double sum = 0;
-                int64_t b = B / k->M;
+                int64_t b = rows_of(k) / k->M;
                 if (k->bf16) ct_autocast_begin(CT_DTYPE_BF16);
                 for (int i = 0; i < k->M && !rc; i++) {
                     loss = whole_loss(k, m, ct_tensor_narrow(x, 0, i * b, b), ct_tensor_narrow(y, 0, i * b, b));
@@ -223,7 +226,7 @@ static int stage_rank(rank_ctx *c)
     const pcase *k = c->arg;
     const ref_run *ref = (const ref_run *)((const char *)c->arg + sizeof(pcase));
     double tol = k->bf16 ? TOL_BF16 : TOL;
-    ct_pg *world = rank_pg(c, 60, NULL);
+    ct_pg *world = rank_pg(c, 200, NULL);
     int64_t vocab;
     ct_module *m = model_new(k, &vocab);
     ct_param_list all = {0};
@@ -255,7 +258,7 @@ static int stage_rank(rank_ctx *c)
         for (int a = 0; a < k->accum && !rc; a++) CT_FRAME {
                 ct_tensor *x, *y;
                 double loss = NAN;
-                batch_make(s * MAXACC + a, vocab, &x, &y);
+                batch_make(s * MAXACC + a, rows_of(k), vocab, &x, &y);
                 if (k->bf16) ct_autocast_begin(CT_DTYPE_BF16);
                 if (ct_pipeline_model_step(pm, x, y, k->M, &loss)) {
                     report(c, "rank %d step %d: %s", c->rank, s, ct_last_error());
@@ -308,12 +311,12 @@ static void run_cases(pcase base, const pcase *variants, int n)
     ref->final = ref->grad0 + nfloat;
     *k = base;
     rank_result res[MAX_RANKS];
-    run_ranks(1, reference_rank, k, res, 60);
+    run_ranks(1, reference_rank, k, res, 240);
     expect_all_ok(res, 1);
     cr_assert_gt(ref->norm[0], MAXN, "clipping must be active: norm %g", ref->norm[0]);
     for (int i = 0; i < n; i++) {
         *k = variants[i];
-        run_ranks(k->pp, stage_rank, k, res, 60);
+        run_ranks(k->pp, stage_rank, k, res, 240);
         for (int r = 0; r < k->pp; r++)
             cr_expect(res[r].rc == 0 && WIFEXITED(res[r].status) && WEXITSTATUS(res[r].status) == 0,
                       "%s pp=%d %s M=%d accum %d%s, rank %d (rc %d, status 0x%x):\n%s", k->llama ? "llama" : "gpt",
@@ -323,7 +326,7 @@ static void run_cases(pcase base, const pcase *variants, int n)
     munmap(shm, bytes);
 }
 
-Test(pipeline_model, gpt_pp2_gpipe_and_1f1b, .timeout = 180)
+Test(pipeline_model, gpt_pp2_gpipe_and_1f1b, .timeout = 600)
 {
     pcase v1[] = {{.pp = 2, .M = 1, .accum = 1, .kind = CT_PIPELINE_GPIPE}};
     run_cases((pcase){.pp = 1, .M = 1, .accum = 1}, v1, 1);
@@ -331,25 +334,25 @@ Test(pipeline_model, gpt_pp2_gpipe_and_1f1b, .timeout = 180)
     run_cases((pcase){.pp = 1, .M = 4, .accum = 1}, v4, 1);
 }
 
-Test(pipeline_model, gpt_pp4_accumulation, .timeout = 180)
+Test(pipeline_model, gpt_pp4_accumulation, .timeout = 600)
 {
     pcase v[] = {{.pp = 4, .M = 2, .accum = 2, .kind = CT_PIPELINE_1F1B}};
     run_cases((pcase){.pp = 1, .M = 2, .accum = 2}, v, 1);
 }
 
-Test(pipeline_model, gpt_bf16_tracks_single_process_bf16, .timeout = 180)
+Test(pipeline_model, gpt_bf16_tracks_single_process_bf16, .timeout = 600)
 {
     pcase v[] = {{.pp = 2, .M = 4, .accum = 1, .kind = CT_PIPELINE_1F1B, .bf16 = true}};
     run_cases((pcase){.pp = 1, .M = 4, .accum = 1, .bf16 = true}, v, 1);
 }
 
-Test(pipeline_model, llama_pp2_untied, .timeout = 180)
+Test(pipeline_model, llama_pp2_untied, .timeout = 600)
 {
     pcase v[] = {{.llama = true, .pp = 2, .M = 4, .accum = 1, .kind = CT_PIPELINE_GPIPE}};
     run_cases((pcase){.llama = true, .pp = 1, .M = 4, .accum = 1}, v, 1);
 }
 
-Test(pipeline_model, llama_pp4_tied, .timeout = 180)
+Test(pipeline_model, llama_pp4_tied, .timeout = 600)
 {
     pcase v[] = {{.llama = true, .tied = true, .pp = 4, .M = 4, .accum = 1, .kind = CT_PIPELINE_1F1B}};
     run_cases((pcase){.llama = true, .tied = true, .pp = 1, .M = 4, .accum = 1}, v, 1);
@@ -404,5 +407,28 @@ Test(pipeline_model, batch_not_divisible_into_micro_batches_is_an_error)
                   ct_last_error());
     }
     ct_pipeline_model_free(pm);
+    ct_module_free(&m->base);
+}
+
+/* The Llama's public run of layers (the stages' building block): two runs make the
+ * whole forward; a range outside the model is an error naming it. */
+Test(pipeline_model, llama_forward_layers_compose_the_forward)
+{
+    ct_set_seed(3);
+    ct_llama *m = ct_llama_new(&(ct_llama_config){.vocab_size = 32, .hidden_size = 16, .intermediate_size = 24,
+                                                  .num_hidden_layers = 2, .num_attention_heads = 2,
+                                                  .max_position_embeddings = 16});
+    cr_assert_not_null(m, "%s", ct_last_error());
+    CT_FRAME {
+        int64_t ids[10] = {1, 5, 9, 3, 31, 0, 7, 7, 2, 30};
+        ct_tensor *x = ct_tensor_from_data(CT_DTYPE_I64, CT_SHAPE(2, 5), ids);
+        ct_tensor *want = ct_llama_forward(m, x);
+        ct_tensor *got = ct_llama_forward_layers(m, ct_llama_forward_layers(m, x, 0, 1, false), 1, 1, true);
+        cr_assert(want && got, "%s", ct_last_error());
+        cr_assert_eq(ct_tensor_numel(got), 2 * 5 * 32);
+        cr_expect_lt(rel_norm(ct_tensor_data(got), ct_tensor_data(want), 2 * 5 * 32), 1e-6);
+        cr_expect_null(ct_llama_forward_layers(m, x, 1, 2, false));
+        cr_expect(strstr(ct_last_error(), "[1, 3) of 2"), "%s", ct_last_error());
+    }
     ct_module_free(&m->base);
 }
