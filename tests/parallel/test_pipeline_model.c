@@ -119,7 +119,10 @@ static int reference_rank(rank_ctx *c)
     ct_module *m = model_new(k, &vocab);
     ct_param_list all = {0};
     if (!m || ct_module_named_tensors(m, false, &all) || ct_module_num_params(m) > ref->nfloat) {
-        report(c, "model: %s", m && ct_module_num_params(m) > ref->nfloat ? "more parameters than the room for them" : ct_last_error());
+        bool big = m && ct_module_num_params(m) > ref->nfloat;
+        report(c, "model: %s", big ? "more parameters than the room for them" : ct_last_error());
+        ct_param_list_free(&all);
+        ct_module_free(m);
         return 1;
     }
     ct_optimizer *opt = adamw(all.n, all.tensors);
