@@ -89,6 +89,7 @@
 #include "parallel/ddp.h"
 #include "parallel/mesh.h"
 #include "parallel/pipeline.h"
+#include "parallel/pipeline_model.h"
 #include "parallel/pipeline_schedule.h"
 #include "parallel/shard.h"
 #include "parallel/shard_flat.h"

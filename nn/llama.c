@@ -413,6 +413,32 @@ static ct_tensor *forward(ct_llama *m, ct_tensor *idx, ct_kv_cache *cache, bool 
 
 ct_tensor *ct_llama_forward(ct_llama *m, ct_tensor *idx) { return forward(m, idx, NULL, false, "llama_forward"); }
 
+ct_tensor *ct_llama_forward_layers(ct_llama *m, ct_tensor *x, int first, int count, bool head)
+{
+    if (!m || !x) return NULL;
+    int64_t L = m->cfg.num_hidden_layers;
+    bool tokens = !ct_dtype_is_float(x->dtype);
+    if (first < 0 || count < 0 || first + count > L || x->ndim != (tokens ? 2 : 3) || (tokens && first != 0)) {
+        char d[200];
+        ct_error_set(CT_ERR_INVALID,
+                     "llama_forward_layers: layers [%d, %d) of %lld with input %s (tokens (B, T) before layer 0, "
+                     "else hidden states (B, T, C))",
+                     first, first + count, (long long)L, ct_tensor_describe(x, d, sizeof d));
+        return NULL;
+    }
+    ct_tensor *w = m->embed_tokens->weight, *cos = NULL, *sin = NULL;
+    if (rope_tables(&m->cfg, 0, x->shape[1], w->dtype, w->device, &cos, &sin)) return NULL;
+    if (tokens) x = embed(m, x);
+    for (int i = first; i < first + count; i++) x = layer_forward(m->blocks[i], x, cos, sin, NULL, i);
+    if (head && x) {
+        x = ct_rmsnorm_layer_forward(m->norm, x);
+        x = m->lm_head ? linear_forward(m->lm_head, x) : ct_matmul_t(x, w, false, true);
+        if (x && x->dtype != CT_DTYPE_F32 && x->dtype != CT_DTYPE_F64) x = ct_cast(x, CT_DTYPE_F32);
+    }
+    if (!x) ct_error_prefix("llama_forward_layers: ");
+    return x;
+}
+
 ct_tensor *ct_llama_forward_cached(ct_llama *m, ct_tensor *idx, ct_kv_cache *cache)
 {
     return forward(m, idx, cache, false, "llama_forward_cached");

@@ -129,6 +129,13 @@ CT_API ct_status ct_llama_config_resolve(const ct_llama_config *cfg, ct_llama_co
  * are computed as transformers computes them (no limit; "dynamic" rope scaling is for
  * them). */
 CT_API ct_tensor *ct_llama_forward(ct_llama *m, ct_tensor *idx);
+/* A run of layers, for a model cut into pipeline stages: x is the tokens (B, T) when
+ * first == 0 (embedded first) or the hidden states (B, T, C) entering layer first;
+ * layers [first, first + count) run at positions 0 .. T-1; with head, the final norm
+ * and the lm head follow and the result is the logits (B, T, V) f32, else the hidden
+ * states (B, T, C). The whole range with head is ct_llama_forward (new reference,
+ * current frame; differentiable). */
+CT_API ct_tensor *ct_llama_forward_layers(ct_llama *m, ct_tensor *x, int first, int count, bool head);
 /* Mean cross-entropy of the logits against targets (B, T) (ignore_index -1). */
 CT_API ct_tensor *ct_llama_loss(ct_llama *m, ct_tensor *idx, ct_tensor *targets);
 /* The tokens at positions cache->len .. cache->len + T - 1 (cache NULL: 0 .. T-1, as

@@ -1,0 +1,263 @@
+/* A model cut into pipeline stages: the part every model shares (the stage's layers
+ * and parameters, the groups, a training step over micro-batches, the tied
+ * embedding's gradient, the global gradient norm). See pipeline_model.h. */
+#include "parallel/pipeline_model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd/ops_nn.h"
+#include "core/frame.h"
+#include "dist/work.h"
+#include "optim/clip.h"
+#include "parallel/pipeline_model_internal.h"
+
+bool cti_pipeline_model_owns_layer(const ct_pipeline_model *pm, const char *name, const char *prefix)
+{
+    size_t n = strlen(prefix);
+    if (strncmp(name, prefix, n) != 0) return false;
+    char *end;
+    long i = strtol(name + n, &end, 10);
+    return end != name + n && *end == '.' && i >= pm->first && i < pm->first + pm->count;
+}
+
+/* The stage's forward for micro-batch micro: the model's part, then on the last
+ * stage the mean cross-entropy against the micro-batch's targets. */
+static ct_tensor *stage_forward(void *ctx, ct_tensor *x, int micro)
+{
+    ct_pipeline_model *pm = ctx;
+    ct_tensor *y = pm->ops.forward(pm, x);
+    if (y && pm->stage == pm->num_stages - 1) y = ct_cross_entropy(y, pm->targets[micro], -1);
+    return y;
+}
+
+/* This stage's parameters, in the whole model's order. */
+static ct_status collect_params(ct_pipeline_model *pm)
+{
+    ct_param_list all;
+    if (ct_module_named_tensors(pm->ops.root, false, &all)) return ct_last_status();
+    ct_param_list *l = &pm->params;
+    l->tensors = malloc(sizeof *l->tensors * (size_t)(all.n ? all.n : 1));
+    l->names = malloc(sizeof *l->names * (size_t)(all.n ? all.n : 1));
+    ct_status st = l->tensors && l->names ? CT_OK : ct_error_set(CT_ERR_NOMEM, "out of memory");
+    for (int i = 0; !st && i < all.n; i++) {
+        if (!pm->ops.owns(pm, all.names[i])) continue;
+        l->names[l->n] = strdup(all.names[i]);
+        if (!l->names[l->n]) {
+            st = ct_error_set(CT_ERR_NOMEM, "out of memory");
+            break;
+        }
+        l->tensors[l->n++] = all.tensors[i];
+        if (pm->ops.tied_name && !strcmp(all.names[i], pm->ops.tied_name) && pm->num_stages > 1 &&
+            (pm->stage == 0 || pm->stage == pm->num_stages - 1))
+            pm->tied = all.tensors[i];
+    }
+    ct_param_list_free(&all);
+    return st;
+}
+
+ct_pipeline_model *cti_pipeline_model_new(const cti_pp_model_ops *ops, void *model, ct_pg *stages, int stage,
+                                          const ct_pipeline_config *cfg)
+{
+    int n = stages ? ct_pg_size(stages) : 1;
+    if (stages ? stage != ct_pg_rank(stages) : stage != 0) {
+        ct_error_set(CT_ERR_INVALID, "%s: stage %d given on group rank %d of %d: group rank i runs stage i", ops->op,
+                     stage, stages ? ct_pg_rank(stages) : 0, n);
+        return NULL;
+    }
+    int first, count;
+    if (ct_pipeline_stage_layers(ops->num_layers, n, stage, &first, &count)) {
+        ct_error_prefix("%s: cutting the model's %d layers into %d stages: ", ops->op, ops->num_layers, n);
+        return NULL;
+    }
+    ct_pipeline_model *pm = calloc(1, sizeof *pm);
+    if (!pm) {
+        ct_error_set(CT_ERR_NOMEM, "%s: out of memory", ops->op);
+        return NULL;
+    }
+    pm->ops = *ops;
+    pm->model = model;
+    pm->stage = stage;
+    pm->num_stages = n;
+    pm->first = first;
+    pm->count = count;
+    ct_status st = collect_params(pm);
+    if (!st && n > 1) {
+        /* groups of our own, made in the same order on every stage */
+        int ranks[n];
+        for (int i = 0; i < n; i++) ranks[i] = i;
+        pm->all = ct_pg_new_subgroup(stages, ranks, n);
+        if (!pm->all) st = ct_last_status() ? ct_last_status() : CT_ERR_INTERNAL;
+        if (!st && ops->tied_name) {
+            pm->tied_group = ct_pg_new_subgroup(stages, (int[]){0, n - 1}, 2);
+            if (!pm->tied_group && ct_last_status()) st = ct_last_status();
+        }
+    }
+    if (!st) {
+        pm->pp = ct_pipeline_new(stages, stage, stage_forward, pm, cfg);
+        if (!pm->pp) st = ct_last_status();
+    }
+    if (st) {
+        ct_error_prefix("%s stage %d of %d: ", ops->op, stage, n);
+        ct_pipeline_model_free(pm);
+        return NULL;
+    }
+    return pm;
+}
+
+const ct_param_list *ct_pipeline_model_params(const ct_pipeline_model *pm) { return pm ? &pm->params : NULL; }
+
+void ct_pipeline_model_layers(const ct_pipeline_model *pm, int *first, int *count)
+{
+    if (first) *first = pm ? pm->first : 0;
+    if (count) *count = pm ? pm->count : 0;
+}
+
+ct_pipeline *ct_pipeline_model_engine(const ct_pipeline_model *pm) { return pm ? pm->pp : NULL; }
+
+static ct_status check_batch(const ct_pipeline_model *pm, const ct_tensor *tokens, const ct_tensor *targets,
+                             int num_micro)
+{
+    char d1[160], d2[160];
+    const char *op = pm->ops.op;
+    if (!tokens || !targets)
+        return ct_error_set(CT_ERR_INVALID, "%s stage %d of %d: step needs the tokens and the targets (%s is NULL)", op,
+                            pm->stage, pm->num_stages, tokens ? "targets" : "tokens");
+    bool ok = tokens->ndim == 2 && targets->ndim == 2 && !ct_dtype_is_float(tokens->dtype) &&
+              !ct_dtype_is_float(targets->dtype) && tokens->shape[0] == targets->shape[0] &&
+              tokens->shape[1] == targets->shape[1] && tokens->shape[0] >= 1 && tokens->shape[1] >= 1;
+    if (!ok)
+        return ct_error_set(CT_ERR_INVALID,
+                            "%s stage %d of %d: tokens %s and targets %s must be integer tensors of one shape (B, T)",
+                            op, pm->stage, pm->num_stages, ct_tensor_describe(tokens, d1, sizeof d1),
+                            ct_tensor_describe(targets, d2, sizeof d2));
+    int64_t B = tokens->shape[0], T = tokens->shape[1];
+    if (num_micro < 1 || B % num_micro != 0)
+        return ct_error_set(CT_ERR_INVALID,
+                            "%s stage %d of %d: a batch of %lld rows cannot be cut into %d micro-batches (the batch "
+                            "size must be a multiple of the number of micro-batches, which is at least 1)",
+                            op, pm->stage, pm->num_stages, (long long)B, num_micro);
+    if (pm->ops.max_seq > 0 && T > pm->ops.max_seq)
+        return ct_error_set(CT_ERR_INVALID, "%s stage %d of %d: sequences of %lld tokens exceed block_size %lld", op,
+                            pm->stage, pm->num_stages, (long long)T, (long long)pm->ops.max_seq);
+    return CT_OK;
+}
+
+ct_status ct_pipeline_model_step(ct_pipeline_model *pm, ct_tensor *tokens, ct_tensor *targets, int num_micro,
+                                 double *loss)
+{
+    if (!pm) return ct_error_set(CT_ERR_INVALID, "pipeline model step: NULL handle");
+    ct_status st = check_batch(pm, tokens, targets, num_micro);
+    if (st) return st;
+    int64_t b = tokens->shape[0] / num_micro;
+    ct_tensor **inputs = calloc((size_t)num_micro, sizeof *inputs);
+    pm->targets = calloc((size_t)num_micro, sizeof *pm->targets);
+    if (!inputs || !pm->targets) {
+        free(inputs);
+        free(pm->targets);
+        pm->targets = NULL;
+        return ct_error_set(CT_ERR_NOMEM, "%s: out of memory for %d micro-batches", pm->ops.op, num_micro);
+    }
+    CT_FRAME {
+        /* micro-batch m: rows [m b, (m + 1) b), views of the caller's tensors */
+        for (int m = 0; !st && m < num_micro; m++) {
+            inputs[m] = ct_tensor_narrow(tokens, 0, m * b, b);
+            pm->targets[m] = ct_tensor_narrow(targets, 0, m * b, b);
+            if (!inputs[m] || !pm->targets[m]) st = ct_last_status();
+        }
+        if (!st) st = ct_pipeline_run(pm->pp, num_micro, inputs, loss);
+    }
+    free(inputs);
+    free(pm->targets);
+    pm->targets = NULL;
+    return st;
+}
+
+ct_status ct_pipeline_model_sync_tied_grads(ct_pipeline_model *pm)
+{
+    if (!pm) return ct_error_set(CT_ERR_INVALID, "pipeline model: NULL handle");
+    if (!pm->tied_group) return CT_OK;
+    ct_tensor *w = pm->tied;
+    if (!w->grad) {
+        CT_FRAME {
+            ct_tensor *z = ct_tensor_zeros(w->dtype, w->ndim, w->shape);
+            if (z) w->grad = ct_tensor_retain(z);
+        }
+        if (!w->grad) return ct_error_prefix("%s stage %d of %d: tied gradient: ", pm->ops.op, pm->stage,
+                                             pm->num_stages);
+    }
+    /* g_first + g_last on both: a sum of two, the same bits on either side */
+    if (ct_work_run(ct_pg_allreduce(pm->tied_group, w->grad, CT_REDUCE_SUM)))
+        return ct_error_prefix("%s stage %d of %d: summing the gradient of the tied %s over the first and the last "
+                               "stage: ",
+                               pm->ops.op, pm->stage, pm->num_stages, pm->ops.tied_name);
+    return CT_OK;
+}
+
+double ct_pipeline_model_grad_norm(ct_pipeline_model *pm)
+{
+    if (!pm) {
+        ct_error_set(CT_ERR_INVALID, "pipeline model: NULL handle");
+        return NAN;
+    }
+    /* the tied weight's second copy (on the last stage) is left out: counted once */
+    const ct_param_list *l = &pm->params;
+    ct_tensor **own = malloc(sizeof *own * (size_t)(l->n ? l->n : 1));
+    if (!own) {
+        ct_error_set(CT_ERR_NOMEM, "%s: out of memory", pm->ops.op);
+        return NAN;
+    }
+    int n = 0;
+    bool skip_tied = pm->tied && pm->stage != 0;
+    for (int i = 0; i < l->n; i++)
+        if (!(skip_tied && l->tensors[i] == pm->tied)) own[n++] = l->tensors[i];
+    ct_error_clear(); /* a NaN from NaN gradients sets no error: tell it from a failure */
+    double sq = ct_grad_norm_sq(n, own);
+    free(own);
+    if (isnan(sq) && ct_last_status()) {
+        ct_error_prefix("%s stage %d of %d: gradient norm: ", pm->ops.op, pm->stage, pm->num_stages);
+        return NAN;
+    }
+    if (pm->all) {
+        ct_status st = CT_OK;
+        CT_FRAME {
+            ct_tensor *t = ct_tensor_full(CT_DTYPE_F64, 1, (int64_t[]){1}, sq);
+            st = t ? ct_work_run(ct_pg_allreduce(pm->all, t, CT_REDUCE_SUM)) : ct_last_status();
+            if (!st) sq = ct_tensor_item(t);
+        }
+        if (st) {
+            ct_error_prefix("%s stage %d of %d: summing the squared gradient norms of the stages: ", pm->ops.op,
+                            pm->stage, pm->num_stages);
+            return NAN;
+        }
+    }
+    return sqrt(sq);
+}
+
+double ct_pipeline_model_clip_grad_norm(ct_pipeline_model *pm, double max_norm)
+{
+    if (pm && !(max_norm >= 0)) {
+        ct_error_set(CT_ERR_INVALID, "%s: max_norm %g must be >= 0", pm->ops.op, max_norm);
+        return NAN;
+    }
+    ct_error_clear();
+    double total = ct_pipeline_model_grad_norm(pm);
+    if (isnan(total) && ct_last_status()) return NAN;
+    if (ct_grad_scale(pm->params.n, pm->params.tensors, ct_clip_coef(total, max_norm))) {
+        ct_error_prefix("%s stage %d of %d: clipping: ", pm->ops.op, pm->stage, pm->num_stages);
+        return NAN;
+    }
+    return total;
+}
+
+void ct_pipeline_model_free(ct_pipeline_model *pm)
+{
+    if (!pm) return;
+    ct_pipeline_free(pm->pp);
+    ct_pg_free(pm->tied_group);
+    ct_pg_free(pm->all);
+    ct_param_list_free(&pm->params);
+    free(pm);
+}
