@@ -22,6 +22,7 @@
 #include "autograd/ops.h"
 #include "core/frame.h"
 #include "core/philox.h"
+#include "core/threads.h"
 #include "optim/clip.h"
 #include "optim/optimizer.h"
 #include "parallel/pipeline_model.h"
@@ -113,6 +114,7 @@ static ct_tensor *whole_loss(const pcase *k, ct_module *m, ct_tensor *x, ct_tens
 
 static int reference_rank(rank_ctx *c)
 {
+    ct_set_num_threads(1); /* the tests share the cores: OpenMP threads would wait on each other */
     const pcase *k = c->arg;
     ref_run *ref = (ref_run *)((char *)c->arg + sizeof(pcase));
     int64_t vocab;
@@ -226,6 +228,7 @@ static int compare(rank_ctx *c, const ct_param_list *all, const ct_param_list *p
 
 static int stage_rank(rank_ctx *c)
 {
+    ct_set_num_threads(1); /* pp ranks share the cores */
     const pcase *k = c->arg;
     const ref_run *ref = (const ref_run *)((const char *)c->arg + sizeof(pcase));
     double tol = k->bf16 ? TOL_BF16 : TOL;
@@ -314,12 +317,12 @@ static void run_cases(pcase base, const pcase *variants, int n)
     ref->final = ref->grad0 + nfloat;
     *k = base;
     rank_result res[MAX_RANKS];
-    run_ranks(1, reference_rank, k, res, 240);
+    run_ranks(1, reference_rank, k, res, 90);
     expect_all_ok(res, 1);
     cr_assert_gt(ref->norm[0], MAXN, "clipping must be active: norm %g", ref->norm[0]);
     for (int i = 0; i < n; i++) {
         *k = variants[i];
-        run_ranks(k->pp, stage_rank, k, res, 240);
+        run_ranks(k->pp, stage_rank, k, res, 90);
         for (int r = 0; r < k->pp; r++)
             cr_expect(res[r].rc == 0 && WIFEXITED(res[r].status) && WEXITSTATUS(res[r].status) == 0,
                       "%s pp=%d %s M=%d accum %d%s, rank %d (rc %d, status 0x%x):\n%s", k->llama ? "llama" : "gpt",
@@ -329,7 +332,7 @@ static void run_cases(pcase base, const pcase *variants, int n)
     munmap(shm, bytes);
 }
 
-Test(pipeline_model, gpt_pp2_gpipe_and_1f1b, .timeout = 600)
+Test(pipeline_model, gpt_pp2_gpipe_and_1f1b, .timeout = 120)
 {
     pcase v1[] = {{.pp = 2, .M = 1, .accum = 1, .kind = CT_PIPELINE_GPIPE}};
     run_cases((pcase){.pp = 1, .M = 1, .accum = 1}, v1, 1);
@@ -337,25 +340,25 @@ Test(pipeline_model, gpt_pp2_gpipe_and_1f1b, .timeout = 600)
     run_cases((pcase){.pp = 1, .M = 4, .accum = 1}, v4, 1);
 }
 
-Test(pipeline_model, gpt_pp4_accumulation, .timeout = 600)
+Test(pipeline_model, gpt_pp4_accumulation, .timeout = 120)
 {
     pcase v[] = {{.pp = 4, .M = 2, .accum = 2, .kind = CT_PIPELINE_1F1B}};
     run_cases((pcase){.pp = 1, .M = 2, .accum = 2}, v, 1);
 }
 
-Test(pipeline_model, gpt_bf16_tracks_single_process_bf16, .timeout = 600)
+Test(pipeline_model, gpt_bf16_tracks_single_process_bf16, .timeout = 120)
 {
     pcase v[] = {{.pp = 2, .M = 4, .accum = 1, .kind = CT_PIPELINE_1F1B, .bf16 = true}};
     run_cases((pcase){.pp = 1, .M = 4, .accum = 1, .bf16 = true}, v, 1);
 }
 
-Test(pipeline_model, llama_pp2_untied, .timeout = 600)
+Test(pipeline_model, llama_pp2_untied, .timeout = 120)
 {
     pcase v[] = {{.llama = true, .pp = 2, .M = 4, .accum = 1, .kind = CT_PIPELINE_GPIPE}};
     run_cases((pcase){.llama = true, .pp = 1, .M = 4, .accum = 1}, v, 1);
 }
 
-Test(pipeline_model, llama_pp4_tied, .timeout = 600)
+Test(pipeline_model, llama_pp4_tied, .timeout = 120)
 {
     pcase v[] = {{.llama = true, .tied = true, .pp = 4, .M = 4, .accum = 1, .kind = CT_PIPELINE_1F1B}};
     run_cases((pcase){.llama = true, .tied = true, .pp = 1, .M = 4, .accum = 1}, v, 1);
