@@ -46,6 +46,7 @@ typedef struct mcase {
     bool sp;
     const char *mp; /* NULL: "no" */
     int64_t B;      /* rows per data-parallel rank per micro-step */
+    bool from_env;  /* the settings as ctrain launch passes them (CTRAIN_*), no plugin */
     double tol;      /* rms(got - want) / max(1, rms(want)) per tensor */
     double tol_elem; /* |got - want| / max(1, |want|) per element (tp_check.h's rel_err) */
 } mcase;
@@ -195,8 +196,20 @@ static int train_rank(int rank, int world, const char *dir, void *ctx)
         ct_dataset *ds = dataset(c);
         ct_loader *l = ct_loader_new(ds, &(ct_loader_config){.batch_size = c->B, .no_prefetch = true});
         ct_megatron_lm_plugin p = {.tp_degree = c->tp, .sequence_parallelism = c->sp, .gradient_clipping = CLIP};
+        if (c->from_env) {
+            /* `ctrain launch --use_megatron_lm --megatron_lm_tp_degree 2
+             *  --megatron_lm_gradient_clipping 0.5 --gradient_accumulation_steps 2` */
+            char v[32];
+            setenv("CTRAIN_USE_MEGATRON_LM", "1", 1);
+            snprintf(v, sizeof v, "%d", c->tp), setenv("CTRAIN_MEGATRON_TP_DEGREE", v, 1);
+            setenv("CTRAIN_MEGATRON_SEQUENCE_PARALLELISM", c->sp ? "true" : "false", 1);
+            snprintf(v, sizeof v, "%g", CLIP), setenv("CTRAIN_MEGATRON_GRADIENT_CLIPPING", v, 1);
+            snprintf(v, sizeof v, "%d", K), setenv("CTRAIN_GRADIENT_ACCUMULATION_STEPS", v, 1);
+        }
         ct_accelerator *acc = ct_accelerator_new(&(ct_accelerator_config){
-            .megatron_lm_plugin = &p, .gradient_accumulation_steps = K, .mixed_precision = c->mp});
+            .megatron_lm_plugin = c->from_env ? NULL : &p,
+            .gradient_accumulation_steps = c->from_env ? 0 : K,
+            .mixed_precision = c->mp});
         ct_status st = acc ? ct_accelerator_prepare(acc, m, opt, l, NULL) : ct_last_status();
         /* the user's loop, unchanged */
         ct_tensor *x, *y;
@@ -283,9 +296,10 @@ Test(megatron, llama_w1_tp2_sequence_parallel_trains_as_one_process, .timeout = 
     run(2, (mcase){.llama = true, .tp = 2, .sp = true, .B = 4, .tol = 1e-5, .tol_elem = 1e-4});
 }
 
-Test(megatron, llama_w1_tp2_dp2_trains_as_one_process, .timeout = 180)
+/* the settings from the launcher's variables, as each rank of `ctrain launch` gets them */
+Test(megatron, llama_w1_tp2_dp2_from_the_launchers_variables_trains_as_one_process, .timeout = 180)
 {
-    run(4, (mcase){.llama = true, .tp = 2, .B = 2, .tol = 1e-5, .tol_elem = 1e-4});
+    run(4, (mcase){.llama = true, .tp = 2, .B = 2, .from_env = true, .tol = 1e-5, .tol_elem = 1e-4});
 }
 
 /* bf16 autocast: the sharded model tracks the bf16 single process (rounding differs
