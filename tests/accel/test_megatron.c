@@ -370,6 +370,51 @@ Test(megatron, bad_layouts_fail_on_every_rank_naming_the_numbers, .timeout = 60)
     run_env_ranks(2, bad_rank, NULL, &pp, 50);
 }
 
+/* use_distributed_optimizer: with tp 1 it is ZeRO-1 over every rank; with tp 2 and dp 2
+ * it is refused on every rank (not supported yet) */
+static int dist_opt_rank(int rank, int world, const char *dir, void *ctx)
+{
+    (void)dir, (void)ctx;
+    int rc = 0;
+    CT_FRAME {
+        ct_megatron_lm_plugin p = {.tp_degree = world == 4 ? 2 : 1, .use_distributed_optimizer = true};
+        ct_accelerator *acc = ct_accelerator_new(&(ct_accelerator_config){.megatron_lm_plugin = &p});
+        if (world == 4) {
+            const char *want = "use_distributed_optimizer with tp_degree 2 and 2 data-parallel ranks is not supported";
+            if (acc || !strstr(ct_last_error(), want)) {
+                fprintf(stderr, "rank %d: %s; want an error naming '%s'\n", rank, acc ? "accepted" : ct_last_error(),
+                        want);
+                rc = 1;
+            }
+            ct_accelerator_free(acc);
+            continue; /* leaves the frame */
+        }
+        ct_set_seed(3);
+        ct_gpt *m = ct_gpt_new(&(ct_gpt_config){.vocab_size = 32, .block_size = 8, .n_layer = 1, .n_head = 2,
+                                                .n_embd = 16});
+        ct_param_list pl;
+        ct_module_named_tensors(&m->base, false, &pl);
+        ct_optimizer *opt = ct_adamw_new(pl.n, pl.tensors, NULL);
+        ct_param_list_free(&pl);
+        if (!acc || ct_accelerator_prepare(acc, &m->base, opt, NULL, NULL)) rc = fail(rank, "tp 1, distributed optimizer");
+        else if (!ct_accelerator_shard(acc) ||
+                 ct_shard_stats_get(ct_accelerator_shard(acc)).strategy != CT_SHARD_OPTIMIZER) {
+            fprintf(stderr, "rank %d: tp 1 with use_distributed_optimizer is not ZeRO-1\n", rank);
+            rc = 1;
+        }
+        ct_accelerator_free(acc);
+        ct_optimizer_free(opt);
+        ct_module_free(&m->base);
+    }
+    return rc;
+}
+
+Test(megatron, the_distributed_optimizer_is_zero1_over_dp_or_refused, .timeout = 60)
+{
+    run_env_ranks(2, dist_opt_rank, NULL, NULL, 50);
+    run_env_ranks(4, dist_opt_rank, NULL, NULL, 50);
+}
+
 /* ---- the plugin's settings ------------------------------------------------------- */
 
 static const char *const VARS[] = {"CTRAIN_USE_MEGATRON_LM", "CTRAIN_MEGATRON_TP_DEGREE", "CTRAIN_MEGATRON_PP_DEGREE",
