@@ -44,6 +44,7 @@ static ct_status settings(ct_accelerator *a, const ct_accelerator_config *cfg)
             a->cfg.loss_scaler = a->sharding.scaler;
         a->auto_clip = a->sharding.gradient_clipping;
     }
+    if ((st = cti_accel_megatron_settings(a))) return st;
     if (a->cfg.gradient_accumulation_steps < 0)
         return ct_error_set(CT_ERR_INVALID, "accelerator: gradient_accumulation_steps = %d; expected >= 1 (0 = default)",
                             a->cfg.gradient_accumulation_steps);
@@ -174,7 +175,8 @@ static ct_status unscale_once(ct_accelerator *a)
     for (int i = 0; i < n; i++) g[i] = p[i]->grad;
     ct_status st = ct_loss_scaler_unscale(&a->scaler, n, g, &a->found_inf);
     free(g);
-    if (!st && a->shard) CT_FRAME {
+    /* sharded (or tensor-parallel) gradients: each rank sees its part, so the ranks agree */
+    if (!st && (a->shard || a->mesh)) CT_FRAME {
         ct_tensor *f = ct_tensor_from_data(CT_DTYPE_I32, CT_SHAPE(1), (int32_t[]){a->found_inf});
         ct_work *w = f ? ct_pg_allreduce(a->pg, f, CT_REDUCE_MAX) : NULL;
         st = w ? ct_work_wait(w) : ct_last_status();
@@ -227,6 +229,7 @@ static ct_status hook_before_step(ct_optimizer *o, void *data, bool *skip)
         return CT_OK;
     }
     ct_status st = finish_reductions(a);
+    if (!st) st = cti_accel_megatron_sync(a);
     if (!st) st = check_something_steps(a);
     a->backward_ran = false;
     if (!st && a->scaling) st = unscale_once(a);
@@ -242,6 +245,7 @@ static ct_status hook_before_step(ct_optimizer *o, void *data, bool *skip)
         if (ct_loss_scaler_update(&a->scaler, a->found_inf)) *skip = a->overflow_skip = true;
         a->found_inf = false;
     }
+    a->tp_synced = false; /* the next step's gradients are synced anew */
     /* the scales of the next step, from this step's amaxes on every rank */
     if (!st && a->fp8) st = cti_accel_fp8_sync(a->fp8, a->pg);
     return st;
@@ -296,8 +300,11 @@ ct_status ct_accelerator_prepare(ct_accelerator *acc, ct_module *model, ct_optim
         /* "no .to('cuda') needed": the parameters move to the device in place, so the
          * optimizer's pointers stay valid and its state is made there */
         if (acc->device.type != CT_DEVICE_CPU) st = ct_module_to(model, acc->device);
-        if (!st) st = ct_module_named_tensors(model, false, &acc->params);
-        if (!st && acc->cfg.shard.strategy != CT_SHARD_NO_SHARD) {
+        if (!st && acc->megatron && acc->mlm.tp_degree > 1) {
+            /* the mesh, the shards, the optimizer's new parameters, DDP over dp */
+            st = cti_accel_megatron_prepare(acc, model, opt);
+        } else if (!st && !(st = ct_module_named_tensors(model, false, &acc->params)) &&
+                   acc->cfg.shard.strategy != CT_SHARD_NO_SHARD) {
             /* 16-bit parameters beside f32 masters under mixed precision, as FSDP under
              * Accelerate and DeepSpeed's bf16/fp16 modes, unless the config says otherwise */
             ct_shard_config sc = acc->cfg.shard;
@@ -310,6 +317,8 @@ ct_status ct_accelerator_prepare(ct_accelerator *acc, ct_module *model, ct_optim
             if (opt) st = check_ddp_optimizer(acc, opt);
             if (!st && !(acc->ddp = ct_ddp_new(acc->pg, model, &acc->cfg.ddp))) st = ct_last_status();
         }
+    } else if (acc->megatron && acc->mlm.tp_degree > 1) {
+        st = cti_accel_megatron_prepare(acc, model, opt); /* refuses: no model */
     } else if (acc->cfg.shard.strategy != CT_SHARD_NO_SHARD) {
         st = ct_error_set(CT_ERR_INVALID, "strategy %s shards a model: prepare the model with the optimizer",
                           ct_shard_strategy_name(acc->cfg.shard.strategy));
@@ -318,8 +327,8 @@ ct_status ct_accelerator_prepare(ct_accelerator *acc, ct_module *model, ct_optim
         acc->opt = opt;
         if (acc->shard) {
             st = ct_shard_prepare_optimizer(acc->shard, opt);
-        } else if (acc->ddp) {
-            /* checked above, before DDP was made */
+        } else if (acc->ddp || acc->mesh) {
+            /* checked above, before DDP was made (tensor parallelism: replaced by the shards) */
         } else if (!model) { /* clip what the optimizer holds */
             int n = ct_optimizer_param_count(opt);
             acc->params.tensors = calloc((size_t)(n ? n : 1), sizeof(ct_tensor *));
@@ -338,7 +347,9 @@ ct_status ct_accelerator_prepare(ct_accelerator *acc, ct_module *model, ct_optim
     }
     if (!st && loader) {
         acc->loader = loader;
-        st = ct_loader_set_shard(loader, rank, world);
+        /* the tp ranks of one data-parallel index see the same batches */
+        st = acc->mesh ? ct_loader_set_shard(loader, acc->mesh->dp_rank, acc->mesh->dp)
+                       : ct_loader_set_shard(loader, rank, world);
         if (!st) st = ct_loader_set_device(loader, acc->device);
     }
     if (!st)
@@ -412,6 +423,7 @@ double ct_accelerator_clip_grad_norm(ct_accelerator *acc, double max_norm, doubl
     if (unscale_once(acc)) return NAN;
     if (acc->found_inf) return INFINITY; /* the step will be skipped; nothing to clip */
     if (acc->shard) return ct_shard_clip_grad_norm(acc->shard, max_norm, norm_type);
+    if (acc->mesh) return cti_accel_megatron_clip(acc, max_norm, norm_type);
     /* DDP leaves the same averaged gradients on every rank, so the local norm is the
      * global one */
     return ct_clip_grad_norm(acc->params.n, acc->params.tensors, max_norm, norm_type);
@@ -583,6 +595,7 @@ void ct_accelerator_free(ct_accelerator *acc)
     if (acc->opt) ct_optimizer_set_hooks(acc->opt, NULL);
     ct_ddp_free(acc->ddp);
     ct_shard_free(acc->shard);
+    ct_mesh_free(acc->mesh);
     ct_param_list_free(&acc->params);
     ct_pg_free(acc->pg);
     for (int i = 0; i < acc->nobjects; i++) free((char *)acc->objects[i].name);

@@ -23,7 +23,14 @@
  * a sharded strategy (the shard config, a DeepSpeed or FSDP plugin, or the launcher's
  * --use_deepspeed / --use_fsdp: accel/plugins.h) it builds the sharding engine
  * (parallel/shard.h) instead and hands the optimizer this rank's slices of the parameters
- * (docs/strategies.md).
+ * (docs/strategies.md). With Megatron-LM's settings (a ct_megatron_lm_plugin, or
+ * `ctrain launch --use_megatron_lm --megatron_lm_tp_degree T`) the world becomes a mesh
+ * dp x T (parallel/mesh.h): prepare shards the GPT or Llama over each group of T
+ * neighbouring ranks (ct_gpt_tensor_parallel, ct_llama_tensor_parallel), hands the
+ * optimizer the shards in place of the full parameters, wraps the model in DDP over
+ * the data-parallel group, and gives the loader's batches out by data-parallel index
+ * (the T ranks of one group see the same batches); the step sums the sequence-parallel
+ * partial gradients over tp and clip_grad_norm takes the norm of the whole model.
  *
  * What prepare installs:
  *   - the optimizer's hooks (optim/optimizer.h): before a step the gradient
@@ -92,6 +99,10 @@ typedef struct ct_accelerator_config {
     const ct_deepspeed_plugin *deepspeed_plugin; /* or the sharding as DeepSpeed's settings */
     const ct_fsdp_plugin *fsdp_plugin;           /* or as FSDP's (accel/plugins.h); with none of
                                       * the three, the launcher's --use_deepspeed / --use_fsdp flags */
+    const ct_megatron_lm_plugin *megatron_lm_plugin; /* Megatron-LM tensor parallelism (or the
+                                      * launcher's --use_megatron_lm): prepare shards a GPT or a
+                                      * Llama over tp_degree ranks, DDP over the rest (docs/strategies.md,
+                                      * "Megatron-LM through the Accelerator") */
     double timeout_s;                /* collectives and rendezvous; 0: CTRAIN_TIMEOUT or 300 */
     ct_project_config project;       /* where save_state(acc, NULL) puts checkpoints
                                       * (accel/checkpoint.h); project_dir is copied */

@@ -6,6 +6,7 @@
 #include "accel/accelerator.h"
 #include "accel/checkpoint.h"
 #include "dist/env.h"
+#include "parallel/mesh.h"
 #include "precision/fp8_state.h"
 
 struct ct_accelerator {
@@ -42,6 +43,25 @@ struct ct_accelerator {
     bool seeded;          /* ct_accelerator_set_seed ran: seed_base and seed_per_rank hold */
     uint64_t seed_base;
     bool seed_per_rank;
+    /* Megatron-LM tensor parallelism (accel/megatron.c) */
+    bool megatron;             /* a plugin or the launcher asked for it */
+    ct_megatron_lm_plugin mlm; /* its settings, defaults filled in */
+    ct_mesh *mesh;             /* dp x tp, once prepare sharded the model (tp_degree > 1) */
+    bool tp_synced;            /* this step's tp gradient sync ran */
 };
+
+/* accel/megatron.c. At ct_accelerator_new, after the other settings: the plugin's (or
+ * the launcher's) Megatron-LM settings, checked against the world and the rest. */
+ct_status cti_accel_megatron_settings(ct_accelerator *a);
+/* At prepare with tp_degree > 1, instead of DDP or sharding: the mesh, the model
+ * sharded over tp, the optimizer's parameters replaced by the shards, DDP over dp. */
+ct_status cti_accel_megatron_prepare(ct_accelerator *a, ct_module *model, ct_optimizer *opt);
+/* Once per optimizer step, after the gradient reductions: the tp gradient sync. */
+ct_status cti_accel_megatron_sync(ct_accelerator *a);
+/* An error naming op when the prepared model is sharded for tensor parallelism (its
+ * checkpoint and state-dict calls do not know the tp layout yet); CT_OK otherwise. */
+ct_status cti_accel_megatron_refuse(const ct_accelerator *a, const char *op);
+/* The global gradient norm over every axis, clipped to max_norm. NAN + error. */
+double cti_accel_megatron_clip(ct_accelerator *a, double max_norm, double norm_type);
 
 #endif

@@ -368,6 +368,7 @@ static ct_status commit(ct_accelerator *a, const char *dir, staged *s)
 ct_status ct_accelerator_load_state(ct_accelerator *acc, const char *dir)
 {
     if (!acc) return ct_error_set(CT_ERR_INVALID, "accelerator_load_state: accelerator is NULL");
+    if (cti_accel_megatron_refuse(acc, "accelerator_load_state")) return ct_last_status();
     const int rank = ct_pg_rank(acc->pg), world = ct_pg_size(acc->pg);
     char latest[4096];
     ct_status st = acc->prepared ? CT_OK : ct_error_set(CT_ERR_INVALID, "call ct_accelerator_prepare first");

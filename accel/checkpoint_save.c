@@ -411,6 +411,7 @@ static ct_status save_sharded(ct_accelerator *a, const char *tmp, const char *fi
 ct_status ct_accelerator_save_state(ct_accelerator *acc, const char *dir)
 {
     if (!acc) return ct_error_set(CT_ERR_INVALID, "accelerator_save_state: accelerator is NULL");
+    if (cti_accel_megatron_refuse(acc, "accelerator_save_state")) return ct_last_status();
     const int rank = ct_pg_rank(acc->pg), world = ct_pg_size(acc->pg);
     ct_status st = CT_OK;
     if (!acc->prepared) st = ct_error_set(CT_ERR_INVALID, "call ct_accelerator_prepare first");

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "accel/accelerator_internal.h"
 #include "accel/model_shards_internal.h"
 #include "core/frame.h"
 #include "parallel/shard_state.h"
@@ -92,6 +93,7 @@ static ct_status load_local(ct_accelerator *acc, ct_module *model, const char *p
 ct_status ct_accelerator_load_model(ct_accelerator *acc, ct_module *model, const char *path)
 {
     if (!acc) return ct_error_set(CT_ERR_INVALID, "accelerator_load_model: accelerator is NULL");
+    if (cti_accel_megatron_refuse(acc, "accelerator_load_model")) return ct_last_status();
     ct_status st = !model || !path ? ct_error_set(CT_ERR_INVALID, "%s is NULL", !model ? "model" : "path")
                                    : load_local(acc, model, path);
     st = cti_ckpt_agree(acc, st);

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "accel/accelerator_internal.h"
 #include "accel/model_shards_internal.h"
 #include "core/frame.h"
 
@@ -14,6 +15,7 @@
 static ct_status gather(ct_accelerator *acc, ct_module *model, const char *op)
 {
     if (!acc || !model) return ct_error_set(CT_ERR_INVALID, "%s: %s is NULL", op, !acc ? "accelerator" : "model");
+    if (cti_accel_megatron_refuse(acc, op)) return ct_last_status();
     ct_shard *s = ct_accelerator_shard(acc);
     if (s && ct_shard_gather_full(s)) return ct_error_prefix("%s: ", op);
     return CT_OK;
@@ -82,6 +84,7 @@ ct_module *ct_accelerator_unwrap_model(ct_accelerator *acc, ct_module *model)
         ct_error_set(CT_ERR_INVALID, "accelerator_unwrap_model: %s is NULL", !acc ? "accelerator" : "model");
         return NULL;
     }
+    if (cti_accel_megatron_refuse(acc, "accelerator_unwrap_model")) return NULL;
     ct_shard *s = ct_accelerator_shard(acc);
     if (s && ct_shard_detach(s)) {
         ct_error_prefix("accelerator_unwrap_model: ");

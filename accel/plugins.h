@@ -48,6 +48,22 @@
  * CTRAIN_FSDP_OFFLOAD_PARAMS, CTRAIN_FSDP_BACKWARD_PREFETCH,
  * CTRAIN_FSDP_FORWARD_PREFETCH, CTRAIN_FSDP_RESHARD_AFTER_FORWARD,
  * CTRAIN_FSDP_STATE_DICT_TYPE, CTRAIN_FSDP_SYNC_MODULE_STATES (true/false, 1/0).
+ *
+ *   Megatron-LM                      the Accelerator (docs/strategies.md, "Megatron-LM
+ *                                    through the Accelerator")
+ *   tp_degree                        tensor-parallel ranks: a mesh world = dp x tp
+ *                                    (parallel/mesh.h), the model sharded over tp
+ *   pp_degree                        pipeline stages: only 1 through the Accelerator
+ *                                    (parallel/pipeline_model.h runs pipelines)
+ *   num_micro_batches                the pipeline's micro-batches (pp_degree > 1 only)
+ *   sequence_parallelism             activations split along the sequence over tp
+ *   use_distributed_optimizer        the optimizer state sharded over dp (ZeRO-1)
+ *   gradient_clipping > 0            clip the global norm over every axis before each step
+ *
+ * From the launcher (--use_megatron_lm): CTRAIN_USE_MEGATRON_LM=1 with
+ * CTRAIN_MEGATRON_TP_DEGREE, CTRAIN_MEGATRON_PP_DEGREE, CTRAIN_MEGATRON_NUM_MICRO_BATCHES,
+ * CTRAIN_MEGATRON_SEQUENCE_PARALLELISM, CTRAIN_MEGATRON_USE_DISTRIBUTED_OPTIMIZER
+ * (true/false) and CTRAIN_MEGATRON_GRADIENT_CLIPPING.
  */
 #ifndef CT_ACCEL_PLUGINS_H
 #define CT_ACCEL_PLUGINS_H
@@ -112,6 +128,27 @@ typedef struct ct_sharding_settings {
     const char *classes[CT_SHARDING_MAX_CLASSES];
     char source_buf[600];
 } ct_sharding_settings;
+
+/* Megatron-LM's settings, with the names of Accelerate's MegatronLMPlugin. Zero means
+ * default for every field. */
+typedef struct ct_megatron_lm_plugin {
+    int tp_degree;                  /* tensor-parallel degree; 0 = 1 */
+    int pp_degree;                  /* pipeline degree; 0 = 1 (the only one the Accelerator runs) */
+    int num_micro_batches;          /* 0 = 1; pipelines only */
+    bool sequence_parallelism;      /* needs tp_degree > 1 */
+    bool use_distributed_optimizer; /* the optimizer state sharded over the data-parallel axis */
+    double gradient_clipping;       /* > 0: clip to it before every step; 0 none */
+} ct_megatron_lm_plugin;
+
+/* The launcher's Megatron-LM settings: *on is set when CTRAIN_USE_MEGATRON_LM is true,
+ * and then *out holds the CTRAIN_MEGATRON_* values (unset ones zero). A bad value is
+ * an error naming the variable, the value and what is allowed. */
+CT_API ct_status ct_megatron_lm_plugin_from_env(bool *on, ct_megatron_lm_plugin *out);
+/* Fills in the defaults (degrees and micro-batches 1) into *out and checks p: degrees
+ * and micro-batches >= 1 (0 = default), gradient_clipping >= 0 and finite,
+ * sequence_parallelism only with tp_degree > 1. world > 0: world_size divisible by
+ * tp_degree x pp_degree. Errors name the field, the value and what is allowed. */
+CT_API ct_status ct_megatron_lm_plugin_resolve(const ct_megatron_lm_plugin *p, int world, ct_megatron_lm_plugin *out);
 
 /* The settings of one of: deepspeed (plugin, may carry a config_file), fsdp (plugin),
  * or, when both are NULL, the launcher's CTRAIN_USE_DEEPSPEED / CTRAIN_USE_FSDP

@@ -255,7 +255,12 @@ static const char *strategy_text(const ct_cluster_config *c, char *buf, size_t n
                  c->fsdp.transformer_layer_cls_to_wrap[0] ? " of " : "", c->fsdp.transformer_layer_cls_to_wrap,
                  c->fsdp.offload_params ? "on" : "off", c->fsdp.state_dict_type);
         break;
-    case CT_DIST_MEGATRON_LM: snprintf(buf, n, "Megatron-LM tensor/pipeline parallelism: not available"); break;
+    case CT_DIST_MEGATRON_LM:
+        snprintf(buf, n, "Megatron-LM: tensor parallel %d x pipeline %d, data parallel over the rest; sequence "
+                         "parallelism %s, distributed optimizer %s",
+                 c->megatron.tp_degree, c->megatron.pp_degree, c->megatron.sequence_parallelism ? "on" : "off",
+                 c->megatron.use_distributed_optimizer ? "on" : "off");
+        break;
     default:
         snprintf(buf, n, "%s", c->num_processes > 1 ? "data parallel (DDP): every process holds the whole model"
                                                     : "one process");

@@ -143,8 +143,8 @@ ct_status ct_cluster_config_print(const ct_cluster_config *c, FILE *f);
  * ("--num_processes", "2", "--use_deepspeed", "--zero_stage", "3", ...): launch puts
  * them before the command line's own flags, so the command line wins. Without
  * with_sharding the strategy's flags (--use_deepspeed / --use_fsdp and theirs) are
- * left out: the command line chose a strategy of its own. CT_ERR_UNSUPPORTED for
- * MEGATRON_LM (tensor and pipeline parallelism do not run in this version). */
+ * left out: the command line chose a strategy of its own. MEGATRON_LM gives
+ * --use_megatron_lm and the --megatron_lm_* flags of megatron_lm_config. */
 #define CT_CLUSTER_LAUNCH_ARGS_MAX 64
 typedef struct ct_cluster_launch_args {
     int argc;

@@ -14,7 +14,9 @@
  *                                                   --offload_*_device, --gradient_accumulation_steps,
  *                                                   --gradient_clipping
  *   FSDP                                            --use_fsdp and --fsdp_* from fsdp_config
- *   MEGATRON_LM                                     an error: no tensor / pipeline parallelism yet
+ *   MEGATRON_LM                                     --use_megatron_lm and --megatron_lm_tp_degree,
+ *                                                   --megatron_lm_pp_degree, ... from megatron_lm_config
+ *                                                   (recompute_activations is kept, not passed)
  */
 #include "tools/config_file.h"
 
@@ -53,15 +55,20 @@ static const char *tf(bool b)
     return b ? "true" : "false";
 }
 
+/* a clipping norm with the fewest digits that read back the same */
+static ct_status add_clip(ct_cluster_launch_args *a, const char *flag, double v)
+{
+    int p = 1;
+    char t[40];
+    do snprintf(t, sizeof t, "%.*g", p, v);
+    while (strtod(t, NULL) != v && ++p <= 17);
+    return addv(a, flag, "%s", t);
+}
+
 ct_status ct_cluster_config_launch_args(const ct_cluster_config *c, bool with_sharding, ct_cluster_launch_args *a)
 {
     a->argc = 0;
     a->used = 0;
-    if (c->distributed_type == CT_DIST_MEGATRON_LM)
-        return ct_error_set(CT_ERR_UNSUPPORTED,
-                            "distributed_type MEGATRON_LM asks for tensor and pipeline parallelism "
-                            "(megatron_lm_config), which this version of ctrain does not run: use DEEPSPEED or FSDP "
-                            "to shard the model across processes");
     ct_status s = addv(a, "--num_processes", "%d", c->num_processes);
     if (!s) s = addv(a, "--num_machines", "%d", c->num_machines);
     if (!s) s = addv(a, "--machine_rank", "%d", c->machine_rank);
@@ -96,13 +103,18 @@ ct_status ct_cluster_config_launch_args(const ct_cluster_config *c, bool with_sh
         if (!s && d->offload_param_device[0]) s = addv(a, "--offload_param_device", "%s", d->offload_param_device);
         if (!s && d->gradient_accumulation_steps > 0)
             s = addv(a, "--gradient_accumulation_steps", "%d", d->gradient_accumulation_steps);
-        if (!s && d->gradient_clipping >= 0) {
-            int p = 1; /* the fewest digits that read back the same */
-            char t[40];
-            do snprintf(t, sizeof t, "%.*g", p, d->gradient_clipping);
-            while (strtod(t, NULL) != d->gradient_clipping && ++p <= 17);
-            s = addv(a, "--gradient_clipping", "%s", t);
-        }
+        if (!s && d->gradient_clipping >= 0) s = add_clip(a, "--gradient_clipping", d->gradient_clipping);
+        return s;
+    }
+    if (c->distributed_type == CT_DIST_MEGATRON_LM) {
+        const __typeof__(c->megatron) *m = &c->megatron;
+        s = add(a, "--use_megatron_lm");
+        if (!s) s = addv(a, "--megatron_lm_tp_degree", "%d", m->tp_degree);
+        if (!s) s = addv(a, "--megatron_lm_pp_degree", "%d", m->pp_degree);
+        if (!s) s = addv(a, "--megatron_lm_num_micro_batches", "%d", m->num_micro_batches);
+        if (!s) s = addv(a, "--megatron_lm_sequence_parallelism", "%s", tf(m->sequence_parallelism));
+        if (!s) s = addv(a, "--megatron_lm_use_distributed_optimizer", "%s", tf(m->use_distributed_optimizer));
+        if (!s && m->gradient_clipping >= 0) s = add_clip(a, "--megatron_lm_gradient_clipping", m->gradient_clipping);
         return s;
     }
     if (c->distributed_type == CT_DIST_FSDP) {

@@ -59,8 +59,8 @@ typedef struct ct_launch_opts {
     const char *log_dir;   /* NULL = none; borrowed from argv */
     int max_restarts;      /* >= 0 */
     double monitor_interval_s; /* > 0 */
-    bool use_deepspeed, use_fsdp;
-    const char *sharding[16]; /* the sharding flags' values in SHARDING_FLAGS order (launch_args.c),
+    bool use_deepspeed, use_fsdp, use_megatron_lm;
+    const char *sharding[24]; /* the sharding flags' values in SHARDING_FLAGS order (launch_args.c),
                                * NULL = not given; borrowed from argv */
     char gpu_ids[256];     /* --gpu_ids: "" or "all" (CUDA_VISIBLE_DEVICES untouched), else "0,2" */
     bool debug;            /* --debug: CTRAIN_DEBUG=1 */

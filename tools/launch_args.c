@@ -132,26 +132,48 @@ static ct_status check_sd(const char *v)
     return ct_fsdp_state_dict_type_parse(v, &b);
 }
 
+static ct_status check_degree(const char *v)
+{
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (!*v || isspace((unsigned char)*v) || *end || errno || x < 1 || x > MAX_PROCESSES)
+        return ct_error_set(CT_ERR_INVALID, "'%s': expected a whole number from 1 to %d", v, MAX_PROCESSES);
+    return CT_OK;
+}
+
+/* Which --use_* flag a sharding flag needs. */
+enum { USE_DEEPSPEED, USE_FSDP, USE_MEGATRON_LM };
+static const char *const USE_NAMES[] = {"use_deepspeed", "use_fsdp", "use_megatron_lm"};
+
 static const struct {
     const char *name, *env;
     ct_status (*check)(const char *v);
-    bool fsdp; /* needs --use_fsdp, else --use_deepspeed */
+    int needs;      /* USE_* */
+    bool bare_true; /* a boolean that may stand alone: --flag means --flag true */
 } SHARDING_FLAGS[] = {
-    {"zero_stage", "CTRAIN_ZERO_STAGE", check_stage, false},
-    {"offload_optimizer_device", "CTRAIN_OFFLOAD_OPTIMIZER_DEVICE", check_device, false},
-    {"offload_param_device", "CTRAIN_OFFLOAD_PARAM_DEVICE", check_device, false},
-    {"deepspeed_config_file", "CTRAIN_DEEPSPEED_CONFIG_FILE", check_path, false},
-    {"gradient_clipping", "CTRAIN_GRADIENT_CLIPPING", check_clip, false},
-    {"fsdp_sharding_strategy", "CTRAIN_FSDP_SHARDING_STRATEGY", check_strategy, true},
-    {"fsdp_auto_wrap_policy", "CTRAIN_FSDP_AUTO_WRAP_POLICY", check_wrap, true},
-    {"fsdp_transformer_layer_cls_to_wrap", "CTRAIN_FSDP_TRANSFORMER_LAYER_CLS_TO_WRAP", check_names, true},
-    {"fsdp_min_num_params", "CTRAIN_FSDP_MIN_NUM_PARAMS", check_count, true},
-    {"fsdp_offload_params", "CTRAIN_FSDP_OFFLOAD_PARAMS", check_bool, true},
-    {"fsdp_backward_prefetch", "CTRAIN_FSDP_BACKWARD_PREFETCH", check_prefetch, true},
-    {"fsdp_forward_prefetch", "CTRAIN_FSDP_FORWARD_PREFETCH", check_bool, true},
-    {"fsdp_reshard_after_forward", "CTRAIN_FSDP_RESHARD_AFTER_FORWARD", check_bool, true},
-    {"fsdp_state_dict_type", "CTRAIN_FSDP_STATE_DICT_TYPE", check_sd, true},
-    {"fsdp_sync_module_states", "CTRAIN_FSDP_SYNC_MODULE_STATES", check_bool, true},
+    {"zero_stage", "CTRAIN_ZERO_STAGE", check_stage, USE_DEEPSPEED, false},
+    {"offload_optimizer_device", "CTRAIN_OFFLOAD_OPTIMIZER_DEVICE", check_device, USE_DEEPSPEED, false},
+    {"offload_param_device", "CTRAIN_OFFLOAD_PARAM_DEVICE", check_device, USE_DEEPSPEED, false},
+    {"deepspeed_config_file", "CTRAIN_DEEPSPEED_CONFIG_FILE", check_path, USE_DEEPSPEED, false},
+    {"gradient_clipping", "CTRAIN_GRADIENT_CLIPPING", check_clip, USE_DEEPSPEED, false},
+    {"fsdp_sharding_strategy", "CTRAIN_FSDP_SHARDING_STRATEGY", check_strategy, USE_FSDP, false},
+    {"fsdp_auto_wrap_policy", "CTRAIN_FSDP_AUTO_WRAP_POLICY", check_wrap, USE_FSDP, false},
+    {"fsdp_transformer_layer_cls_to_wrap", "CTRAIN_FSDP_TRANSFORMER_LAYER_CLS_TO_WRAP", check_names, USE_FSDP, false},
+    {"fsdp_min_num_params", "CTRAIN_FSDP_MIN_NUM_PARAMS", check_count, USE_FSDP, false},
+    {"fsdp_offload_params", "CTRAIN_FSDP_OFFLOAD_PARAMS", check_bool, USE_FSDP, false},
+    {"fsdp_backward_prefetch", "CTRAIN_FSDP_BACKWARD_PREFETCH", check_prefetch, USE_FSDP, false},
+    {"fsdp_forward_prefetch", "CTRAIN_FSDP_FORWARD_PREFETCH", check_bool, USE_FSDP, false},
+    {"fsdp_reshard_after_forward", "CTRAIN_FSDP_RESHARD_AFTER_FORWARD", check_bool, USE_FSDP, false},
+    {"fsdp_state_dict_type", "CTRAIN_FSDP_STATE_DICT_TYPE", check_sd, USE_FSDP, false},
+    {"fsdp_sync_module_states", "CTRAIN_FSDP_SYNC_MODULE_STATES", check_bool, USE_FSDP, false},
+    {"megatron_lm_tp_degree", "CTRAIN_MEGATRON_TP_DEGREE", check_degree, USE_MEGATRON_LM, false},
+    {"megatron_lm_pp_degree", "CTRAIN_MEGATRON_PP_DEGREE", check_degree, USE_MEGATRON_LM, false},
+    {"megatron_lm_num_micro_batches", "CTRAIN_MEGATRON_NUM_MICRO_BATCHES", check_degree, USE_MEGATRON_LM, false},
+    {"megatron_lm_sequence_parallelism", "CTRAIN_MEGATRON_SEQUENCE_PARALLELISM", check_bool, USE_MEGATRON_LM, true},
+    {"megatron_lm_use_distributed_optimizer", "CTRAIN_MEGATRON_USE_DISTRIBUTED_OPTIMIZER", check_bool,
+     USE_MEGATRON_LM, true},
+    {"megatron_lm_gradient_clipping", "CTRAIN_MEGATRON_GRADIENT_CLIPPING", check_clip, USE_MEGATRON_LM, false},
 };
 #define NSHARDING ((int)(sizeof SHARDING_FLAGS / sizeof *SHARDING_FLAGS))
 _Static_assert(NSHARDING <= (int)(sizeof((ct_launch_opts *)0)->sharding / sizeof(char *)), "ct_launch_opts.sharding");
@@ -163,16 +185,39 @@ static int sharding_flag(const char *name)
     return -1;
 }
 
+static int sharding_int(const ct_launch_opts *o, const char *name)
+{
+    int i = sharding_flag(name);
+    return o->sharding[i] ? atoi(o->sharding[i]) : 1;
+}
+
 static ct_status sharding_check(const ct_launch_opts *o)
 {
-    if (o->use_deepspeed && o->use_fsdp)
-        return ct_error_set(CT_ERR_INVALID, "--use_deepspeed and --use_fsdp were both given: choose one");
+    if (o->use_deepspeed + o->use_fsdp + o->use_megatron_lm > 1)
+        return ct_error_set(CT_ERR_INVALID, "%s were both given: choose one (tensor parallelism with ZeRO or FSDP "
+                                            "over the data-parallel axis is not supported yet)",
+                            o->use_deepspeed && o->use_fsdp ? "--use_deepspeed and --use_fsdp"
+                            : o->use_deepspeed             ? "--use_deepspeed and --use_megatron_lm"
+                                                           : "--use_fsdp and --use_megatron_lm");
     for (int i = 0; i < NSHARDING; i++) {
         if (!o->sharding[i]) continue;
-        bool on = SHARDING_FLAGS[i].fsdp ? o->use_fsdp : o->use_deepspeed;
-        if (!on)
-            return ct_error_set(CT_ERR_INVALID, "--%s needs --%s", SHARDING_FLAGS[i].name,
-                                SHARDING_FLAGS[i].fsdp ? "use_fsdp" : "use_deepspeed");
+        bool on = (bool[]){o->use_deepspeed, o->use_fsdp, o->use_megatron_lm}[SHARDING_FLAGS[i].needs];
+        if (!on) return ct_error_set(CT_ERR_INVALID, "--%s needs --%s", SHARDING_FLAGS[i].name,
+                                     USE_NAMES[SHARDING_FLAGS[i].needs]);
+    }
+    if (o->use_megatron_lm) {
+        /* world = dp x tp x pp (parallel/mesh.h): the ranks would refuse it at prepare */
+        int tp = sharding_int(o, "megatron_lm_tp_degree"), pp = sharding_int(o, "megatron_lm_pp_degree");
+        if (o->num_processes % ((long)tp * pp))
+            return ct_error_set(CT_ERR_INVALID,
+                                "--num_processes %d is not divisible by --megatron_lm_tp_degree %d x "
+                                "--megatron_lm_pp_degree %d = %ld (world = dp x tp x pp)",
+                                o->num_processes, tp, pp, (long)tp * pp);
+        const char *sp = o->sharding[sharding_flag("megatron_lm_sequence_parallelism")];
+        bool on = false;
+        if (sp && !ct_bool_parse(sp, &on) && on && tp == 1)
+            return ct_error_set(CT_ERR_INVALID, "--megatron_lm_sequence_parallelism needs --megatron_lm_tp_degree > 1 "
+                                                "(it splits the sequence over the tensor-parallel ranks)");
     }
     return CT_OK;
 }
@@ -242,6 +287,16 @@ void ct_launch_usage(FILE *f)
           "  --fsdp_reshard_after_forward true|false\n"
           "  --fsdp_state_dict_type FULL_STATE_DICT|SHARDED_STATE_DICT\n"
           "  --fsdp_sync_module_states true|false\n"
+          "  --use_megatron_lm            Megatron-LM tensor parallelism (world = dp x tp x pp):\n"
+          "  --megatron_lm_tp_degree N    tensor-parallel ranks (default 1); N x pp must divide\n"
+          "                               --num_processes\n"
+          "  --megatron_lm_pp_degree N    pipeline stages (default 1; the Accelerator runs 1)\n"
+          "  --megatron_lm_num_micro_batches N   the pipeline's micro-batches (default 1)\n"
+          "  --megatron_lm_sequence_parallelism [true|false]   activations split along the\n"
+          "                               sequence over the tensor-parallel ranks\n"
+          "  --megatron_lm_use_distributed_optimizer [true|false]   optimizer state sharded\n"
+          "                               over the data-parallel ranks\n"
+          "  --megatron_lm_gradient_clipping NORM   clip the global gradient norm before each step\n"
           "\n"
           "  --tee 0|1|2|3                also write each rank's stdout (1), stderr (2) or both (3)\n"
           "                               to files in --log_dir (default 3 with --log_dir, else 0)\n"
@@ -398,15 +453,22 @@ static ct_status parse_flags(int argc, char **argv, ct_launch_opts *o, bool *tee
         for (size_t k = 0; k < n; k++) name[k] = a[2 + k] == '-' ? '_' : a[2 + k];
         name[n] = 0;
 
-        if (!strcmp(name, "use_deepspeed") || !strcmp(name, "use_fsdp")) {
+        if (!strcmp(name, "use_deepspeed") || !strcmp(name, "use_fsdp") || !strcmp(name, "use_megatron_lm")) {
             if (eq) return ct_error_set(CT_ERR_INVALID, "--%s takes no value (got '%s')", name, a);
             if (name[4] == 'd') o->use_deepspeed = true;
-            else o->use_fsdp = true;
+            else if (name[4] == 'f') o->use_fsdp = true;
+            else o->use_megatron_lm = true;
             continue;
         }
         int sf = sharding_flag(name);
         if (sf >= 0) {
             const char *v = eq ? eq + 1 : NULL;
+            bool b;
+            /* a bare boolean: the next argument is its value only when it reads as one */
+            if (!v && SHARDING_FLAGS[sf].bare_true && (i + 1 >= argc || ct_bool_parse(argv[i + 1], &b))) {
+                ct_error_clear();
+                v = "true";
+            }
             if (!v) {
                 if (i + 1 >= argc) return ct_error_set(CT_ERR_INVALID, "--%s needs a value", name);
                 v = argv[++i];
@@ -486,7 +548,7 @@ ct_status ct_launch_args_parse(int argc, char **argv, ct_launch_opts *o)
     if (o->help) return CT_OK;
     /* again, over the file's values */
     const char *given = o->config_file;
-    bool strategy = o->use_deepspeed || o->use_fsdp;
+    bool strategy = o->use_deepspeed || o->use_fsdp || o->use_megatron_lm;
     opts_defaults(o);
     if (apply_config(o, given, strategy)) return ct_last_status();
     tee_given = false;
@@ -525,7 +587,7 @@ static bool env_name_is(const char *entry, const char *name)
 
 char **ct_launch_env_new(const ct_launch_opts *o, int local_rank, int port, int restart_count)
 {
-    env_var set[48];
+    env_var set[64];
     int ns = 0;
 #define SETF(NAME, ...) (set[ns].name = (NAME), snprintf(set[ns].value, sizeof set[ns].value, __VA_ARGS__), ns++)
     SETF("RANK", "%d", o->machine_rank * o->local_processes + local_rank);
@@ -560,6 +622,7 @@ char **ct_launch_env_new(const ct_launch_opts *o, int local_rank, int port, int 
     if (o->fp8_embedding_and_head) SETF("CTRAIN_FP8_EMBEDDING_AND_HEAD", "1");
     if (o->use_deepspeed) SETF("CTRAIN_USE_DEEPSPEED", "1");
     if (o->use_fsdp) SETF("CTRAIN_USE_FSDP", "1");
+    if (o->use_megatron_lm) SETF("CTRAIN_USE_MEGATRON_LM", "1");
     for (int k = 0; k < NSHARDING; k++)
         if (o->sharding[k]) SETF(SHARDING_FLAGS[k].env, "%s", o->sharding[k]);
 #undef SETF

@@ -12,7 +12,7 @@ TestSuite(config_cmd, .init = setup_dir, .fini = remove_tmpdir);
 
 /* Each rank prints its sharding, precision and size variables, sorted. */
 #define PRINT_ENV                                                                                                  \
-    "sh -c 'env | grep -E \"^(CTRAIN_(USE|ZERO|OFFLOAD|GRADIENT|MIXED|FSDP|DEEPSPEED|DEBUG|CUDA_SYNC|FP8)|WORLD_SIZE|"       \
+    "sh -c 'env | grep -E \"^(CTRAIN_(USE|ZERO|OFFLOAD|GRADIENT|MIXED|FSDP|DEEPSPEED|MEGATRON|DEBUG|CUDA_SYNC|FP8)|WORLD_SIZE|"       \
     "CUDA_VISIBLE)\" | sort'"
 
 static void assert_rank_lines(int ranks, const char *const *lines)
@@ -218,15 +218,79 @@ Test(config_cmd, the_default_file_is_read_when_it_exists, .timeout = 60)
     assert_has("default.yaml:2: unknown key 'num_process' at the top level");
 }
 
-Test(config_cmd, megatron_lm_is_refused_and_nothing_starts, .timeout = 30)
+Test(config_cmd, megatron_lm_config_becomes_the_megatron_flags, .timeout = 60)
 {
-    write_file("mlm.yaml", "distributed_type: MEGATRON_LM\nnum_processes: 2\nmegatron_lm_config:\n"
-                           "  megatron_lm_tp_degree: 2\n  megatron_lm_pp_degree: 1\n");
-    cr_assert_eq(ctrain("launch --config_file mlm.yaml touch started"), 2, "%s", out);
-    assert_has("distributed_type MEGATRON_LM asks for tensor and pipeline parallelism");
+    /* Accelerate's own keys, as `accelerate config` writes them */
+    write_file("mlm.yaml", "distributed_type: MEGATRON_LM\nnum_processes: 4\nmain_process_port: 0\nuse_cpu: true\n"
+                           "megatron_lm_config:\n"
+                           "  megatron_lm_gradient_clipping: 0.5\n"
+                           "  megatron_lm_num_micro_batches: 1\n"
+                           "  megatron_lm_pp_degree: 1\n"
+                           "  megatron_lm_recompute_activations: false\n"
+                           "  megatron_lm_sequence_parallelism: true\n"
+                           "  megatron_lm_tp_degree: 2\n"
+                           "  megatron_lm_use_distributed_optimizer: false\n");
+    cr_assert_eq(ctrain("launch --config_file mlm.yaml " PRINT_ENV), 0, "%s", out);
+    static const char *const want[] = {
+        "CTRAIN_USE_MEGATRON_LM=1",          "CTRAIN_MEGATRON_TP_DEGREE=2",
+        "CTRAIN_MEGATRON_PP_DEGREE=1",       "CTRAIN_MEGATRON_NUM_MICRO_BATCHES=1",
+        "CTRAIN_MEGATRON_SEQUENCE_PARALLELISM=true", "CTRAIN_MEGATRON_USE_DISTRIBUTED_OPTIMIZER=false",
+        "CTRAIN_MEGATRON_GRADIENT_CLIPPING=0.5", "WORLD_SIZE=4", NULL,
+    };
+    assert_rank_lines(4, want);
+    assert_lacks("DEEPSPEED");
+    assert_lacks("CTRAIN_USE_FSDP");
+    /* config show prints the flags and rank 0's variables launch gives */
+    cr_assert_eq(ctrain("config show mlm.yaml"), 0, "%s", out);
+    assert_has("strategy:     Megatron-LM: tensor parallel 2 x pipeline 1");
+    assert_has("--use_megatron_lm --megatron_lm_tp_degree 2 --megatron_lm_pp_degree 1");
+    assert_has("--megatron_lm_gradient_clipping 0.5");
+    assert_has("  CTRAIN_MEGATRON_TP_DEGREE=2\n");
+    /* the command line's flags win over the file's */
+    cr_assert_eq(ctrain("launch --config_file mlm.yaml --megatron_lm_tp_degree 4 " PRINT_ENV), 0, "%s", out);
+    assert_has("[rank3] CTRAIN_MEGATRON_TP_DEGREE=4\n");
+}
+
+Test(config_cmd, megatron_lm_layouts_that_do_not_divide_the_world_start_nothing, .timeout = 30)
+{
+    write_file("mlm3.yaml", "distributed_type: MEGATRON_LM\nnum_processes: 3\nmegatron_lm_config:\n"
+                            "  megatron_lm_tp_degree: 2\n  megatron_lm_pp_degree: 1\n");
+    cr_assert_eq(ctrain("launch --config_file mlm3.yaml touch started"), 2, "%s", out);
+    assert_has("--num_processes 3 is not divisible by --megatron_lm_tp_degree 2 x --megatron_lm_pp_degree 1 = 2");
     cr_assert_neq(access(path_of("started"), F_OK), 0);
-    cr_assert_eq(ctrain("config show mlm.yaml"), 1, "%s", out);
-    assert_has("launch:       refuses it: distributed_type MEGATRON_LM");
+    cr_assert_eq(ctrain("config show mlm3.yaml"), 1, "%s", out);
+    assert_has("launch:       refuses it: --num_processes 3 is not divisible");
+    cr_assert_eq(ctrain("launch --num_processes 8 --use_megatron_lm --megatron_lm_tp_degree 2 --megatron_lm_pp_degree 3 "
+                        "touch started"), 2, "%s", out);
+    assert_has("--num_processes 8 is not divisible by --megatron_lm_tp_degree 2 x --megatron_lm_pp_degree 3 = 6");
+    cr_assert_neq(access(path_of("started"), F_OK), 0);
+}
+
+Test(config_cmd, megatron_lm_flags_on_the_command_line, .timeout = 60)
+{
+    cr_assert_eq(ctrain("launch --num_processes 2 --main_process_port 0 --cpu --use_megatron_lm "
+                        "--megatron_lm_tp_degree 2 --megatron_lm_sequence_parallelism "
+                        "--megatron_lm_use_distributed_optimizer=false --megatron_lm_gradient_clipping 1 " PRINT_ENV),
+                 0, "%s", out);
+    static const char *const want[] = {"CTRAIN_USE_MEGATRON_LM=1", "CTRAIN_MEGATRON_TP_DEGREE=2",
+                                       "CTRAIN_MEGATRON_SEQUENCE_PARALLELISM=true",
+                                       "CTRAIN_MEGATRON_USE_DISTRIBUTED_OPTIMIZER=false",
+                                       "CTRAIN_MEGATRON_GRADIENT_CLIPPING=1", NULL};
+    assert_rank_lines(2, want);
+    /* a bare boolean before PROGRAM does not eat it */
+    cr_assert_eq(ctrain("launch --use_megatron_lm --megatron_lm_sequence_parallelism --megatron_lm_tp_degree 1 true"),
+                 2, "%s", out);
+    assert_has("--megatron_lm_sequence_parallelism needs --megatron_lm_tp_degree > 1");
+    cr_assert_eq(ctrain("launch --megatron_lm_tp_degree 2 true"), 2, "%s", out);
+    assert_has("--megatron_lm_tp_degree needs --use_megatron_lm");
+    cr_assert_eq(ctrain("launch --use_megatron_lm --megatron_lm_tp_degree 0 true"), 2, "%s", out);
+    assert_has("--megatron_lm_tp_degree");
+    assert_has("'0': expected a whole number from 1");
+    cr_assert_eq(ctrain("launch --use_megatron_lm --use_fsdp true"), 2, "%s", out);
+    assert_has("--use_fsdp and --use_megatron_lm were both given: choose one");
+    cr_assert_eq(ctrain("launch --help"), 0, "%s", out);
+    assert_has("--use_megatron_lm");
+    assert_has("--megatron_lm_tp_degree N");
 }
 
 Test(config_cmd, accelerates_unused_keys_are_accepted_and_listed, .timeout = 30)

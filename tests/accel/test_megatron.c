@@ -1,0 +1,494 @@
+/* Tests for accel/megatron.c and accel/megatron_plugin.c: Megatron-LM tensor
+ * parallelism through the Accelerator's normal loop (prepare, CT_ACCUMULATE,
+ * backward, step) on fork()ed ranks that find each other as launched programs do.
+ *
+ * Each run trains the GPT or Llama W1 shape 5 AdamW steps (2 micro-steps each,
+ * clipped by the plugin's gradient_clipping) at tp 2 or tp 2 x dp 2. Rank 0 then puts
+ * the whole model back together from every rank's shards (the shard records say which
+ * part each holds; put together here) and compares it with the same model trained by
+ * a plain one-process loop written here: ct_backward of loss / 2, ct_clip_grad_norm,
+ * AdamW, on batches of dp x B rows (the rows the dp ranks see together). */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "accel/accelerator.h"
+#include "autograd/autocast_cast.h"
+#include "autograd/autograd.h"
+#include "autograd/ops.h"
+#include "data/loader.h"
+#include "data/token_dataset.h"
+#include "nn/gpt.h"
+#include "nn/layers.h"
+#include "nn/llama.h"
+#include "optim/clip.h"
+#include "optim/optimizer.h"
+#include "precision/autocast.h"
+#include "tests/env_ranks.h"
+#include "tests/nn/tp_check.h"
+
+#define T 32
+#define K 2
+#define STEPS 5
+#define LR 1e-3
+#define CLIP 0.5
+
+static const ct_gpt_config GPT_W1 = {.vocab_size = 256, .block_size = 256, .n_layer = 4, .n_head = 4, .n_embd = 256};
+static const ct_llama_config LLAMA_W1 = {.vocab_size = 2048, .hidden_size = 256, .intermediate_size = 688,
+                                         .num_hidden_layers = 4, .num_attention_heads = 4,
+                                         .num_key_value_heads = 2, .max_position_embeddings = 64};
+
+typedef struct mcase {
+    bool llama;
+    int tp;
+    bool sp;
+    const char *mp; /* NULL: "no" */
+    int64_t B;      /* rows per data-parallel rank per micro-step */
+    bool from_env;  /* the settings as ctrain launch passes them (CTRAIN_*), no plugin */
+    double tol;      /* rms(got - want) / max(1, rms(want)) per tensor */
+    double tol_elem; /* |got - want| / max(1, |want|) per element (tp_check.h's rel_err) */
+} mcase;
+
+/* rms(got - want) / max(1, rms(want)): rel_err's measure over the tensor. Adam divides by sqrt(v): a gradient element that is
+ * a sum cancelling to near zero carries its rounding differences (summation order over
+ * the ranks) into a step of up to lr, so a few elements in 10^5 may differ by a
+ * fraction of lr; a wrong slice, a missed sync or a batch seen twice moves a whole row
+ * or tensor by lr per step, orders of magnitude above the tolerance. */
+static double rel_rms(const ct_tensor *got, const ct_tensor *want)
+{
+    if (!got || !want || !ct_tensor_same_shape(got, want)) return INFINITY;
+    ct_tensor *a = ct_tensor_contiguous(ct_tensor_cast(got, CT_DTYPE_F64));
+    ct_tensor *b = ct_tensor_contiguous(ct_tensor_cast(want, CT_DTYPE_F64));
+    if (!a || !b) return INFINITY;
+    const double *p = ct_tensor_data(a), *q = ct_tensor_data(b);
+    double d = 0, w = 0;
+    int64_t n = ct_tensor_numel(a);
+    for (int64_t i = 0; i < n; i++) d += (p[i] - q[i]) * (p[i] - q[i]), w += q[i] * q[i];
+    return sqrt(d / (double)n) / fmax(1.0, sqrt(w / (double)n));
+}
+
+static int64_t vocab(const mcase *c) { return c->llama ? LLAMA_W1.vocab_size : GPT_W1.vocab_size; }
+
+/* the token file every rank reads alike: raw uint16 tokens of a fixed sequence */
+static uint16_t tokens[8 * STEPS * K * T + 1];
+
+static ct_dataset *dataset(const mcase *c)
+{
+    uint32_t x = 12345;
+    for (size_t i = 0; i < sizeof tokens / sizeof *tokens; i++) {
+        x = x * 1664525u + 1013904223u;
+        tokens[i] = (uint16_t)((x >> 8) % (uint32_t)vocab(c));
+    }
+    return ct_token_dataset_open_memory(tokens, sizeof tokens, "tokens",
+                                        &(ct_token_dataset_config){.block_size = T, .format = CT_TOKENS_RAW_U16});
+}
+
+static ct_module *model_new(const mcase *c)
+{
+    ct_set_seed(7);
+    return c->llama ? &ct_llama_new(&LLAMA_W1)->base : &ct_gpt_new(&GPT_W1)->base;
+}
+
+static ct_tensor *loss_of(const mcase *c, ct_module *m, ct_tensor *x, ct_tensor *y)
+{
+    return c->llama ? ct_llama_loss((ct_llama *)m, x, y) : ct_gpt_loss((ct_gpt *)m, x, y);
+}
+
+static int fail(int rank, const char *what)
+{
+    fprintf(stderr, "rank %d: %s: %s\n", rank, what, ct_last_error());
+    return 1;
+}
+
+/* The shard record of a parameter: which part of the full tensor it holds. */
+static ct_status record_of(const mcase *c, ct_module *m, const char *name, ct_tensor *p, ct_tp_shard *s, int *parts)
+{
+    *parts = 1;
+    if (c->llama) {
+        const ct_tp_shard *r = ct_llama_tp_shard_of((ct_llama *)m, p);
+        if (!r) return ct_error_set(CT_ERR_INVALID, "%s has no shard record", name);
+        *s = *r;
+    } else {
+        const ct_gpt_tp_shard *r = ct_gpt_tp_shard_of((ct_gpt *)m, name, NULL);
+        if (!r) return ct_error_set(CT_ERR_INVALID, "%s has no shard record", name);
+        *s = r->shard;
+        *parts = r->parts;
+    }
+    return CT_OK;
+}
+
+/* The full tensor from the tp ranks of data-parallel index 0 (world ranks 0 .. tp-1):
+ * every rank's local tensor gathered, then per part the ranks' blocks in rank order,
+ * cut to the full size (the vocabulary's padding dropped). */
+static ct_tensor *full_of(ct_accelerator *acc, int tp, ct_tensor *local, const ct_tp_shard *s, int parts)
+{
+    ct_tensor *flat = ct_tensor_reshape(ct_tensor_contiguous(local), 2, (int64_t[]){1, ct_tensor_numel(local)});
+    ct_tensor *all = ct_accelerator_gather(acc, flat);
+    if (!all || s->dim < 0) return all ? ct_tensor_reshape(ct_tensor_narrow(all, 0, 0, 1), local->ndim, local->shape)
+                                       : NULL;
+    int64_t len = (s->end - s->start);
+    ct_tensor *blocks[3];
+    for (int j = 0; j < parts; j++) {
+        ct_tensor *pieces[8];
+        for (int r = 0; r < tp; r++) {
+            ct_tensor *row = ct_tensor_reshape(ct_tensor_narrow(all, 0, r, 1), local->ndim, local->shape);
+            pieces[r] = ct_tensor_narrow(row, s->dim, j * len, len);
+        }
+        blocks[j] = ct_tensor_narrow(ct_concat(tp, pieces, s->dim), s->dim, 0, s->full);
+    }
+    return parts == 1 ? blocks[0] : ct_concat(parts, blocks, s->dim);
+}
+
+/* The reference: one process, a plain loop, batches of dp x B rows. */
+static int reference(const mcase *c, int dp, ct_param_list *out, ct_module **mout)
+{
+    ct_module *m = model_new(c);
+    ct_param_list pl;
+    if (!m || ct_module_named_tensors(m, false, &pl)) return fail(0, "reference model");
+    ct_optimizer *opt = ct_adamw_new(pl.n, pl.tensors, &(ct_adamw_config){.lr = LR, .weight_decay = 0.1});
+    ct_dataset *ds = dataset(c);
+    ct_loader *l = ct_loader_new(ds, &(ct_loader_config){.batch_size = dp * c->B, .no_prefetch = true});
+    bool bf16 = c->mp && !strcmp(c->mp, "bf16");
+    if (bf16) ct_autocast_set_default(CT_DTYPE_BF16);
+    ct_status st = opt && l ? CT_OK : ct_last_status();
+    ct_tensor *x, *y;
+    for (int i = 0; i < STEPS * K && !st; i++) CT_FRAME {
+            if (ct_loader_next(l, &x, &y) != CT_LOADER_BATCH) {
+                st = ct_error_set(CT_ERR_INVALID, "reference: the loader ran out at micro-step %d", i);
+                continue; /* leaves the frame */
+            }
+            ct_tensor *loss = loss_of(c, m, x, y);
+            st = loss ? ct_backward(ct_mul_scalar(loss, 1.0 / K)) : ct_last_status();
+            if (st || i % K != K - 1) continue;
+            if (isnan(ct_clip_grad_norm(pl.n, pl.tensors, CLIP, 2.0))) st = ct_last_status();
+            if (!st) st = ct_optimizer_step(opt);
+            ct_optimizer_zero_grad(opt);
+            ct_autocast_clear_cache(); /* the bf16 copies of the old weights */
+        }
+    if (bf16) ct_autocast_set_default(CT_DTYPE_F32);
+    ct_loader_free(l);
+    ct_dataset_free(ds);
+    ct_optimizer_free(opt);
+    *out = pl;
+    *mout = m;
+    return st ? fail(0, "reference training") : 0;
+}
+
+static int train_rank(int rank, int world, const char *dir, void *ctx)
+{
+    (void)dir;
+    const mcase *c = ctx;
+    const int dp = world / c->tp;
+    setenv("CTRAIN_NUM_THREADS", "1", 1); /* 4 ranks on 2 cores */
+    int rc = 0;
+    CT_FRAME {
+        ct_module *m = model_new(c);
+        ct_param_list pl;
+        if (!m || ct_module_named_tensors(m, false, &pl)) {
+            rc = fail(rank, "model");
+            continue; /* leaves the frame */
+        }
+        /* built over the full model before prepare, as every example does */
+        ct_optimizer *opt = ct_adamw_new(pl.n, pl.tensors, &(ct_adamw_config){.lr = LR, .weight_decay = 0.1});
+        ct_param_list_free(&pl);
+        ct_dataset *ds = dataset(c);
+        ct_loader *l = ct_loader_new(ds, &(ct_loader_config){.batch_size = c->B, .no_prefetch = true});
+        ct_megatron_lm_plugin p = {.tp_degree = c->tp, .sequence_parallelism = c->sp, .gradient_clipping = CLIP};
+        if (c->from_env) {
+            /* `ctrain launch --use_megatron_lm --megatron_lm_tp_degree 2
+             *  --megatron_lm_gradient_clipping 0.5 --gradient_accumulation_steps 2` */
+            char v[32];
+            setenv("CTRAIN_USE_MEGATRON_LM", "1", 1);
+            snprintf(v, sizeof v, "%d", c->tp), setenv("CTRAIN_MEGATRON_TP_DEGREE", v, 1);
+            setenv("CTRAIN_MEGATRON_SEQUENCE_PARALLELISM", c->sp ? "true" : "false", 1);
+            snprintf(v, sizeof v, "%g", CLIP), setenv("CTRAIN_MEGATRON_GRADIENT_CLIPPING", v, 1);
+            snprintf(v, sizeof v, "%d", K), setenv("CTRAIN_GRADIENT_ACCUMULATION_STEPS", v, 1);
+        }
+        ct_accelerator *acc = ct_accelerator_new(&(ct_accelerator_config){
+            .megatron_lm_plugin = c->from_env ? NULL : &p,
+            .gradient_accumulation_steps = c->from_env ? 0 : K,
+            .mixed_precision = c->mp});
+        ct_status st = acc ? ct_accelerator_prepare(acc, m, opt, l, NULL) : ct_last_status();
+        /* the user's loop, unchanged */
+        ct_tensor *x, *y;
+        for (int i = 0; i < STEPS * K && !st; i++) CT_FRAME {
+                if (ct_loader_next(l, &x, &y) != CT_LOADER_BATCH) {
+                    st = ct_error_set(CT_ERR_INVALID, "the prepared loader ran out at micro-step %d", i);
+                    continue; /* leaves the frame */
+                }
+                CT_ACCUMULATE(acc) {
+                    ct_tensor *loss = loss_of(c, m, x, y);
+                    st = loss ? ct_accelerator_backward(acc, loss) : ct_last_status();
+                    if (!st) st = ct_optimizer_step(opt);
+                    ct_optimizer_zero_grad(opt);
+                }
+            }
+        if (st) rc = fail(rank, "training");
+        /* every rank gathers; rank 0 compares */
+        ct_param_list got = {0}, want = {0};
+        ct_module *ref = NULL;
+        if (!rc && ct_module_named_tensors(m, false, &got)) rc = fail(rank, "parameters");
+        ct_tensor **full = calloc((size_t)got.n + 1, sizeof *full);
+        for (int i = 0; i < got.n && !rc; i++) {
+            ct_tp_shard s = {.dim = -1};
+            int parts = 1;
+            if (record_of(c, m, got.names[i], got.tensors[i], &s, &parts) ||
+                !(full[i] = full_of(acc, c->tp, got.tensors[i], &s, parts)))
+                rc = fail(rank, got.names[i]);
+        }
+        ct_accelerator_free(acc);
+        if (!rc && rank == 0) rc = reference(c, dp, &want, &ref);
+        double worst = 0, worst_elem = 0;
+        for (int i = 0; i < got.n && !rc && rank == 0; i++) {
+            bool same = i < want.n && !strcmp(want.names[i], got.names[i]);
+            double e = same ? rel_rms(full[i], want.tensors[i]) : INFINITY;
+            double ee = same ? rel_err(full[i], want.tensors[i]) : INFINITY;
+            worst = fmax(worst, e), worst_elem = fmax(worst_elem, ee);
+            if (!(e <= c->tol) || !(ee <= c->tol_elem)) {
+                fprintf(stderr, "%s after %d steps: relative error %g (tolerance %g), per element %g (%g)\n",
+                        got.names[i], STEPS, e, c->tol, ee, c->tol_elem);
+                if (getenv("CT_DEBUG_REPORTS")) {
+                    ct_tensor *a = ct_tensor_contiguous(full[i]), *b = ct_tensor_contiguous(want.tensors[i]);
+                    const float *pa = ct_tensor_data(a), *pb = ct_tensor_data(b);
+                    int64_t n = ct_tensor_numel(a), bad = 0;
+                    for (int64_t k = 0; k < n; k++)
+                        if (fabs(pa[k] - pb[k]) > 1e-5 && bad++ < 6)
+                            fprintf(stderr, "  [%lld] got %.9g want %.9g\n", (long long)k, pa[k], pb[k]);
+                    fprintf(stderr, "  %lld of %lld elements off\n", (long long)bad, (long long)n);
+                }
+                rc = 1;
+            }
+        }
+        if (getenv("CT_DEBUG_REPORTS") && rank == 0) fprintf(stderr, "worst relative error %g, per element %g\n", worst, worst_elem);
+        free(full);
+        ct_param_list_free(&got);
+        ct_param_list_free(&want);
+        ct_module_free(ref);
+        ct_optimizer_free(opt);
+        ct_loader_free(l);
+        ct_dataset_free(ds);
+        ct_module_free(m);
+    }
+    return rc;
+}
+
+static void run(int world, mcase c)
+{
+    run_env_ranks(world, train_rank, NULL, &c, 170);
+}
+
+TestSuite(megatron);
+
+Test(megatron, gpt_w1_tp2_trains_as_one_process, .timeout = 180)
+{
+    run(2, (mcase){.tp = 2, .B = 4, .tol = 1e-5, .tol_elem = 1e-4});
+}
+
+Test(megatron, gpt_w1_tp2_dp2_sequence_parallel_trains_as_one_process, .timeout = 180)
+{
+    run(4, (mcase){.tp = 2, .sp = true, .B = 2, .tol = 1e-5, .tol_elem = 1e-4});
+}
+
+Test(megatron, llama_w1_tp2_sequence_parallel_trains_as_one_process, .timeout = 180)
+{
+    run(2, (mcase){.llama = true, .tp = 2, .sp = true, .B = 4, .tol = 1e-5, .tol_elem = 1e-4});
+}
+
+/* the settings from the launcher's variables, as each rank of `ctrain launch` gets them */
+Test(megatron, llama_w1_tp2_dp2_from_the_launchers_variables_trains_as_one_process, .timeout = 180)
+{
+    run(4, (mcase){.llama = true, .tp = 2, .B = 2, .from_env = true, .tol = 1e-5, .tol_elem = 1e-4});
+}
+
+/* bf16 autocast: the sharded model tracks the bf16 single process (rounding differs
+ * with the summation order; a wrong slice or a missing sync is off by lr per step) */
+Test(megatron, gpt_w1_tp2_bf16_tracks_the_bf16_single_process, .timeout = 180)
+{
+    run(2, (mcase){.tp = 2, .sp = true, .mp = "bf16", .B = 2, .tol = 5e-3, .tol_elem = 3e-2});
+}
+
+/* ---- bad layouts fail on every rank, naming the numbers -------------------------- */
+
+typedef struct bad_case {
+    const char *what;
+    int tp, pp;
+    int kind; /* 0: GPT with 3 heads, 1: a Linear layer, 2: the W1 GPT */
+    const char *want;
+    bool at_new; /* refused by ct_accelerator_new, else by prepare */
+} bad_case;
+
+static int bad_rank(int rank, int world, const char *dir, void *ctx)
+{
+    (void)dir, (void)world;
+    const bad_case *b = ctx;
+    int rc = 0;
+    CT_FRAME {
+        ct_megatron_lm_plugin p = {.tp_degree = b->tp, .pp_degree = b->pp};
+        ct_accelerator *acc = ct_accelerator_new(&(ct_accelerator_config){.megatron_lm_plugin = &p});
+        if (b->at_new) {
+            if (acc || !strstr(ct_last_error(), b->want)) {
+                fprintf(stderr, "rank %d, %s: %s; want an error naming '%s'\n", rank, b->what,
+                        acc ? "accepted" : ct_last_error(), b->want);
+                rc = 1;
+            }
+            ct_accelerator_free(acc);
+            continue; /* leaves the frame */
+        }
+        if (!acc) {
+            rc = fail(rank, b->what);
+            continue; /* leaves the frame */
+        }
+        ct_set_seed(3);
+        ct_module *m = b->kind == 0   ? &ct_gpt_new(&(ct_gpt_config){.vocab_size = 32, .block_size = 8, .n_layer = 1,
+                                                                     .n_head = 3, .n_embd = 24})->base
+                       : b->kind == 1 ? &ct_linear_layer_new(4, 4, true, 0.02)->base
+                                      : &ct_gpt_new(&GPT_W1)->base;
+        ct_status st = ct_accelerator_prepare(acc, m, NULL, NULL, NULL);
+        if (!st || !strstr(ct_last_error(), b->want)) {
+            fprintf(stderr, "rank %d, %s: %s; want an error naming '%s'\n", rank, b->what,
+                    st ? ct_last_error() : "accepted", b->want);
+            rc = 1;
+        }
+        ct_accelerator_free(acc);
+        ct_module_free(m);
+    }
+    return rc;
+}
+
+Test(megatron, bad_layouts_fail_on_every_rank_naming_the_numbers, .timeout = 60)
+{
+    bad_case world3 = {"world 3, tp 2", 2, 1, 2, "world size 3 is not divisible by tp_degree 2 x pp_degree 1 = 2",
+                       true};
+    run_env_ranks(3, bad_rank, NULL, &world3, 50);
+    bad_case heads = {"3 heads over tp 2", 2, 1, 0, "tp 2 does not divide n_head 3", false};
+    run_env_ranks(2, bad_rank, NULL, &heads, 50);
+    bad_case linear = {"a Linear", 2, 1, 1, "a model of type 'Linear' is not supported; supported: GPT", false};
+    run_env_ranks(2, bad_rank, NULL, &linear, 50);
+    bad_case pp = {"pp 2", 1, 2, 2, "pp_degree 2: pipeline parallelism does not run through the Accelerator", true};
+    run_env_ranks(2, bad_rank, NULL, &pp, 50);
+}
+
+/* use_distributed_optimizer: with tp 1 it is ZeRO-1 over every rank; with tp 2 and dp 2
+ * it is refused on every rank (not supported yet) */
+static int dist_opt_rank(int rank, int world, const char *dir, void *ctx)
+{
+    (void)dir, (void)ctx;
+    int rc = 0;
+    CT_FRAME {
+        ct_megatron_lm_plugin p = {.tp_degree = world == 4 ? 2 : 1, .use_distributed_optimizer = true};
+        ct_accelerator *acc = ct_accelerator_new(&(ct_accelerator_config){.megatron_lm_plugin = &p});
+        if (world == 4) {
+            const char *want = "use_distributed_optimizer with tp_degree 2 and 2 data-parallel ranks is not supported";
+            if (acc || !strstr(ct_last_error(), want)) {
+                fprintf(stderr, "rank %d: %s; want an error naming '%s'\n", rank, acc ? "accepted" : ct_last_error(),
+                        want);
+                rc = 1;
+            }
+            ct_accelerator_free(acc);
+            continue; /* leaves the frame */
+        }
+        ct_set_seed(3);
+        ct_gpt *m = ct_gpt_new(&(ct_gpt_config){.vocab_size = 32, .block_size = 8, .n_layer = 1, .n_head = 2,
+                                                .n_embd = 16});
+        ct_param_list pl;
+        ct_module_named_tensors(&m->base, false, &pl);
+        ct_optimizer *opt = ct_adamw_new(pl.n, pl.tensors, NULL);
+        ct_param_list_free(&pl);
+        if (!acc || ct_accelerator_prepare(acc, &m->base, opt, NULL, NULL)) rc = fail(rank, "tp 1, distributed optimizer");
+        else if (!ct_accelerator_shard(acc) ||
+                 ct_shard_stats_get(ct_accelerator_shard(acc)).strategy != CT_SHARD_OPTIMIZER) {
+            fprintf(stderr, "rank %d: tp 1 with use_distributed_optimizer is not ZeRO-1\n", rank);
+            rc = 1;
+        }
+        ct_accelerator_free(acc);
+        ct_optimizer_free(opt);
+        ct_module_free(&m->base);
+    }
+    return rc;
+}
+
+Test(megatron, the_distributed_optimizer_is_zero1_over_dp_or_refused, .timeout = 60)
+{
+    run_env_ranks(2, dist_opt_rank, NULL, NULL, 50);
+    run_env_ranks(4, dist_opt_rank, NULL, NULL, 50);
+}
+
+/* ---- the plugin's settings ------------------------------------------------------- */
+
+static const char *const VARS[] = {"CTRAIN_USE_MEGATRON_LM", "CTRAIN_MEGATRON_TP_DEGREE", "CTRAIN_MEGATRON_PP_DEGREE",
+                                   "CTRAIN_MEGATRON_NUM_MICRO_BATCHES", "CTRAIN_MEGATRON_SEQUENCE_PARALLELISM",
+                                   "CTRAIN_MEGATRON_USE_DISTRIBUTED_OPTIMIZER", "CTRAIN_MEGATRON_GRADIENT_CLIPPING"};
+
+static void clear_vars(void)
+{
+    for (size_t i = 0; i < sizeof VARS / sizeof *VARS; i++) unsetenv(VARS[i]);
+}
+
+static void want_error(ct_status st, const char *part)
+{
+    cr_assert_neq(st, CT_OK, "expected an error naming '%s'", part);
+    cr_assert(strstr(ct_last_error(), part), "error '%s' should name '%s'", ct_last_error(), part);
+}
+
+Test(megatron, the_launchers_variables_are_read_and_checked)
+{
+    clear_vars();
+    bool on = true;
+    ct_megatron_lm_plugin p;
+    cr_assert_eq(ct_megatron_lm_plugin_from_env(&on, &p), CT_OK, "%s", ct_last_error());
+    cr_assert(!on);
+    setenv("CTRAIN_USE_MEGATRON_LM", "1", 1);
+    setenv("CTRAIN_MEGATRON_TP_DEGREE", "4", 1);
+    setenv("CTRAIN_MEGATRON_SEQUENCE_PARALLELISM", "true", 1);
+    setenv("CTRAIN_MEGATRON_GRADIENT_CLIPPING", "0.25", 1);
+    cr_assert_eq(ct_megatron_lm_plugin_from_env(&on, &p), CT_OK, "%s", ct_last_error());
+    cr_assert(on);
+    cr_assert_eq(p.tp_degree, 4);
+    cr_assert_eq(p.pp_degree, 1);
+    cr_assert_eq(p.num_micro_batches, 1);
+    cr_assert(p.sequence_parallelism && !p.use_distributed_optimizer);
+    cr_assert_eq(p.gradient_clipping, 0.25);
+    setenv("CTRAIN_MEGATRON_TP_DEGREE", "two", 1);
+    want_error(ct_megatron_lm_plugin_from_env(&on, &p), "CTRAIN_MEGATRON_TP_DEGREE='two' is not an integer >= 1");
+    setenv("CTRAIN_MEGATRON_TP_DEGREE", "2", 1);
+    setenv("CTRAIN_MEGATRON_SEQUENCE_PARALLELISM", "maybe", 1);
+    want_error(ct_megatron_lm_plugin_from_env(&on, &p),
+               "CTRAIN_MEGATRON_SEQUENCE_PARALLELISM='maybe'; allowed: true, false");
+    setenv("CTRAIN_MEGATRON_SEQUENCE_PARALLELISM", "0", 1);
+    setenv("CTRAIN_MEGATRON_GRADIENT_CLIPPING", "-1", 1);
+    want_error(ct_megatron_lm_plugin_from_env(&on, &p),
+               "CTRAIN_MEGATRON_GRADIENT_CLIPPING='-1'; expected a number >= 0");
+    /* the Accelerator refuses a bad variable, naming it */
+    setenv("CTRAIN_MEGATRON_GRADIENT_CLIPPING", "1", 1);
+    setenv("CTRAIN_MEGATRON_PP_DEGREE", "0", 1);
+    cr_assert_null(ct_accelerator_new(NULL));
+    cr_assert(strstr(ct_last_error(), "CTRAIN_MEGATRON_PP_DEGREE='0'"), "%s", ct_last_error());
+    clear_vars();
+}
+
+Test(megatron, plugin_values_are_checked)
+{
+    ct_megatron_lm_plugin r;
+    cr_assert_eq(ct_megatron_lm_plugin_resolve(&(ct_megatron_lm_plugin){0}, 5, &r), CT_OK, "%s", ct_last_error());
+    cr_assert(r.tp_degree == 1 && r.pp_degree == 1 && r.num_micro_batches == 1);
+    want_error(ct_megatron_lm_plugin_resolve(&(ct_megatron_lm_plugin){.tp_degree = -2}, 4, &r),
+               "tp_degree = -2; expected >= 1");
+    want_error(ct_megatron_lm_plugin_resolve(&(ct_megatron_lm_plugin){.tp_degree = 2, .pp_degree = 2}, 6, &r),
+               "world size 6 is not divisible by tp_degree 2 x pp_degree 2 = 4");
+    want_error(ct_megatron_lm_plugin_resolve(&(ct_megatron_lm_plugin){.sequence_parallelism = true}, 2, &r),
+               "sequence_parallelism needs tp_degree > 1");
+    want_error(ct_megatron_lm_plugin_resolve(&(ct_megatron_lm_plugin){.gradient_clipping = NAN}, 2, &r),
+               "gradient_clipping = nan");
+    /* one process, tp 1: nothing to shard, the plain loop runs */
+    clear_vars();
+    ct_accelerator *acc = ct_accelerator_new(&(ct_accelerator_config){.megatron_lm_plugin = &(ct_megatron_lm_plugin){0}});
+    cr_assert_not_null(acc, "%s", ct_last_error());
+    ct_accelerator_free(acc);
+    /* with a sharding plugin too: refused, naming both */
+    acc = ct_accelerator_new(&(ct_accelerator_config){.megatron_lm_plugin = &(ct_megatron_lm_plugin){.tp_degree = 1},
+                                                      .fsdp_plugin = &(ct_fsdp_plugin){0}});
+    cr_assert_null(acc);
+    cr_assert(strstr(ct_last_error(), "together with fsdp_plugin is not supported yet"), "%s", ct_last_error());
+}
