@@ -584,6 +584,11 @@ void ct_accelerator_set_seed(ct_accelerator *acc, uint64_t seed, bool device_spe
 ct_pg *ct_accelerator_pg(const ct_accelerator *acc) { return acc ? acc->pg : NULL; }
 ct_ddp *ct_accelerator_ddp(const ct_accelerator *acc) { return acc ? acc->ddp : NULL; }
 ct_shard *ct_accelerator_shard(const ct_accelerator *acc) { return acc ? acc->shard : NULL; }
+
+bool ct_accelerator_forward_needs_all_ranks(const ct_accelerator *acc)
+{
+    return acc && (acc->shard || acc->mesh);
+}
 bool ct_accelerator_sharded_state_dict(const ct_accelerator *acc) { return acc && acc->sharding.sharded_state_dict; }
 
 void ct_accelerator_free(ct_accelerator *acc)
@@ -595,6 +600,7 @@ void ct_accelerator_free(ct_accelerator *acc)
     if (acc->opt) ct_optimizer_set_hooks(acc->opt, NULL);
     ct_ddp_free(acc->ddp);
     ct_shard_free(acc->shard);
+    ct_module_free(acc->tp_full);
     ct_mesh_free(acc->mesh);
     ct_param_list_free(&acc->params);
     ct_pg_free(acc->pg);

@@ -209,6 +209,11 @@ CT_API ct_pg *ct_accelerator_pg(const ct_accelerator *acc);
 CT_API ct_ddp *ct_accelerator_ddp(const ct_accelerator *acc);
 /* The sharding engine (borrowed; NULL unless a sharded strategy was prepared). */
 CT_API ct_shard *ct_accelerator_shard(const ct_accelerator *acc);
+/* True when a forward of the prepared model needs every rank: under a sharded strategy
+ * (ZeRO-3 and FSDP gather parameters; the engine's hooks run on every rank) or tensor
+ * parallelism (the model's collectives). Evaluation then runs on every rank instead of
+ * rank 0 alone. */
+CT_API bool ct_accelerator_forward_needs_all_ranks(const ct_accelerator *acc);
 /* True when FSDP's state_dict_type is SHARDED_STATE_DICT (ct_fsdp_plugin,
  * --fsdp_state_dict_type, CTRAIN_FSDP_STATE_DICT_TYPE): under a sharded strategy
  * ct_accelerator_save_model then writes a sharded checkpoint. */

@@ -48,6 +48,7 @@ struct ct_accelerator {
     ct_megatron_lm_plugin mlm; /* its settings, defaults filled in */
     ct_mesh *mesh;             /* dp x tp, once prepare sharded the model (tp_degree > 1) */
     bool tp_synced;            /* this step's tp gradient sync ran */
+    ct_module *tp_full;        /* the last whole model gathered from the tp shards (owned) */
 };
 
 /* accel/megatron.c. At ct_accelerator_new, after the other settings: the plugin's (or
@@ -61,6 +62,11 @@ ct_status cti_accel_megatron_sync(ct_accelerator *a);
 /* An error naming op when the prepared model is sharded for tensor parallelism (its
  * checkpoint and state-dict calls do not know the tp layout yet); CT_OK otherwise. */
 ct_status cti_accel_megatron_refuse(const ct_accelerator *a, const char *op);
+/* Under tensor parallelism: a new unsharded model of the prepared one's type holding
+ * the whole of its current parameters, gathered over tp (a collective over the tp
+ * group; every rank gets it). The Accelerator owns it, until the next call or
+ * ct_accelerator_free. NULL + error. */
+ct_module *cti_accel_megatron_full_model(ct_accelerator *a);
 /* The global gradient norm over every axis, clipped to max_norm. NAN + error. */
 double cti_accel_megatron_clip(ct_accelerator *a, double max_norm, double norm_type);
 

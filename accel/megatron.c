@@ -18,8 +18,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "autograd/autograd.h"
+#include "core/frame.h"
 #include "nn/gpt.h"
 #include "nn/llama.h"
+#include "nn/tp_ops.h"
 
 static const char SUPPORTED[] = "GPT (nn/gpt.h) and LlamaForCausalLM (nn/llama.h)";
 
@@ -185,8 +188,62 @@ ct_status cti_accel_megatron_refuse(const ct_accelerator *a, const char *op)
 {
     if (!a || !a->mesh) return CT_OK;
     return ct_error_set(CT_ERR_UNSUPPORTED,
-                        "%s: the model is sharded for tensor parallelism (tp %d): the Accelerator's checkpoints and "
-                        "state dicts of such a model are not supported yet (ct_gpt_tp_gather_model puts a GPT back "
-                        "together; ct_llama_tp_shard_of says which part of a Llama tensor a rank holds)",
+                        "%s: the model is sharded for tensor parallelism (tp %d): training-state checkpoints and "
+                        "loading of such a model are not supported yet (get_state_dict, save_model and "
+                        "unwrap_model give the whole model)",
                         op, a->mesh->tp);
+}
+
+/* The whole tensor of a Llama parameter: the tp ranks' equal slices along the shard's
+ * dim concatenated in rank order, the vocabulary's padding dropped; a copy of a
+ * replicated one. New reference, current frame. */
+static ct_tensor *llama_full_tensor(ct_accelerator *a, ct_llama *m, ct_tensor *local)
+{
+    const ct_tp_shard *sh = ct_llama_tp_shard_of(m, local);
+    if (!sh || sh->dim < 0) return ct_tensor_clone(local);
+    ct_tensor *all = ct_tp_gather(a->mesh->tp_group, local, sh->dim);
+    return all ? ct_tensor_contiguous(ct_tensor_narrow(all, sh->dim, 0, sh->full)) : NULL;
+}
+
+/* A new unsharded Llama with m's configuration, its parameters the gathered ones. */
+static ct_llama *llama_gather_model(ct_accelerator *a, ct_llama *m)
+{
+    ct_llama *full = ct_llama_new(&m->cfg);
+    ct_param_list mine = {0}, theirs = {0};
+    ct_status st = !full ? ct_last_status() : ct_module_named_tensors(&m->base, false, &mine);
+    if (!st) st = ct_module_named_tensors(&full->base, false, &theirs);
+    if (!st && mine.n != theirs.n)
+        st = ct_error_set(CT_ERR_INTERNAL, "%d parameters sharded, %d in the whole model", mine.n, theirs.n);
+    for (int i = 0; i < mine.n && !st; i++) CT_FRAME {
+            ct_tensor *t = llama_full_tensor(a, m, mine.tensors[i]);
+            if (!t) st = ct_last_status();
+            else if (strcmp(mine.names[i], theirs.names[i]))
+                st = ct_error_set(CT_ERR_INTERNAL, "parameter %d: '%s' sharded, '%s' whole", i, mine.names[i],
+                                  theirs.names[i]);
+            else st = ct_tensor_copy_(theirs.tensors[i], t);
+            if (st) ct_error_prefix("parameter '%s': ", mine.names[i]);
+        }
+    ct_param_list_free(&mine);
+    ct_param_list_free(&theirs);
+    if (st) {
+        ct_module_free(full ? &full->base : NULL);
+        return NULL;
+    }
+    return full;
+}
+
+ct_module *cti_accel_megatron_full_model(ct_accelerator *a)
+{
+    ct_module_free(a->tp_full);
+    a->tp_full = NULL;
+    bool grad = ct_grad_set_enabled(false);
+    ct_module *full = !strcmp(a->model->type, "GPT") ? (ct_module *)ct_gpt_tp_gather_model((ct_gpt *)a->model)
+                                                     : (ct_module *)llama_gather_model(a, (ct_llama *)a->model);
+    ct_grad_set_enabled(grad);
+    if (!full) {
+        ct_error_prefix("gathering the whole model over tp %d: ", a->mesh->tp);
+        return NULL;
+    }
+    ct_module_train(full, a->model->training);
+    return a->tp_full = full;
 }

@@ -12,10 +12,16 @@
 
 /* The full parameters in the model on every rank (a collective under a sharded
  * strategy); release undoes it. */
-static ct_status gather(ct_accelerator *acc, ct_module *model, const char *op)
+static ct_status gather(ct_accelerator *acc, ct_module **model, const char *op)
 {
-    if (!acc || !model) return ct_error_set(CT_ERR_INVALID, "%s: %s is NULL", op, !acc ? "accelerator" : "model");
-    if (cti_accel_megatron_refuse(acc, op)) return ct_last_status();
+    if (!acc || !*model) return ct_error_set(CT_ERR_INVALID, "%s: %s is NULL", op, !acc ? "accelerator" : "model");
+    /* tensor parallelism: the whole model, gathered into a copy the Accelerator owns */
+    if (acc->mesh) {
+        ct_module *full = cti_accel_megatron_full_model(acc);
+        if (!full) return ct_error_prefix("%s: ", op);
+        *model = full;
+        return CT_OK;
+    }
     ct_shard *s = ct_accelerator_shard(acc);
     if (s && ct_shard_gather_full(s)) return ct_error_prefix("%s: ", op);
     return CT_OK;
@@ -25,7 +31,7 @@ ct_status ct_accelerator_get_state_dict(ct_accelerator *acc, ct_module *model, c
 {
     if (out) *out = (ct_state_dict){0};
     if (!out) return ct_error_set(CT_ERR_INVALID, "accelerator_get_state_dict: out is NULL");
-    ct_status st = gather(acc, model, "accelerator_get_state_dict");
+    ct_status st = gather(acc, &model, "accelerator_get_state_dict");
     if (st) return st;
     ct_param_list l = {0};
     st = ct_module_named_tensors(model, true, &l);
@@ -68,7 +74,7 @@ ct_status ct_accelerator_save_model(ct_accelerator *acc, ct_module *model, const
     /* SHARDED_STATE_DICT: each rank writes its own slices, nothing is gathered */
     if (ct_accelerator_shard(acc) && ct_accelerator_sharded_state_dict(acc))
         return cti_model_shards_save(acc, model, path);
-    ct_status st = gather(acc, model, "accelerator_save_model");
+    ct_status st = gather(acc, &model, "accelerator_save_model");
     if (st) return st;
     if (ct_accelerator_is_main_process(acc)) st = ct_module_save(model, path, 0, NULL, NULL);
     ct_shard_release_full(ct_accelerator_shard(acc));
@@ -84,7 +90,11 @@ ct_module *ct_accelerator_unwrap_model(ct_accelerator *acc, ct_module *model)
         ct_error_set(CT_ERR_INVALID, "accelerator_unwrap_model: %s is NULL", !acc ? "accelerator" : "model");
         return NULL;
     }
-    if (cti_accel_megatron_refuse(acc, "accelerator_unwrap_model")) return NULL;
+    if (acc->mesh) { /* a whole copy: the sharded model stays the Accelerator's */
+        ct_module *full = cti_accel_megatron_full_model(acc);
+        if (!full) ct_error_prefix("accelerator_unwrap_model: ");
+        return full;
+    }
     ct_shard *s = ct_accelerator_shard(acc);
     if (s && ct_shard_detach(s)) {
         ct_error_prefix("accelerator_unwrap_model: ");

@@ -37,6 +37,8 @@
 #include "data/loader.h"
 #include "examples/common/train_util.h"
 #include "nn/generate.h"
+#include "nn/gpt.h"
+#include "nn/llama.h"
 #include "nn/lm.h"
 #include "optim/clip.h"
 #include "optim/optimizer.h"
@@ -393,7 +395,7 @@ int main(int argc, char **argv)
     ct_loader *train = NULL, *all = NULL;
     ct_optimizer *opt = NULL;
     ct_scheduler *sched = NULL;
-    ct_lm *lm = ct_lm_from_pretrained(o.model);
+    ct_lm *lm = ct_lm_from_pretrained(o.model), *whole = NULL;
     if (!lm) {
         fprintf(stderr, PROG ": %s\n", ct_last_error());
         goto out;
@@ -469,7 +471,7 @@ int main(int argc, char **argv)
                          world, ct_device_str(ct_accelerator_device(acc), devname, sizeof devname),
                          (long long)o.batch_size, (long long)steps);
     /* replicated, rank 0 measures alone; sharded, a forward needs every rank */
-    const bool sharded = ct_accelerator_shard(acc) != NULL;
+    const bool sharded = ct_accelerator_forward_needs_all_ranks(acc);
     double before = NAN, after = NAN, t0 = ex_now();
     if (main_rank || sharded) before = ex_evaluate(lm->module, lm_loss, lm, all, ps.n);
     ct_accelerator_print(acc, "answer loss before: %.4f\n", before);
@@ -507,10 +509,17 @@ int main(int argc, char **argv)
     if (main_rank || sharded) after = ex_evaluate(lm->module, lm_loss, lm, all, ps.n);
     ct_accelerator_print(acc, "answer loss after: %.4f (%.4f before; %lld steps in %.1f s)\n", after, before,
                          (long long)step, ex_now() - t0);
-    if (!ct_accelerator_unwrap_model(acc, lm->module)) {
+    /* the whole model: the prepared one, or under tensor parallelism a copy gathered from
+     * the shards (the Accelerator's), wrapped as a causal LM to save and sample */
+    ct_module *whole_m = ct_accelerator_unwrap_model(acc, lm->module);
+    if (whole_m && whole_m != lm->module)
+        whole = !strcmp(whole_m->type, "GPT") ? ct_gpt_as_lm((ct_gpt *)whole_m, false)
+                                              : ct_llama_as_lm((ct_llama *)whole_m, false);
+    if (!whole_m || (whole_m != lm->module && !whole)) {
         fprintf(stderr, PROG " (rank %d): %s\n", ct_accelerator_process_index(acc), ct_last_error());
         goto out;
     }
+    ct_lm *out_lm = whole ? whole : lm;
     if (!main_rank) {
         status = 0;
         goto out;
@@ -519,14 +528,14 @@ int main(int argc, char **argv)
         fprintf(stderr, PROG ": cannot create %s: %s\n", o.out_dir, strerror(errno));
         goto out;
     }
-    if (ct_lm_save_pretrained(lm, o.out_dir)) {
+    if (ct_lm_save_pretrained(out_lm, o.out_dir)) {
         fprintf(stderr, PROG ": %s\n", ct_last_error());
         goto out;
     }
     if (!copy_tokenizer(o.model, o.out_dir)) goto out;
     printf("model: %s (%s in Hugging Face's layout%s)\n", o.out_dir, lm->ops->model_type,
            tk.bpe ? ", with tokenizer.json" : "");
-    if (o.sample_tokens > 0) sample(lm, &tk, &ps.p[0], o.sample_tokens);
+    if (o.sample_tokens > 0) sample(out_lm, &tk, &ps.p[0], o.sample_tokens);
     status = 0;
 out:
     ct_accelerator_free(acc); /* first: it unhooks the optimizer and the parameters */
@@ -537,6 +546,7 @@ out:
     ct_dataset_free(ds ? &ds->base : NULL);
     pairs_free(&ps);
     ct_bpe_free(tk.bpe);
+    ct_lm_free(whole);
     ct_lm_free(lm);
     ct_frame_reset_root();
     return status;

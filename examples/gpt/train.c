@@ -360,7 +360,7 @@ int main(int argc, char **argv)
                          (long long)nval, world, ct_get_num_threads(),
                          ct_device_str(ct_accelerator_device(acc), devname, sizeof devname), (long long)o.batch_size);
     bool tty = main_rank && isatty(STDERR_FILENO) && isatty(STDOUT_FILENO);
-    const bool sharded = ct_accelerator_shard(acc) != NULL;
+    const bool sharded = ct_accelerator_forward_needs_all_ranks(acc);
     double t0 = ex_now();
     int64_t tokens_per_step = o.batch_size * o.block_size * world; /* over all ranks */
     bool failed = false;
@@ -413,7 +413,8 @@ int main(int argc, char **argv)
     ex_print_strategy_stats(acc);
     /* the whole model back on every rank (gathered from the shards), for rank 0's
      * files and sample */
-    if (!ct_accelerator_unwrap_model(acc, &model->base)) {
+    ct_gpt *whole = (ct_gpt *)ct_accelerator_unwrap_model(acc, &model->base);
+    if (!whole) {
         fprintf(stderr, "gpt_train (rank %d): %s\n", ct_accelerator_process_index(acc), ct_last_error());
         goto out;
     }
@@ -432,7 +433,7 @@ int main(int argc, char **argv)
     printf("loss log: %s\n", csv_path);
     ex_plot(o.out_dir, "loss (nats per byte)");
     /* model.safetensors + config.json: transformers' GPT2LMHeadModel.from_pretrained(out_dir) reads them */
-    if (ct_gpt_save_hf(model, o.out_dir)) {
+    if (ct_gpt_save_hf(whole, o.out_dir)) {
         fprintf(stderr, "gpt_train: %s\n", ct_last_error());
         goto out;
     }
@@ -446,7 +447,7 @@ int main(int argc, char **argv)
         ct_rng rng;
         ct_rng_init(&rng, o.seed);
         if (!ids || !text ||
-            ct_gpt_generate(model, ids, n, &(ct_generate_config){.max_new_tokens = o.sample_tokens,
+            ct_gpt_generate(whole, ids, n, &(ct_generate_config){.max_new_tokens = o.sample_tokens,
                                                                  .temperature = o.temperature, .top_k = o.top_k},
                             &rng, ids)) {
             fprintf(stderr, "gpt_train: sampling failed: %s\n", ct_last_error());

@@ -449,7 +449,7 @@ int main(int argc, char **argv)
                          world, ct_get_num_threads(), ct_device_str(ct_accelerator_device(acc), devname, sizeof devname),
                          (long long)o.batch_size);
     bool tty = main_rank && isatty(STDERR_FILENO) && isatty(STDOUT_FILENO);
-    const bool sharded = ct_accelerator_shard(acc) != NULL;
+    const bool sharded = ct_accelerator_forward_needs_all_ranks(acc);
     double t0 = ex_now();
     int64_t tokens_per_step = o.batch_size * o.block_size * world; /* over all ranks */
     bool failed = false;
@@ -494,7 +494,8 @@ int main(int argc, char **argv)
     }
     ex_print_strategy_stats(acc);
     /* the whole model back on every rank, for rank 0's files and sample */
-    if (!ct_accelerator_unwrap_model(acc, &model->base)) {
+    ct_llama *whole = (ct_llama *)ct_accelerator_unwrap_model(acc, &model->base);
+    if (!whole) {
         fprintf(stderr, PROG " (rank %d): %s\n", ct_accelerator_process_index(acc), ct_last_error());
         goto out;
     }
@@ -513,12 +514,12 @@ int main(int argc, char **argv)
     printf("loss log: %s\n", csv_path);
     ex_plot(o.out_dir, "loss (nats per token)");
     /* config.json + model.safetensors beside tokenizer.json: a Hugging Face model directory */
-    if (ct_llama_save_pretrained(model, o.out_dir)) {
+    if (ct_llama_save_pretrained(whole, o.out_dir)) {
         fprintf(stderr, PROG ": %s\n", ct_last_error());
         goto out;
     }
     printf("model: %s (LlamaForCausalLM: config.json, model.safetensors, tokenizer.json)\n", o.out_dir);
-    if (o.sample_tokens > 0) sample(model, bpe, &o);
+    if (o.sample_tokens > 0) sample(whole, bpe, &o);
     status = 0;
 out:
     if (csv) fclose(csv);

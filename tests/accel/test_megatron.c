@@ -238,6 +238,18 @@ static int train_rank(int rank, int world, const char *dir, void *ctx)
                 !(full[i] = full_of(acc, c->tp, got.tensors[i], &s, parts)))
                 rc = fail(rank, got.names[i]);
         }
+        /* the Accelerator's whole model (get_state_dict, unwrap_model: gathered by the
+         * library) holds exactly the tensors put together here from the shard records */
+        ct_state_dict sd = {0};
+        if (!rc && ct_accelerator_get_state_dict(acc, m, &sd)) rc = fail(rank, "get_state_dict");
+        for (int i = 0; i < got.n && !rc; i++)
+            if (i >= sd.n || strcmp(sd.names[i], got.names[i]) || rel_err(sd.tensors[i], full[i]) != 0)
+                rc = fail(rank, i < sd.n ? sd.names[i] : "get_state_dict: too few tensors");
+        int64_t whole_n = 0;
+        for (int i = 0; i < got.n && !rc; i++) whole_n += ct_tensor_numel(full[i]);
+        ct_module *whole = rc ? NULL : ct_accelerator_unwrap_model(acc, m);
+        if (!rc && (!whole || whole == m || ct_module_num_params(whole) != whole_n)) rc = fail(rank, "unwrap_model");
+        ct_state_dict_free(&sd);
         ct_accelerator_free(acc);
         if (!rc && rank == 0) rc = reference(c, dp, &want, &ref);
         double worst = 0, worst_elem = 0;
