@@ -657,7 +657,7 @@ Test(launch, log_dir_files, .timeout = 30)
      * can come between rank 1's two writes), and the unterminated "last" gets its
      * newline when the rank's output ends */
     for (int k = 0; k < 2; k++) {
-        char first[32], second[32];
+        char first[64], second[64];
         snprintf(first, sizeof first, "[rank%d] out %d\n", k, k);
         snprintf(second, sizeof second, "[rank%d] last\n", k);
         assert_has(r.out.p, first, "still on the console");
