@@ -45,23 +45,6 @@ static ct_tensor *tokens(int64_t B, int64_t T, int64_t V, int salt, bool ignore_
     return t;
 }
 
-/* indices [start, end) of t along dim, zeros past t's end */
-static ct_tensor *slice_padded(ct_tensor *t, int dim, int64_t start, int64_t end)
-{
-    int64_t have = t->shape[dim] - start;
-    have = have < 0 ? 0 : have > end - start ? end - start : have;
-    ct_tensor *parts[2];
-    int np = 0;
-    if (have > 0) parts[np++] = ct_tensor_narrow(t, dim, start, have);
-    if (have < end - start) {
-        int64_t shape[CT_MAX_DIMS];
-        for (int i = 0; i < t->ndim; i++) shape[i] = t->shape[i];
-        shape[dim] = end - start - have;
-        parts[np++] = ct_tensor_zeros(t->dtype, t->ndim, shape);
-    }
-    return np == 1 ? parts[0] : ct_concat(np, parts, dim);
-}
-
 /* What rank r of n must hold of the full parameter `name` (GPT-2's layout written out
  * here): c_attn the q, k and v columns of its heads; c_proj's rows; c_fc's columns;
  * wte's rows of the vocabulary padded to a multiple of n; the rest whole. */

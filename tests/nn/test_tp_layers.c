@@ -25,23 +25,6 @@ static ct_tensor *leaf(ct_tensor *t)
 /* a copy of t that requires grad: the unsharded reference's own leaf */
 static ct_tensor *ref_leaf(ct_tensor *t) { return leaf(ct_tensor_clone(t)); }
 
-/* indices [start, end) of t along dim, zeros past t's end (written here, not the library's) */
-static ct_tensor *slice_padded(ct_tensor *t, int dim, int64_t start, int64_t end)
-{
-    int64_t have = t->shape[dim] - start;
-    have = have < 0 ? 0 : have > end - start ? end - start : have;
-    ct_tensor *parts[2];
-    int np = 0;
-    if (have > 0) parts[np++] = ct_narrow(t, dim, start, have);
-    if (have < end - start) {
-        int64_t shape[CT_MAX_DIMS];
-        for (int i = 0; i < t->ndim; i++) shape[i] = t->shape[i];
-        shape[dim] = end - start - have;
-        parts[np++] = ct_tensor_zeros(t->dtype, t->ndim, shape);
-    }
-    return np == 1 ? parts[0] : ct_concat(np, parts, dim);
-}
-
 static int failed(rank_ctx *c, const char *what)
 {
     report(c, "rank %d: %s: %s", c->rank, what, ct_last_error());

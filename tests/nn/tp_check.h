@@ -5,6 +5,7 @@
 
 #include <math.h>
 
+#include "autograd/ops.h"
 #include "core/tensor.h"
 #include "tests/dist/ranks.h"
 
@@ -17,6 +18,23 @@ static inline ct_tensor *det_tensor(ct_dtype dt, int ndim, const int64_t *shape,
     double *p = ct_tensor_data(t);
     for (int64_t i = 0, n = ct_tensor_numel(t); i < n; i++) p[i] = sin(0.37 * (double)i + 1.7 * salt) * scale;
     return ct_tensor_cast(t, dt);
+}
+
+/* indices [start, end) of t along dim, zeros past t's end (written here, not the library's) */
+static inline ct_tensor *slice_padded(ct_tensor *t, int dim, int64_t start, int64_t end)
+{
+    int64_t have = t->shape[dim] - start;
+    have = have < 0 ? 0 : have > end - start ? end - start : have;
+    ct_tensor *parts[2];
+    int np = 0;
+    if (have > 0) parts[np++] = ct_narrow(t, dim, start, have);
+    if (have < end - start) {
+        int64_t shape[CT_MAX_DIMS];
+        for (int i = 0; i < t->ndim; i++) shape[i] = t->shape[i];
+        shape[dim] = end - start - have;
+        parts[np++] = ct_tensor_zeros(t->dtype, t->ndim, shape);
+    }
+    return np == 1 ? parts[0] : ct_concat(np, parts, dim);
 }
 
 /* max over elements of |got - want| / max(1, |want|); INFINITY when the shapes differ
