@@ -242,14 +242,6 @@ const ct_tp_shard *ct_llama_tp_shard_of(const ct_llama *m, const ct_tensor *para
 
 /* ---- gradients ----------------------------------------------------------------------- */
 
-static ct_status wait_free(ct_work *w)
-{
-    if (!w) return ct_last_status() ? ct_last_status() : CT_ERR_INTERNAL;
-    ct_status st = ct_work_wait(w);
-    ct_work_free(w);
-    return st;
-}
-
 ct_status ct_llama_tp_sync_grads(ct_llama *m)
 {
     const char *op = "llama_tp_sync_grads";
@@ -270,7 +262,7 @@ ct_status ct_llama_tp_sync_grads(ct_llama *m)
             st = ct_last_status() ? ct_last_status() : CT_ERR_INTERNAL;
     }
     for (int i = 0; i < nw; i++) {
-        ct_status s = w[i] ? wait_free(w[i]) : CT_OK;
+        ct_status s = w[i] ? ct_work_run(w[i]) : CT_OK;
         if (!st) st = s;
     }
     free(w);
@@ -306,7 +298,7 @@ static double tp_partial(const ct_llama_tp *tp, double norm_type, bool *failed)
     *failed = ct_last_status() != CT_OK;
     ct_frame_push();
     ct_tensor *t = ct_tensor_from_data(CT_DTYPE_F64, CT_SHAPE(1), &sharded);
-    if (t && !wait_free(ct_pg_allreduce(tp->group, t, inf ? CT_REDUCE_MAX : CT_REDUCE_SUM))) {
+    if (t && !ct_work_run(ct_pg_allreduce(tp->group, t, inf ? CT_REDUCE_MAX : CT_REDUCE_SUM))) {
         double s = *(const double *)ct_tensor_data(t);
         total = isnan(s) || isnan(replicated) ? NAN : inf ? fmax(s, replicated) : s + replicated;
     } else {

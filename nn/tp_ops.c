@@ -45,14 +45,6 @@ static ct_status check(const char *op, ct_pg *g, const ct_tensor *x, int *dim)
     return CT_OK;
 }
 
-static ct_status run(ct_work *w)
-{
-    if (!w) return ct_last_status() ? ct_last_status() : CT_ERR_INTERNAL;
-    ct_status st = ct_work_wait(w);
-    ct_work_free(w);
-    return st;
-}
-
 /* (A, S, B) of x around dim */
 static void around(const ct_tensor *x, int dim, int64_t *A, int64_t *S, int64_t *B)
 {
@@ -67,7 +59,7 @@ static void around(const ct_tensor *x, int dim, int64_t *A, int64_t *S, int64_t 
 static ct_tensor *allreduce_sum(ct_pg *g, ct_tensor *x)
 {
     ct_tensor *in = ct_tensor_contiguous(x), *out = ct_tensor_empty_like(x);
-    if (!in || !out || run(ct_pg_allreduce_out(g, out, in, CT_REDUCE_SUM))) return NULL;
+    if (!in || !out || ct_work_run(ct_pg_allreduce_out(g, out, in, CT_REDUCE_SUM))) return NULL;
     return out;
 }
 
@@ -78,7 +70,7 @@ static ct_tensor *gather_dim(ct_pg *g, ct_tensor *x, int dim)
     around(x, dim, &A, &s, &B);
     ct_tensor *in = ct_tensor_contiguous(x);
     ct_tensor *buf = ct_tensor_empty(x->dtype, 4, (const int64_t[]){n, A, s, B});
-    if (!in || !buf || run(ct_pg_allgather(g, buf, in))) return NULL;
+    if (!in || !buf || ct_work_run(ct_pg_allgather(g, buf, in))) return NULL;
     int64_t shape[CT_MAX_DIMS];
     for (int i = 0; i < x->ndim; i++) shape[i] = x->shape[i];
     shape[dim] *= n;
@@ -118,7 +110,7 @@ static ct_tensor *reduce_scatter_dim(ct_pg *g, ct_tensor *x, int dim)
     for (int i = 0; i < x->ndim; i++) shape[i] = x->shape[i];
     shape[dim] = s;
     ct_tensor *out = ct_tensor_empty(x->dtype, x->ndim, shape);
-    if (!in || !out || run(ct_pg_reduce_scatter(g, out, in, CT_REDUCE_SUM))) return NULL;
+    if (!in || !out || ct_work_run(ct_pg_reduce_scatter(g, out, in, CT_REDUCE_SUM))) return NULL;
     return out;
 }
 

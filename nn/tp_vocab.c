@@ -151,14 +151,6 @@ static ct_status vce_backward(ct_node *nd, ct_tensor *gy, ct_tensor **gx)
     return CT_OK;
 }
 
-static ct_status run(ct_work *w)
-{
-    if (!w) return ct_last_status() ? ct_last_status() : CT_ERR_INTERNAL;
-    ct_status st = ct_work_wait(w);
-    ct_work_free(w);
-    return st;
-}
-
 ct_tensor *ct_vocab_parallel_cross_entropy(ct_pg *g, ct_tensor *logits, ct_tensor *targets, int64_t vocab_size,
                                            int64_t ignore_index)
 {
@@ -199,7 +191,7 @@ ct_tensor *ct_vocab_parallel_cross_entropy(ct_pg *g, ct_tensor *logits, ct_tenso
         for (int64_t j = 0; j < nvalid; j++) m = xp[i * Vl + j] > m ? xp[i * Vl + j] : m;
         mp[i] = m;
     }
-    if (run(ct_pg_allreduce(g, mx, CT_REDUCE_MAX))) goto failed;
+    if (ct_work_run(ct_pg_allreduce(g, mx, CT_REDUCE_MAX))) goto failed;
     /* st[i] = sum_j exp(x - max), st[N + i] = the target's logit where this rank owns it */
     for (int64_t i = 0; i < N; i++) {
         double s = 0;
@@ -207,7 +199,7 @@ ct_tensor *ct_vocab_parallel_cross_entropy(ct_pg *g, ct_tensor *logits, ct_tenso
         sp[i] = s;
         if (tp[i] != ignore_index && tp[i] >= start && tp[i] < start + nvalid) sp[N + i] = xp[i * Vl + tp[i] - start];
     }
-    if (run(ct_pg_allreduce(g, st, CT_REDUCE_SUM))) goto failed;
+    if (ct_work_run(ct_pg_allreduce(g, st, CT_REDUCE_SUM))) goto failed;
     double total = 0;
     int64_t count = 0;
     for (int64_t i = 0; i < N; i++) {
