@@ -33,7 +33,38 @@ static ct_tensor *stage_forward(void *ctx, ct_tensor *x, int micro)
     return y;
 }
 
-/* This stage's parameters, in the whole model's order. */
+/* A parameter of another stage: its memory is released on this rank, and a read of it
+ * (a forward of the whole model, a save) is an error naming it instead of a NULL
+ * pointer. No context: the model may outlive the pipeline handle. */
+static ct_status other_stage_materialize(void *ctx)
+{
+    (void)ctx;
+    return ct_error_set(CT_ERR_INVALID, "this parameter belongs to another pipeline stage: its memory was released "
+                                        "on this rank (ct_pipeline_gpt_new / ct_pipeline_llama_new)");
+}
+
+static void other_stage_describe(void *ctx, const void *tensor, char *buf, int cap)
+{
+    (void)ctx, (void)tensor;
+    snprintf(buf, (size_t)cap, "a parameter of another pipeline stage (released on this rank)");
+}
+
+/* Frees the memory of t, a parameter this stage never uses (the tensor object stays in
+ * the model, shapes and names intact). Storage shared with a parameter the stage uses
+ * is kept. */
+static void release_other_stage(ct_tensor *t, const ct_param_list *mine)
+{
+    for (int k = 0; k < mine->n; k++)
+        if (mine->tensors[k]->storage == t->storage) return;
+    if (!t->storage->owned || ct_storage_resize(t->storage, 0)) {
+        ct_error_clear();
+        return; /* wrapped (mapped) memory: kept */
+    }
+    ct_storage_set_residency(t->storage, &(ct_storage_residency){.materialize = other_stage_materialize,
+                                                                 .describe = other_stage_describe});
+}
+
+/* This stage's parameters, in the whole model's order; the others' memory released. */
 static ct_status collect_params(ct_pipeline_model *pm)
 {
     ct_param_list all;
@@ -54,6 +85,9 @@ static ct_status collect_params(ct_pipeline_model *pm)
             (pm->stage == 0 || pm->stage == pm->num_stages - 1))
             pm->tied = all.tensors[i];
     }
+    if (!st && pm->num_stages > 1)
+        for (int i = 0; i < all.n; i++)
+            if (!pm->ops.owns(pm, all.names[i])) release_other_stage(all.tensors[i], l);
     ct_param_list_free(&all);
     return st;
 }

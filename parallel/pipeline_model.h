@@ -24,12 +24,13 @@
  * .grad has gained the gradient of the whole batch's mean loss, as
  * ct_backward(ct_gpt_loss(m, tokens, targets)) on one process gives it.
  *
- * The model is borrowed and stays whole: every rank holds all of it, and the layers of
- * other stages keep their memory (they are never used or updated here). What a stage
+ * The model is borrowed and cut: with more than one stage, the memory of every
+ * parameter this stage does not use (the other stages' layers, the embeddings off the
+ * first stage, the head and final norm off the last) is released when the handle is
+ * made; the tensors stay in the model with their names and shapes, and reading one
+ * (a forward of the whole model, a save of it) is an error naming it. What a stage
  * trains is ct_pipeline_model_params: build the optimizer, clipping and checkpoints
- * over that list only. A rank that wants the memory back builds its model with the
- * other layers' parameters small or loads only its stage's names (the list's names
- * are the model's dotted names).
+ * over that list only (its names are the model's dotted names).
  *
  * Tied embeddings (the GPT's head is wte; a Llama with tie_word_embeddings uses
  * embed_tokens): with more than one stage, the first and the last stage each hold a

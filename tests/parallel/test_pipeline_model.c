@@ -22,6 +22,7 @@
 #include "autograd/ops.h"
 #include "core/frame.h"
 #include "core/philox.h"
+#include "core/storage.h"
 #include "core/threads.h"
 #include "optim/clip.h"
 #include "optim/optimizer.h"
@@ -256,6 +257,24 @@ static int stage_rank(rank_ctx *c)
     if (!rc && (p->n != expected_params(k, c->rank, count) || count != 4 / k->pp || first != c->rank * count)) {
         report(c, "rank %d: %d parameters, layers [%d, %d); expected %d and %d layers from %d", c->rank, p->n, first,
                first + count, expected_params(k, c->rank, 4 / k->pp), 4 / k->pp, c->rank * 4 / k->pp);
+        rc = 1;
+    }
+    /* the parameters of the other stages gave their memory back; reading one is an error */
+    int released = 0;
+    for (int i = 0; i < all.n && !rc && k->pp > 1; i++) {
+        bool mine = false;
+        for (int j = 0; j < p->n; j++) mine |= p->tensors[j] == all.tensors[i];
+        if (mine) continue;
+        released++;
+        if (all.tensors[i]->storage->data || ct_tensor_data(all.tensors[i]) ||
+            !strstr(ct_last_error(), "belongs to another pipeline stage")) {
+            report(c, "rank %d: %s of another stage still has memory, or reads without an error (%s)", c->rank,
+                   all.names[i], ct_last_error());
+            rc = 1;
+        }
+    }
+    if (!rc && k->pp > 1 && released == 0) {
+        report(c, "rank %d: no parameter of another stage was released", c->rank);
         rc = 1;
     }
     ct_optimizer *opt = rc ? NULL : adamw(p->n, p->tensors);
