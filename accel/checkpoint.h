@@ -43,7 +43,10 @@
  * offset and each rank resumes at it on its own seed (the one ct_accelerator_set_seed
  * gave it). Under a sharded strategy every rank writes its own files and the call is
  * collective: called on rank 0 alone it fails at once, naming the fix, and the other
- * ranks' next collective fails with a desync instead of hanging.
+ * ranks' next collective fails with a desync instead of hanging. Under Megatron-LM
+ * tensor parallelism the checkpoint holds the whole model and optimizer state, as one
+ * process writes it (gathered over tp; docs/checkpoints.md, "Tensor parallelism"): every
+ * rank calls save_state, and it loads at any tp degree, in one process or under DDP.
  */
 #ifndef CT_ACCEL_CHECKPOINT_H
 #define CT_ACCEL_CHECKPOINT_H

@@ -214,6 +214,8 @@ ct_status cti_ckpt_write_manifest(const char *dir, const cti_ckpt_manifest *m)
         cJSON_AddStringToObject(root, "mixed_precision", m->mixed_precision);
         cJSON_AddStringToObject(root, "optimizer", m->optimizer ? m->optimizer : "");
         cJSON_AddStringToObject(root, "model", m->sharded_model ? "sharded" : "full");
+        cJSON_AddNumberToObject(root, "tp_degree", m->tp > 0 ? m->tp : 1);
+        cJSON_AddNumberToObject(root, "dp_degree", m->dp > 0 ? m->dp : 1);
     }
     for (int i = 0; ok && i < m->nfiles; i++) {
         const cti_ckpt_file *f = &m->files[i];
