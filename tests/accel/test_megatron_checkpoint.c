@@ -42,10 +42,12 @@ static const ct_llama_config LLAMA_W1 = {.vocab_size = 2047, .hidden_size = 256,
 typedef struct ck_run {
     bool llama, sp;
     int tp;           /* 1: no Megatron-LM (one process) */
+    int world;        /* 0: tp (dp 1); else tp x dp, every dp rank training on the same batches */
     bool resume;      /* false: 3 steps, save_state(ckpt), 2 steps; true: load_state(ckpt), 2 steps */
     uint64_t seed;    /* the model's initialisation */
     char ckpt[128];   /* the checkpoint directory */
     char out[128];    /* the whole model at the end (ct_accelerator_save_model) */
+    char save_after[128]; /* "": none; else save_state there at the end */
     char bad[128];    /* "": none; else a model file of another shape that load_model must
                        * refuse, naming the tensor and both shapes, changing nothing */
 } ck_run;
@@ -132,6 +134,7 @@ static int ck_rank(int rank, int world, const char *dir, void *ctx)
         }
         if (!rc && train(acc, c, m, opt, 3, 2)) rc = fail(rank, "2 steps");
         if (!rc && ct_accelerator_save_model(acc, m, c->out)) rc = fail(rank, "save_model");
+        if (!rc && c->save_after[0] && ct_accelerator_save_state(acc, c->save_after)) rc = fail(rank, "save_state at the end");
         if (!rc && c->bad[0]) {
             /* wte is the first tensor; at tp 2 each rank holds 128 of its 256 rows */
             const char *want = "'wte.weight' is [256, 128] in";
@@ -184,7 +187,7 @@ static ck_run run_of(bool llama, bool sp, int tp, bool resume, uint64_t seed, co
 
 static void go(ck_run r)
 {
-    run_env_ranks(r.tp, ck_rank, NULL, &r, 110);
+    run_env_ranks(r.world ? r.world : r.tp, ck_rank, NULL, &r, 110);
 }
 
 static void setup(void) { make_tmpdir_with("/tmp/ct_tpckpt_"); }
@@ -240,11 +243,29 @@ Test(megatron_checkpoint, gpt_w1_one_process_checkpoint_resumes_at_tp2, .timeout
     compare(at("tp2.safetensors"), at("cont1.safetensors"), TOL, TOL_ELEM);
 }
 
-Test(megatron_checkpoint, llama_w1_tp2_sequence_parallel_resumes_bitwise, .timeout = 120)
+Test(megatron_checkpoint, llama_w1_tp2_sequence_parallel_resumes_bitwise_and_at_tp1_and_dp2, .timeout = 120)
 {
     go(run_of(true, true, 2, false, 7, "ck", "cont.safetensors"));
     go(run_of(true, true, 2, true, 99, "ck", "tp2.safetensors"));
     compare(at("tp2.safetensors"), at("cont.safetensors"), 0, 0);
     go(run_of(true, false, 1, true, 99, "ck", "tp1.safetensors"));
     compare(at("tp1.safetensors"), at("cont.safetensors"), TOL, TOL_ELEM);
+    /* tp 2 x dp 2 (DDP over dp): the same batches on both dp ranks average to the same
+     * gradients, so it continues as tp 2 alone */
+    ck_run r = run_of(true, true, 2, true, 99, "ck", "dp2.safetensors");
+    r.world = 4;
+    snprintf(r.save_after, sizeof r.save_after, "%s", at("ck4"));
+    go(r);
+    compare(at("dp2.safetensors"), at("cont.safetensors"), TOL, TOL_ELEM);
+    /* its own save (tp 2 x dp 2): the whole model, files that verify, the layout recorded */
+    ct_checkpoint_info info;
+    cr_assert_eq(ct_checkpoint_inspect(at("ck4"), true, &info, NULL), CT_OK, "%s", ct_last_error());
+    cr_assert(info.world_size == 4 && info.step == 5 && !strcmp(info.strategy, "MEGATRON_LM"));
+    compare(at("ck4/model.safetensors"), at("dp2.safetensors"), 0, 0);
+    ct_safetensors *f = ct_safetensors_open(at("ck4/optimizer-rank00000-of-00001.safetensors"));
+    cr_assert_not_null(f, "%s", ct_last_error());
+    /* the padded vocabulary (2047 rows, 2048 sharded) is whole and unpadded */
+    const char *part = ct_safetensors_metadata(f, "ctrain.part.model.embed_tokens.weight.exp_avg");
+    cr_assert(part && strstr(part, "begin=0 end=524032 shape=[2047,256]"), "%s", part ? part : "(no part)");
+    ct_safetensors_close(f);
 }
