@@ -131,6 +131,8 @@ typedef struct ct_checkpoint_info {
     int nfiles;
     int64_t tensors;          /* tensors in all files */
     int64_t bytes;            /* bytes in all files */
+    int tp_degree, dp_degree; /* Megatron-LM's layout when saved: tensor- and data-parallel
+                               * ranks (tp 1 and dp = world_size without it) */
 } ct_checkpoint_info;
 
 /* Reads dir's manifest into *info and (verify) checks every file it lists: present,

@@ -218,6 +218,7 @@ Test(megatron_checkpoint, gpt_w1_tp2_resumes_bitwise_at_tp2_and_in_one_process, 
     cr_assert_eq(ct_checkpoint_inspect(at("ck"), true, &info, NULL), CT_OK, "%s", ct_last_error());
     cr_assert_str_eq(info.strategy, "MEGATRON_LM");
     cr_assert_eq(info.world_size, 2);
+    cr_assert(info.tp_degree == 2 && info.dp_degree == 1, "tp %d, dp %d", info.tp_degree, info.dp_degree);
     cr_assert_eq(info.step, 3);
     /* a GPT of another width, whose tensors load_model at tp 2 must refuse */
     CT_FRAME {
@@ -261,6 +262,7 @@ Test(megatron_checkpoint, llama_w1_tp2_sequence_parallel_resumes_bitwise_and_at_
     ct_checkpoint_info info;
     cr_assert_eq(ct_checkpoint_inspect(at("ck4"), true, &info, NULL), CT_OK, "%s", ct_last_error());
     cr_assert(info.world_size == 4 && info.step == 5 && !strcmp(info.strategy, "MEGATRON_LM"));
+    cr_assert(info.tp_degree == 2 && info.dp_degree == 2, "tp %d, dp %d", info.tp_degree, info.dp_degree);
     compare(at("ck4/model.safetensors"), at("dp2.safetensors"), 0, 0);
     ct_safetensors *f = ct_safetensors_open(at("ck4/optimizer-rank00000-of-00001.safetensors"));
     cr_assert_not_null(f, "%s", ct_last_error());
