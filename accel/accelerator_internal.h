@@ -59,9 +59,6 @@ ct_status cti_accel_megatron_settings(ct_accelerator *a);
 ct_status cti_accel_megatron_prepare(ct_accelerator *a, ct_module *model, ct_optimizer *opt);
 /* Once per optimizer step, after the gradient reductions: the tp gradient sync. */
 ct_status cti_accel_megatron_sync(ct_accelerator *a);
-/* An error naming op when the prepared model is sharded for tensor parallelism (its
- * checkpoint and state-dict calls do not know the tp layout yet); CT_OK otherwise. */
-ct_status cti_accel_megatron_refuse(const ct_accelerator *a, const char *op);
 /* Under tensor parallelism: a new unsharded model of the prepared one's type holding
  * the whole of its current parameters, gathered over tp (a collective over the tp
  * group; every rank gets it). The Accelerator owns it, until the next call or

@@ -43,7 +43,10 @@
  * offset and each rank resumes at it on its own seed (the one ct_accelerator_set_seed
  * gave it). Under a sharded strategy every rank writes its own files and the call is
  * collective: called on rank 0 alone it fails at once, naming the fix, and the other
- * ranks' next collective fails with a desync instead of hanging.
+ * ranks' next collective fails with a desync instead of hanging. Under Megatron-LM
+ * tensor parallelism the checkpoint holds the whole model and optimizer state, as one
+ * process writes it (gathered over tp; docs/checkpoints.md, "Tensor parallelism"): every
+ * rank calls save_state, and it loads at any tp degree, in one process or under DDP.
  */
 #ifndef CT_ACCEL_CHECKPOINT_H
 #define CT_ACCEL_CHECKPOINT_H
@@ -128,6 +131,8 @@ typedef struct ct_checkpoint_info {
     int nfiles;
     int64_t tensors;          /* tensors in all files */
     int64_t bytes;            /* bytes in all files */
+    int tp_degree, dp_degree; /* Megatron-LM's layout when saved: tensor- and data-parallel
+                               * ranks (tp 1 and dp = world_size without it) */
 } ct_checkpoint_info;
 
 /* Reads dir's manifest into *info and (verify) checks every file it lists: present,

@@ -214,6 +214,8 @@ ct_status cti_ckpt_write_manifest(const char *dir, const cti_ckpt_manifest *m)
         cJSON_AddStringToObject(root, "mixed_precision", m->mixed_precision);
         cJSON_AddStringToObject(root, "optimizer", m->optimizer ? m->optimizer : "");
         cJSON_AddStringToObject(root, "model", m->sharded_model ? "sharded" : "full");
+        cJSON_AddNumberToObject(root, "tp_degree", m->tp > 0 ? m->tp : 1);
+        cJSON_AddNumberToObject(root, "dp_degree", m->dp > 0 ? m->dp : 1);
     }
     for (int i = 0; ok && i < m->nfiles; i++) {
         const cti_ckpt_file *f = &m->files[i];
@@ -292,6 +294,13 @@ static ct_status parse_manifest(const char *path, const cJSON *root, ct_checkpoi
         w > 1 << 20 || s > w)
         return bad_manifest(path, "\"step\", \"world_size\" or \"shard_world\" is missing or out of range");
     info->step = step, info->world_size = (int)w, info->shard_world = (int)s;
+    /* the Megatron-LM layout; manifests written before it existed mean tp 1 */
+    int64_t tp = 1, dp = w;
+    if ((cJSON_GetObjectItemCaseSensitive(root, "tp_degree") && !get_int(root, "tp_degree", 1, &tp)) ||
+        (cJSON_GetObjectItemCaseSensitive(root, "dp_degree") && !get_int(root, "dp_degree", 1, &dp)) || tp * dp > w)
+        return bad_manifest(path, "\"tp_degree\" or \"dp_degree\" is not an integer >= 1, or their product exceeds "
+                                  "\"world_size\"");
+    info->tp_degree = (int)tp, info->dp_degree = (int)dp;
     if (!get_str(root, "ctrain_version", info->ctrain_version, sizeof info->ctrain_version) ||
         !get_str(root, "strategy", info->strategy, sizeof info->strategy) ||
         !get_str(root, "mixed_precision", info->mixed_precision, sizeof info->mixed_precision) ||

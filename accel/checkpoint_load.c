@@ -8,6 +8,7 @@
  * any world size and strategy), the optimizer, and the scalars.
  */
 #include "accel/checkpoint_internal.h"
+#include "accel/megatron_checkpoint_internal.h"
 #include "accel/model_shards_internal.h"
 
 #include <inttypes.h>
@@ -141,16 +142,31 @@ static ct_status stage_optimizer(const ct_accelerator *a, const char *dir, stage
         }
         s->param_step[i] = param_steps(&ck, name);
         const ct_tensor *p = ct_optimizer_param(opt, i);
+        /* the whole parameter's shape: under tensor parallelism p is this rank's shard */
+        int fnd = full->ndim;
+        int64_t fshape[CT_MAX_DIMS];
+        memcpy(fshape, full->shape, (size_t)fnd * sizeof *fshape);
+        if (a->mesh) cti_accel_megatron_full_shape(a, p, &fnd, fshape);
         for (int k = 0; k < nk && !st && s->param_step[i] > 0; k++) {
             snprintf(tn, sizeof tn, "%s.%s", name, keys[k]);
             const ct_ckpt_entry *x = cti_ckpt_find(&ck, tn);
             char sa[96], sb[96];
             if (!x) {
                 st = ct_error_set(CT_ERR_INVALID, "%s: no '%s' in the checkpoint", dir, tn);
-            } else if (x->ndim != full->ndim || memcmp(x->shape, full->shape, (size_t)full->ndim * sizeof *x->shape)) {
+            } else if (x->ndim != fnd || memcmp(x->shape, fshape, (size_t)fnd * sizeof *x->shape)) {
                 st = ct_error_set(CT_ERR_INVALID, "%s: '%s' is %s in the checkpoint but the parameter is %s", dir, tn,
-                                  ct_shape_str(x->ndim, x->shape, sa, sizeof sa),
-                                  ct_shape_str(full->ndim, full->shape, sb, sizeof sb));
+                                  ct_shape_str(x->ndim, x->shape, sa, sizeof sa), ct_shape_str(fnd, fshape, sb, sizeof sb));
+            } else if (a->mesh) {
+                /* the whole moment, then this rank's slice of it (the model's sharding) */
+                ct_frame_push();
+                ct_tensor *w = ct_tensor_empty(p->dtype, fnd, fshape);
+                ct_tensor *flat = w ? ct_tensor_view(w, 1, (const int64_t[]){ct_tensor_numel(w)}) : NULL;
+                ct_tensor *mine = NULL;
+                if (!flat || cti_ckpt_read(&ck, x, 0, ct_tensor_numel(w), flat) ||
+                    !(mine = cti_accel_megatron_slice_like(a, p, w)))
+                    st = ct_error_prefix("%s: ", tn);
+                else s->state[k][i] = ct_tensor_retain(mine);
+                ct_frame_pop();
             } else {
                 ct_frame_push();
                 ct_tensor *t = ct_tensor_empty(p->dtype, p->ndim, p->shape);
@@ -257,7 +273,9 @@ static ct_status stage_loader(const ct_accelerator *a, staged *s)
                             "): the resumed batches would differ; use the saved run's loader settings",
                             ts->shuffle ? "shuffles" : "does not shuffle", ts->loader_seed,
                             ct_loader_shuffles(a->loader) ? "shuffles" : "does not", ct_loader_seed(a->loader));
-    const int64_t g_old = ts->batch_size * ts->loader_world, g_new = ct_loader_batch_size(a->loader) * ct_pg_size(a->pg);
+    /* under tensor parallelism the loader splits over the data-parallel ranks only */
+    const int lw = a->mesh ? a->mesh->dp : ct_pg_size(a->pg);
+    const int64_t g_old = ts->batch_size * ts->loader_world, g_new = ct_loader_batch_size(a->loader) * lw;
     const int64_t seen = r0->position * g_old;
     if (seen % g_new)
         return ct_error_set(CT_ERR_INVALID,
@@ -265,7 +283,7 @@ static ct_status stage_loader(const ct_accelerator *a, staged *s)
                             " x %" PRId64 " ranks); a global batch of %" PRId64 " (batch %" PRId64 " x %d ranks) does "
                             "not divide it: keep batch_size x ranks = %" PRId64 " to resume at that sample",
                             seen, r0->epoch, ts->batch_size, ts->loader_world, g_new, ct_loader_batch_size(a->loader),
-                            ct_pg_size(a->pg), g_old);
+                            lw, g_old);
     s->epoch = r0->epoch, s->position = seen / g_new;
     if (s->position > ct_loader_num_batches(a->loader))
         return ct_error_set(CT_ERR_INVALID, "the checkpoint's loader position %" PRId64 " is past this run's %" PRId64
@@ -368,7 +386,6 @@ static ct_status commit(ct_accelerator *a, const char *dir, staged *s)
 ct_status ct_accelerator_load_state(ct_accelerator *acc, const char *dir)
 {
     if (!acc) return ct_error_set(CT_ERR_INVALID, "accelerator_load_state: accelerator is NULL");
-    if (cti_accel_megatron_refuse(acc, "accelerator_load_state")) return ct_last_status();
     const int rank = ct_pg_rank(acc->pg), world = ct_pg_size(acc->pg);
     char latest[4096];
     ct_status st = acc->prepared ? CT_OK : ct_error_set(CT_ERR_INVALID, "call ct_accelerator_prepare first");

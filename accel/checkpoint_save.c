@@ -10,6 +10,7 @@
  * checkpoint removed (a replaced one, or one beyond total_limit).
  */
 #include "accel/checkpoint_internal.h"
+#include "accel/megatron_checkpoint_internal.h"
 #include "accel/model_shards_internal.h"
 
 #include <errno.h>
@@ -93,7 +94,7 @@ static ct_status meta(opt_parts *o, const char *key, const char *fmt, ...)
 /* This rank's parts of the optimizer's state (1-d values in the current frame) and the
  * metadata every optimizer file carries: kind, step count, lr, groups, hyper-parameters,
  * the parameters' names in optimizer order, each stepped parameter's step. */
-static ct_status build_opt_parts(const ct_accelerator *a, opt_parts *o)
+static ct_status build_opt_parts(ct_accelerator *a, opt_parts *o)
 {
     ct_optimizer *opt = a->opt;
     const char *keys[2];
@@ -120,6 +121,13 @@ static ct_status build_opt_parts(const ct_accelerator *a, opt_parts *o)
         const ct_tensor *full = NULL;
         int64_t b, e;
         cti_ckpt_opt_param(a, i, name, sizeof name, &full, &b, &e);
+        ct_tensor *p = ct_optimizer_param(opt, i);
+        if (a->mesh) {
+            /* tensor parallelism: the whole parameter and its whole moments, as one
+             * process saves them (every tp rank gathers, rank 0 writes) */
+            if (!(full = cti_accel_megatron_gather_like(a, p, p))) return ct_error_prefix("parameter '%s': ", name);
+            b = 0, e = ct_tensor_numel(full);
+        }
         snprintf(key, sizeof key, "ctrain.oparam.%d", i);
         st = meta(o, key, "%s", name);
         const int64_t step = ct_optimizer_param_step(opt, i);
@@ -133,8 +141,9 @@ static ct_status build_opt_parts(const ct_accelerator *a, opt_parts *o)
             o->list[o->nlist++] = tn;
             if (b == e) continue;
             ct_tensor *s = ct_optimizer_state(opt, i, keys[k]);
+            if (s && a->mesh) s = cti_accel_megatron_gather_like(a, p, s);
             ct_tensor *v = s ? ct_tensor_view(ct_tensor_contiguous(s), 1, (const int64_t[]){e - b})
-                             : ct_tensor_zeros(ct_optimizer_param(opt, i)->dtype, 1, (const int64_t[]){e - b});
+                             : ct_tensor_zeros(p->dtype, 1, (const int64_t[]){e - b});
             char *pn = strdup(tn);
             if (!v || !pn) {
                 free(pn);
@@ -146,15 +155,18 @@ static ct_status build_opt_parts(const ct_accelerator *a, opt_parts *o)
     return st;
 }
 
-static ct_status write_opt_file(const ct_accelerator *a, const char *dir, int file, int nfiles, uint64_t id,
-                                cti_ckpt_file *f)
+/* pre: the parts already built (tensor parallelism: gathered on every tp rank before
+ * rank 0 writes), else built here */
+static ct_status write_opt_file(ct_accelerator *a, const char *dir, int file, int nfiles, uint64_t id,
+                                cti_ckpt_file *f, const opt_parts *pre)
 {
     opt_parts o = {0};
-    ct_status st;
+    ct_status st = CT_OK;
     *f = (cti_ckpt_file){0};
     cti_ckpt_rank_file_name(f->name, sizeof f->name, CT_CKPT_OPT_PREFIX, file, nfiles);
     ct_frame_push();
-    st = build_opt_parts(a, &o);
+    if (pre) o = *pre;
+    else st = build_opt_parts(a, &o);
     for (int i = 0; i < o.n && !st; i++) cti_ckpt_note_dtype(f, o.parts[i].values->dtype);
     f->tensors = o.n;
     if (!st)
@@ -173,7 +185,7 @@ static ct_status write_opt_file(const ct_accelerator *a, const char *dir, int fi
                                                               .xxh3 = &f->xxh3,
                                                               .bytes = &f->bytes});
     ct_frame_pop();
-    opt_parts_free(&o);
+    if (!pre) opt_parts_free(&o);
     return st ? ct_error_prefix("optimizer state: ") : CT_OK;
 }
 
@@ -181,6 +193,7 @@ static ct_status write_opt_file(const ct_accelerator *a, const char *dir, int fi
 
 static const char *strategy_name(const ct_accelerator *a)
 {
+    if (a->mesh) return "MEGATRON_LM";
     return a->shard ? ct_shard_strategy_name(ct_shard_stats_get(a->shard).strategy) : "NO_SHARD";
 }
 
@@ -210,7 +223,7 @@ static ct_status write_rank0_files(const ct_accelerator *a, const char *dir, con
         .scaler_skipped = a->scaler.skipped,
         .has_loader = a->loader != NULL,
         .batch_size = ct_loader_batch_size(a->loader),
-        .loader_world = ct_pg_size(a->pg),
+        .loader_world = a->mesh ? a->mesh->dp : ct_pg_size(a->pg), /* under tp the loader splits over dp */
         .num_batches = a->loader ? ct_loader_num_batches(a->loader) : 0,
         .shuffle = ct_loader_shuffles(a->loader),
         .loader_seed = ct_loader_seed(a->loader),
@@ -264,6 +277,8 @@ static ct_status finish(ct_accelerator *a, const char *tmp, const char *final, c
                                                    .mixed_precision = ct_accelerator_mixed_precision(a),
                                                    .optimizer = a->opt ? ct_optimizer_name(a->opt) : "",
                                                    .sharded_model = sharded_model,
+                                                   .tp = a->mesh ? a->mesh->tp : 1,
+                                                   .dp = a->mesh ? a->mesh->dp : ct_pg_size(a->pg),
                                                    .files = files,
                                                    .nfiles = n});
     if (st) return st;
@@ -337,8 +352,10 @@ static ct_status target(ct_accelerator *a, const char *dir, char **final, char *
     return st;
 }
 
-/* Replicated: rank 0 writes everything. */
-static ct_status save_replicated(ct_accelerator *a, const char *tmp, const char *final)
+/* Replicated: rank 0 writes everything. Under tensor parallelism the whole model
+ * (model, already gathered) and the whole optimizer state (opt) come from the caller. */
+static ct_status save_replicated(ct_accelerator *a, const char *tmp, const char *final, const ct_param_list *model,
+                                 const opt_parts *opt)
 {
     cti_ckpt_file files[8 + 64];
     int n = 0;
@@ -347,13 +364,14 @@ static ct_status save_replicated(ct_accelerator *a, const char *tmp, const char 
     if (a->model) {
         /* ct_module_save's file (HF names, buffers too), checksummed as it is written */
         ct_param_list l = {0};
-        st = ct_module_named_tensors(a->model, true, &l);
-        if (!st) st = cti_ckpt_save_tensors(tmp, CT_CKPT_MODEL, l.n, (const char *const *)l.names, l.tensors, &files[n++]);
+        if (!model) st = ct_module_named_tensors(a->model, true, &l);
+        const ct_param_list *w = model ? model : &l;
+        if (!st) st = cti_ckpt_save_tensors(tmp, CT_CKPT_MODEL, w->n, (const char *const *)w->names, w->tensors, &files[n++]);
         ct_param_list_free(&l);
         if (!st) cti_ckpt_fault_point();
     }
     if (!st && a->opt) {
-        st = write_opt_file(a, tmp, 0, 1, 0, &files[n++]);
+        st = write_opt_file(a, tmp, 0, 1, 0, &files[n++], opt);
         if (!st) cti_ckpt_fault_point();
     }
     const cti_rank_state me = my_rank_state(a);
@@ -382,7 +400,7 @@ static ct_status save_sharded(ct_accelerator *a, const char *tmp, const char *fi
         char name[CT_CKPT_NAME_MAX];
         cti_ckpt_rank_file_name(name, sizeof name, "model", rank, S);
         st = cti_ckpt_describe_written(tmp, name, h, bytes, &mine.files[mine.nfiles++]);
-        if (!st && a->opt) st = write_opt_file(a, tmp, rank, S, 0, &mine.files[mine.nfiles++]);
+        if (!st && a->opt) st = write_opt_file(a, tmp, rank, S, 0, &mine.files[mine.nfiles++], NULL);
         if (!st) cti_ckpt_fault_point();
     }
     st = cti_ckpt_agree(a, st);
@@ -408,10 +426,35 @@ static ct_status save_sharded(ct_accelerator *a, const char *tmp, const char *fi
     return cti_ckpt_agree(a, st);
 }
 
+/* Tensor parallelism: the tp ranks of data-parallel index 0 gather the whole model and
+ * optimizer state (collectives over their tp group), then rank 0 writes it as one
+ * process would; every rank joins the agreement at the end. */
+static ct_status save_tp(ct_accelerator *a, const char *dir, char **final, char **tmp, bool *automatic)
+{
+    const int rank = ct_pg_rank(a->pg);
+    ct_param_list l = {0};
+    opt_parts o = {0};
+    ct_status st = CT_OK;
+    ct_frame_push();
+    if (a->mesh->dp_rank == 0) {
+        if (a->model) st = cti_accel_megatron_model_tensors(a, &l);
+        if (!st && a->opt) st = build_opt_parts(a, &o);
+        if (st) ct_error_prefix("tensor parallelism (tp %d): ", a->mesh->tp);
+    }
+    if (!st && rank == 0) {
+        st = target(a, dir, final, tmp, automatic);
+        if (!st) st = save_replicated(a, *tmp, *final, a->model ? &l : NULL, a->opt ? &o : NULL);
+        if (st && *tmp) cti_ckpt_remove_tree(*tmp);
+    }
+    ct_frame_pop();
+    ct_param_list_free(&l);
+    opt_parts_free(&o);
+    return cti_ckpt_agree(a, st);
+}
+
 ct_status ct_accelerator_save_state(ct_accelerator *acc, const char *dir)
 {
     if (!acc) return ct_error_set(CT_ERR_INVALID, "accelerator_save_state: accelerator is NULL");
-    if (cti_accel_megatron_refuse(acc, "accelerator_save_state")) return ct_last_status();
     const int rank = ct_pg_rank(acc->pg), world = ct_pg_size(acc->pg);
     ct_status st = CT_OK;
     if (!acc->prepared) st = ct_error_set(CT_ERR_INVALID, "call ct_accelerator_prepare first");
@@ -424,11 +467,14 @@ ct_status ct_accelerator_save_state(ct_accelerator *acc, const char *dir)
     if (st) return ct_error_prefix("accelerator_save_state (rank %d of %d): ", rank, world);
     char *final = NULL, *tmp = NULL;
     bool automatic = false;
-    if (!acc->shard) {
+    if (acc->mesh) {
+        st = save_tp(acc, dir, &final, &tmp, &automatic);
+        if (!st && rank != 0) automatic = dir == NULL;
+    } else if (!acc->shard) {
         /* replicated: rank 0 holds everything; the others have nothing to write */
         if (rank == 0) {
             st = target(acc, dir, &final, &tmp, &automatic);
-            if (!st) st = save_replicated(acc, tmp, final);
+            if (!st) st = save_replicated(acc, tmp, final, NULL, NULL);
             if (st && tmp) cti_ckpt_remove_tree(tmp);
         } else if (acc->iteration >= 0) {
             acc->iteration++;
@@ -472,8 +518,8 @@ ct_status ct_accelerator_save_state(ct_accelerator *acc, const char *dir)
         if (!st) st = save_sharded(acc, tmp, final);
         if (st && rank == 0 && tmp) cti_ckpt_remove_tree(tmp);
     }
-    if (!st && (rank == 0 || acc->shard)) {
-        if (automatic) acc->iteration++;
+    if (!st && (rank == 0 || acc->shard || acc->mesh)) {
+        if (automatic && (!acc->mesh || rank == 0 || acc->iteration >= 0)) acc->iteration++;
         if (rank == 0 && automatic && acc->cfg.project.total_limit > 0) {
             char *root = cti_ckpt_auto_root(acc->project_dir);
             st = root ? cti_ckpt_apply_total_limit(root, acc->cfg.project.total_limit) : ct_last_status();

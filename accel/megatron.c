@@ -184,16 +184,6 @@ double cti_accel_megatron_clip(ct_accelerator *a, double max_norm, double norm_t
     return ct_llama_tp_clip_grad_norm((ct_llama *)a->model, max_norm, norm_type);
 }
 
-ct_status cti_accel_megatron_refuse(const ct_accelerator *a, const char *op)
-{
-    if (!a || !a->mesh) return CT_OK;
-    return ct_error_set(CT_ERR_UNSUPPORTED,
-                        "%s: the model is sharded for tensor parallelism (tp %d): training-state checkpoints and "
-                        "loading of such a model are not supported yet (get_state_dict, save_model and "
-                        "unwrap_model give the whole model)",
-                        op, a->mesh->tp);
-}
-
 /* The whole tensor of a Llama parameter: the tp ranks' equal slices along the shard's
  * dim concatenated in rank order, the vocabulary's padding dropped; a copy of a
  * replicated one. New reference, current frame. */

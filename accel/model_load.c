@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include "accel/accelerator_internal.h"
+#include "accel/megatron_checkpoint_internal.h"
 #include "accel/model_shards_internal.h"
 #include "core/frame.h"
 #include "parallel/shard_state.h"
@@ -93,9 +94,10 @@ static ct_status load_local(ct_accelerator *acc, ct_module *model, const char *p
 ct_status ct_accelerator_load_model(ct_accelerator *acc, ct_module *model, const char *path)
 {
     if (!acc) return ct_error_set(CT_ERR_INVALID, "accelerator_load_model: accelerator is NULL");
-    if (cti_accel_megatron_refuse(acc, "accelerator_load_model")) return ct_last_status();
-    ct_status st = !model || !path ? ct_error_set(CT_ERR_INVALID, "%s is NULL", !model ? "model" : "path")
-                                   : load_local(acc, model, path);
+    /* the prepared model sharded for tensor parallelism: each rank takes its shards */
+    ct_status st = !model || !path       ? ct_error_set(CT_ERR_INVALID, "%s is NULL", !model ? "model" : "path")
+                   : acc->mesh && model == acc->model ? cti_accel_megatron_load_model(acc, path)
+                                                      : load_local(acc, model, path);
     st = cti_ckpt_agree(acc, st);
     return st ? ct_error_prefix("accelerator_load_model (rank %d, '%s'): ", ct_accelerator_process_index(acc),
                                 path ? path : "(null)")

@@ -1,0 +1,28 @@
+/* ctrain — whole tensors and shards of a model sharded for tensor parallelism, for
+ * checkpoints (accel/megatron_checkpoint.c). Not installed. Every function takes the
+ * Accelerator after prepare sharded its model (a->mesh set); p is a tensor of that
+ * model (a parameter or a buffer), replicated when it has no shard record. */
+#ifndef CT_ACCEL_MEGATRON_CHECKPOINT_INTERNAL_H
+#define CT_ACCEL_MEGATRON_CHECKPOINT_INTERNAL_H
+
+#include "accel/accelerator_internal.h"
+
+/* The whole (unsharded, unpadded) shape of p. */
+void cti_accel_megatron_full_shape(const ct_accelerator *a, const ct_tensor *p, int *ndim, int64_t *shape);
+/* The whole tensor of x, a tensor shaped and sharded like p (p itself, or one of its
+ * optimizer moments): all-gathered over tp, the parts reassembled, padding dropped; a
+ * copy when p is replicated. A collective over the tp group. Current frame; NULL +
+ * error. */
+ct_tensor *cti_accel_megatron_gather_like(ct_accelerator *a, const ct_tensor *p, ct_tensor *x);
+/* This rank's shard of whole (p's whole shape; the caller checked it), as p's dtype:
+ * the slicing of prepare's sharding, padding zero. No collective. Current frame. */
+ct_tensor *cti_accel_megatron_slice_like(const ct_accelerator *a, const ct_tensor *p, ct_tensor *whole);
+/* The model's named tensors (buffers too) with each tensor replaced by its whole one
+ * (current frame; the list's names owned, ct_param_list_free). A collective over tp. */
+ct_status cti_accel_megatron_model_tensors(ct_accelerator *a, ct_param_list *out);
+/* ct_accelerator_load_model into the prepared sharded model: a whole safetensors
+ * file (or a sharded model checkpoint directory), every name and whole shape checked
+ * before any tensor changes; each rank takes its shard. No collective. */
+ct_status cti_accel_megatron_load_model(ct_accelerator *a, const char *path);
+
+#endif

@@ -1,0 +1,273 @@
+/* Tests for training-state checkpoints under Megatron-LM tensor parallelism
+ * (accel/megatron_checkpoint.c, accel/checkpoint_save.c, accel/checkpoint_load.c) on
+ * fork()ed ranks that find each other as launched programs do.
+ *
+ * Each case trains the GPT or Llama W1 shape (T = 32) 3 AdamW steps, saves the state,
+ * takes 2 more steps and writes the whole model (the continuation). A fresh run (a
+ * model initialised from another seed, so that only the checkpoint can make it equal)
+ * loads the checkpoint at the same or another tp degree, takes the same 2 steps and
+ * writes its whole model: at the same layout it must equal the continuation bitwise;
+ * at another (tp 2 against one process) within summation-order rounding (rel_rms and
+ * rel_err below). A wrong slice of a parameter or moment, a moment not restored or a
+ * step count lost moves whole tensors by about lr per step, orders above that. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "accel/accelerator.h"
+#include "accel/checkpoint.h"
+#include "autograd/autograd.h"
+#include "autograd/ops.h"
+#include "core/safetensors.h"
+#include "core/threads.h"
+#include "nn/gpt.h"
+#include "nn/llama.h"
+#include "optim/optimizer.h"
+#include "tests/env_ranks.h"
+#include "tests/nn/tp_check.h"
+#include "tests/tmpdir.h"
+
+#define T 32
+#define B 2
+#define LR 1e-3
+
+static const ct_gpt_config GPT_W1 = {.vocab_size = 256, .block_size = 256, .n_layer = 4, .n_head = 4, .n_embd = 256};
+/* vocab 2047: odd, so tp 2 pads the vocabulary (the padding must not reach a checkpoint) */
+static const ct_llama_config LLAMA_W1 = {.vocab_size = 2047, .hidden_size = 256, .intermediate_size = 688,
+                                         .num_hidden_layers = 4, .num_attention_heads = 4,
+                                         .num_key_value_heads = 2, .max_position_embeddings = 64};
+
+typedef struct ck_run {
+    bool llama, sp;
+    int tp;           /* 1: no Megatron-LM (one process) */
+    int world;        /* 0: tp (dp 1); else tp x dp, every dp rank training on the same batches */
+    bool resume;      /* false: 3 steps, save_state(ckpt), 2 steps; true: load_state(ckpt), 2 steps */
+    uint64_t seed;    /* the model's initialisation */
+    char ckpt[128];   /* the checkpoint directory */
+    char out[128];    /* the whole model at the end (ct_accelerator_save_model) */
+    char save_after[128]; /* "": none; else save_state there at the end */
+    char bad[128];    /* "": none; else a model file of another shape that load_model must
+                       * refuse, naming the tensor and both shapes, changing nothing */
+} ck_run;
+
+/* rms(got - want) / max(1, rms(want)) */
+static double rel_rms(const ct_tensor *got, const ct_tensor *want)
+{
+    if (!got || !want || !ct_tensor_same_shape(got, want)) return INFINITY;
+    ct_tensor *a = ct_tensor_contiguous(ct_tensor_cast(got, CT_DTYPE_F64));
+    ct_tensor *b = ct_tensor_contiguous(ct_tensor_cast(want, CT_DTYPE_F64));
+    if (!a || !b) return INFINITY;
+    const double *p = ct_tensor_data(a), *q = ct_tensor_data(b);
+    double d = 0, w = 0;
+    int64_t n = ct_tensor_numel(a);
+    for (int64_t i = 0; i < n; i++) d += (p[i] - q[i]) * (p[i] - q[i]), w += q[i] * q[i];
+    return sqrt(d / (double)n) / fmax(1.0, sqrt(w / (double)n));
+}
+
+/* step s's batch: (B, T) tokens and their next tokens, the same on every rank */
+static void batch(const ck_run *c, int s, ct_tensor **x, ct_tensor **y)
+{
+    const int64_t V = c->llama ? LLAMA_W1.vocab_size : GPT_W1.vocab_size;
+    *x = ct_tensor_empty(CT_DTYPE_I64, 2, (int64_t[]){B, T});
+    *y = ct_tensor_empty(CT_DTYPE_I64, 2, (int64_t[]){B, T});
+    int64_t *px = ct_tensor_data(*x), *py = ct_tensor_data(*y);
+    uint32_t r = 977u * (uint32_t)(s + 1);
+    int64_t prev = 0;
+    for (int64_t i = 0; i < B * (T + 1); i++) {
+        r = r * 1664525u + 1013904223u;
+        int64_t tok = (int64_t)((r >> 8) % (uint32_t)V);
+        if (i % (T + 1) != 0) px[(i / (T + 1)) * T + i % (T + 1) - 1] = prev, py[(i / (T + 1)) * T + i % (T + 1) - 1] = tok;
+        prev = tok;
+    }
+}
+
+static int fail(int rank, const char *what)
+{
+    fprintf(stderr, "rank %d: %s: %s\n", rank, what, ct_last_error());
+    return 1;
+}
+
+static ct_status train(ct_accelerator *acc, const ck_run *c, ct_module *m, ct_optimizer *opt, int first, int n)
+{
+    ct_status st = CT_OK;
+    for (int s = first; s < first + n && !st; s++) CT_FRAME {
+            ct_tensor *x, *y;
+            batch(c, s, &x, &y);
+            CT_ACCUMULATE(acc) {
+                ct_tensor *loss = c->llama ? ct_llama_loss((ct_llama *)m, x, y) : ct_gpt_loss((ct_gpt *)m, x, y);
+                st = loss ? ct_accelerator_backward(acc, loss) : ct_last_status();
+                if (!st) st = ct_optimizer_step(opt);
+                ct_optimizer_zero_grad(opt);
+            }
+        }
+    return st;
+}
+
+static int ck_rank(int rank, int world, const char *dir, void *ctx)
+{
+    (void)dir, (void)world;
+    const ck_run *c = ctx;
+    setenv("CTRAIN_NUM_THREADS", "1", 1); /* ranks share 2 cores */
+    ct_set_num_threads(1);
+    int rc = 0;
+    CT_FRAME {
+        ct_set_seed(c->seed);
+        ct_module *m = c->llama ? &ct_llama_new(&LLAMA_W1)->base : &ct_gpt_new(&GPT_W1)->base;
+        ct_param_list pl;
+        if (!m || ct_module_named_tensors(m, false, &pl)) {
+            rc = fail(rank, "model");
+            continue; /* leaves the frame */
+        }
+        ct_optimizer *opt = ct_adamw_new(pl.n, pl.tensors, &(ct_adamw_config){.lr = LR, .weight_decay = 0.1});
+        ct_param_list_free(&pl);
+        ct_megatron_lm_plugin p = {.tp_degree = c->tp, .sequence_parallelism = c->sp};
+        ct_accelerator *acc = ct_accelerator_new(&(ct_accelerator_config){.megatron_lm_plugin = c->tp > 1 ? &p : NULL});
+        ct_status st = acc ? ct_accelerator_prepare(acc, m, opt, NULL, NULL) : ct_last_status();
+        if (st) rc = fail(rank, "prepare");
+        if (!rc && !c->resume) {
+            if (train(acc, c, m, opt, 0, 3)) rc = fail(rank, "3 steps");
+            else if (ct_accelerator_save_state(acc, c->ckpt)) rc = fail(rank, "save_state");
+        } else if (!rc && ct_accelerator_load_state(acc, c->ckpt)) {
+            rc = fail(rank, "load_state");
+        }
+        if (!rc && train(acc, c, m, opt, 3, 2)) rc = fail(rank, "2 steps");
+        if (!rc && ct_accelerator_save_model(acc, m, c->out)) rc = fail(rank, "save_model");
+        if (!rc && c->save_after[0] && ct_accelerator_save_state(acc, c->save_after)) rc = fail(rank, "save_state at the end");
+        if (!rc && c->bad[0]) {
+            /* wte is the first tensor; at tp 2 each rank holds 128 of its 256 rows */
+            const char *want = "'wte.weight' is [256, 128] in";
+            char after[160];
+            snprintf(after, sizeof after, "%s.after", c->out);
+            if (!ct_accelerator_load_model(acc, m, c->bad) || !strstr(ct_last_error(), want) ||
+                !strstr(ct_last_error(), "but [256, 256] in the whole model (tp 2)")) {
+                fprintf(stderr, "rank %d: load_model of another shape: %s; want an error naming '%s'\n", rank,
+                        ct_last_error(), want);
+                rc = 1;
+            } else if (ct_accelerator_save_model(acc, m, after)) {
+                rc = fail(rank, "save_model after the refused load");
+            }
+        }
+        ct_accelerator_free(acc);
+        ct_optimizer_free(opt);
+        ct_module_free(m);
+    }
+    return rc;
+}
+
+/* Every tensor of got's file against want's: rel_rms <= tol, rel_err <= tol_elem
+ * (0, 0: bitwise). */
+static void compare(const char *got, const char *want, double tol, double tol_elem)
+{
+    ct_safetensors *g = ct_safetensors_open(got), *w = ct_safetensors_open(want);
+    cr_assert(g && w, "%s", ct_last_error());
+    cr_assert_eq(ct_safetensors_count(g), ct_safetensors_count(w));
+    CT_FRAME {
+        for (int i = 0; i < ct_safetensors_count(w); i++) {
+            const char *name = ct_safetensors_name(w, i);
+            ct_tensor *a = ct_safetensors_get(g, name), *b = ct_safetensors_get(w, name);
+            cr_assert(a && b, "%s: %s", name, ct_last_error());
+            double e = rel_rms(a, b), ee = rel_err(a, b);
+            cr_assert(e <= tol && ee <= tol_elem, "%s: %s against %s: relative error %g (tolerance %g), per element %g (%g)",
+                      name, got, want, e, tol, ee, tol_elem);
+        }
+    }
+    ct_safetensors_close(g);
+    ct_safetensors_close(w);
+}
+
+static ck_run run_of(bool llama, bool sp, int tp, bool resume, uint64_t seed, const char *ckpt, const char *out)
+{
+    ck_run r = {.llama = llama, .sp = sp, .tp = tp, .resume = resume, .seed = seed};
+    snprintf(r.ckpt, sizeof r.ckpt, "%s/%s", tmpdir, ckpt);
+    snprintf(r.out, sizeof r.out, "%s/%s", tmpdir, out);
+    return r;
+}
+
+static void go(ck_run r)
+{
+    run_env_ranks(r.world ? r.world : r.tp, ck_rank, NULL, &r, 110);
+}
+
+static void setup(void) { make_tmpdir_with("/tmp/ct_tpckpt_"); }
+static void teardown(void) { remove_tmpdir(); }
+
+TestSuite(megatron_checkpoint, .init = setup, .fini = teardown);
+
+/* tmpdir/name in one of four rotating buffers */
+static const char *at(const char *name)
+{
+    static char buf[4][160];
+    static int k;
+    k = (k + 1) % 4;
+    snprintf(buf[k], sizeof buf[k], "%s/%s", tmpdir, name);
+    return buf[k];
+}
+
+/* summation order differs between tp 2 and one process: rounding only (test_megatron's
+ * tolerances over 5 steps) */
+#define TOL 1e-5
+#define TOL_ELEM 1e-4
+
+Test(megatron_checkpoint, gpt_w1_tp2_resumes_bitwise_at_tp2_and_in_one_process, .timeout = 120)
+{
+    go(run_of(false, false, 2, false, 7, "ck", "cont.safetensors"));
+    /* the checkpoint says what saved it, and every file verifies */
+    ct_checkpoint_info info;
+    cr_assert_eq(ct_checkpoint_inspect(at("ck"), true, &info, NULL), CT_OK, "%s", ct_last_error());
+    cr_assert_str_eq(info.strategy, "MEGATRON_LM");
+    cr_assert_eq(info.world_size, 2);
+    cr_assert(info.tp_degree == 2 && info.dp_degree == 1, "tp %d, dp %d", info.tp_degree, info.dp_degree);
+    cr_assert_eq(info.step, 3);
+    /* a GPT of another width, whose tensors load_model at tp 2 must refuse */
+    CT_FRAME {
+        ct_gpt_config small = GPT_W1;
+        small.n_embd = 128;
+        ct_gpt *other = ct_gpt_new(&small);
+        cr_assert(other && !ct_module_save(&other->base, at("other.safetensors"), 0, NULL, NULL), "%s", ct_last_error());
+        ct_module_free(&other->base);
+    }
+    ck_run r = run_of(false, false, 2, true, 99, "ck", "tp2.safetensors");
+    snprintf(r.bad, sizeof r.bad, "%s", at("other.safetensors"));
+    go(r);
+    compare(at("tp2.safetensors"), at("cont.safetensors"), 0, 0);
+    compare(at("tp2.safetensors.after"), at("cont.safetensors"), 0, 0); /* the refused load changed nothing */
+    go(run_of(false, false, 1, true, 99, "ck", "tp1.safetensors"));
+    compare(at("tp1.safetensors"), at("cont.safetensors"), TOL, TOL_ELEM);
+}
+
+Test(megatron_checkpoint, gpt_w1_one_process_checkpoint_resumes_at_tp2, .timeout = 120)
+{
+    go(run_of(false, false, 1, false, 7, "ck1", "cont1.safetensors"));
+    go(run_of(false, false, 2, true, 99, "ck1", "tp2.safetensors"));
+    compare(at("tp2.safetensors"), at("cont1.safetensors"), TOL, TOL_ELEM);
+}
+
+Test(megatron_checkpoint, llama_w1_tp2_sequence_parallel_resumes_bitwise_and_at_tp1_and_dp2, .timeout = 120)
+{
+    go(run_of(true, true, 2, false, 7, "ck", "cont.safetensors"));
+    go(run_of(true, true, 2, true, 99, "ck", "tp2.safetensors"));
+    compare(at("tp2.safetensors"), at("cont.safetensors"), 0, 0);
+    go(run_of(true, false, 1, true, 99, "ck", "tp1.safetensors"));
+    compare(at("tp1.safetensors"), at("cont.safetensors"), TOL, TOL_ELEM);
+    /* tp 2 x dp 2 (DDP over dp): the same batches on both dp ranks average to the same
+     * gradients, so it continues as tp 2 alone */
+    ck_run r = run_of(true, true, 2, true, 99, "ck", "dp2.safetensors");
+    r.world = 4;
+    snprintf(r.save_after, sizeof r.save_after, "%s", at("ck4"));
+    go(r);
+    compare(at("dp2.safetensors"), at("cont.safetensors"), TOL, TOL_ELEM);
+    /* its own save (tp 2 x dp 2): the whole model, files that verify, the layout recorded */
+    ct_checkpoint_info info;
+    cr_assert_eq(ct_checkpoint_inspect(at("ck4"), true, &info, NULL), CT_OK, "%s", ct_last_error());
+    cr_assert(info.world_size == 4 && info.step == 5 && !strcmp(info.strategy, "MEGATRON_LM"));
+    cr_assert(info.tp_degree == 2 && info.dp_degree == 2, "tp %d, dp %d", info.tp_degree, info.dp_degree);
+    compare(at("ck4/model.safetensors"), at("dp2.safetensors"), 0, 0);
+    ct_safetensors *f = ct_safetensors_open(at("ck4/optimizer-rank00000-of-00001.safetensors"));
+    cr_assert_not_null(f, "%s", ct_last_error());
+    /* the padded vocabulary (2047 rows, 2048 sharded) is whole and unpadded */
+    const char *part = ct_safetensors_metadata(f, "ctrain.part.model.embed_tokens.weight.exp_avg");
+    cr_assert(part && strstr(part, "begin=0 end=524032 shape=[2047,256]"), "%s", part ? part : "(no part)");
+    ct_safetensors_close(f);
+}
