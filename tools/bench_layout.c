@@ -23,8 +23,10 @@
  *
  * Figures, besides those of tools/bench_rank.c:
  *   sent_tp_bytes, sent_dp_bytes, sent_pp_bytes   bytes this rank sent in the last
- *       step on each axis's group (ct_pg_bytes_sent: as ring algorithms send them; pp:
- *       the activations and their gradients)
+ *       step on each axis (ct_pg_bytes_sent of the axis's group: as ring algorithms
+ *       send them; pp: ct_pipeline_model_bytes_sent, the activations, their gradients
+ *       and the tied embedding's sum; dp under tp: DDP's count, 2 (dp-1)/dp of the
+ *       bytes it reduces, since DDP runs its buckets on a group of its own)
  *   bubble   pipelines: the time a stage waited for a receive during the pipeline's
  *       runs over the time of those runs (the timed steps; mean over the ranks), to be
  *       compared with 1F1B's (pp - 1) / (M + pp - 1)
@@ -126,17 +128,17 @@ static ct_status train_tp(const ct_bench_opts *o, const ct_model_shape *shape, d
         if (step == o->warmup_steps && ddp) at_warmup = ct_ddp_stats_get(ddp);
         draws_next(d, g->xb, g->yb);
         double before[3], after[3], loss = NAN, dt = 0;
-        axis_bytes(mesh->tp_group, mesh->dp_group, NULL, before);
+        axis_bytes(mesh->tp_group, NULL, NULL, before);
         ct_storage_peak_reset();
         if ((st = bench_gpt_step_drawn(g, step, 0.0, &loss, &dt))) break;
-        axis_bytes(mesh->tp_group, mesh->dp_group, NULL, after);
+        axis_bytes(mesh->tp_group, NULL, NULL, after);
         if (step == 0) s[S_LOSS0] = loss;
         s[S_LOSS] = loss;
         if (step < o->warmup_steps) continue;
         times[step - o->warmup_steps] = dt;
         m[M_TIME] += dt;
         m[M_STEP_PEAK] = fmax(m[M_STEP_PEAK], (double)ct_storage_peak_bytes());
-        m[M_TP] = after[0] - before[0], m[M_DP] = after[1] - before[1];
+        m[M_TP] = after[0] - before[0];
     }
     if (!st) {
         qsort(times, (size_t)o->steps, sizeof *times, cmp_double);
@@ -148,7 +150,11 @@ static ct_status train_tp(const ct_bench_opts *o, const ct_model_shape *shape, d
     m[M_PARAMS] = m[M_GRADS] = 4.0 * local;
     m[M_OPTIMIZER] = 8.0 * local;
     if (ddp) {
+        /* DDP runs its buckets on a group of its own (the last one on the dp group): its
+         * count, as bench_rank.c takes it, 2 (dp-1)/dp of the bytes it reduces per step */
         ct_ddp_stats ds = ct_ddp_stats_get(ddp);
+        const double dp = mesh->dp;
+        m[M_DP] = 2.0 * (dp - 1) / dp * (double)ds.bytes;
         m[M_COMM] = (ds.total_comm_s - at_warmup.total_comm_s) / o->steps;
         m[M_EXPOSED] = (ds.total_exposed_s - at_warmup.total_exposed_s) / o->steps;
     }
