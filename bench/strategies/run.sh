@@ -23,7 +23,8 @@
 # (--layouts LIST, default ddp,tp2dp2,tp2sp,pp2dp2,tp4,pp4; --layouts none skips them;
 # --micro_batches M for the pipelines, default 4): Megatron-LM tensor parallelism
 # (tp2sp: with sequence parallelism) and 1F1B pipelines, dp = 4 / (tp pp) replicas,
-# with the bytes sent per axis and the pipeline bubble beside (pp-1)/(M+pp-1).
+# with the bytes sent per axis and the pipeline bubble beside (pp-1)/(M+pp-1); about 3
+# more minutes on 2 cores.
 # Steps (per rank, per step: B rows of T tokens; the same random tokens and initial
 # weights under every strategy):
 #   w1    T 64, B 4, 2 warm-up + 10 timed steps    (--quick: 1 + 2)
@@ -61,7 +62,7 @@ while [ $# -gt 0 ]; do
     --micro_batches) [ $# -ge 2 ] || die "--micro_batches needs a number"; micro=$2; shift ;;
     --out) [ $# -ge 2 ] || die "--out needs a file name"; out=$2; shift ;;
     --timeout) [ $# -ge 2 ] || die "--timeout needs seconds"; limit=$2; shift ;;
-    -h | --help) sed -n '2,39p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,40p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option '$1' (see --help)" ;;
     esac
     shift
