@@ -584,6 +584,7 @@ void ct_accelerator_set_seed(ct_accelerator *acc, uint64_t seed, bool device_spe
 ct_pg *ct_accelerator_pg(const ct_accelerator *acc) { return acc ? acc->pg : NULL; }
 ct_ddp *ct_accelerator_ddp(const ct_accelerator *acc) { return acc ? acc->ddp : NULL; }
 ct_shard *ct_accelerator_shard(const ct_accelerator *acc) { return acc ? acc->shard : NULL; }
+const ct_mesh *ct_accelerator_mesh(const ct_accelerator *acc) { return acc ? acc->mesh : NULL; }
 
 bool ct_accelerator_forward_needs_all_ranks(const ct_accelerator *acc)
 {

@@ -62,6 +62,7 @@
 #include "core/tensor.h"
 #include "data/loader.h"
 #include "parallel/ddp.h"
+#include "parallel/mesh.h"
 #include "dist/pg.h"
 #include "parallel/shard.h"
 #include "accel/checkpoint.h"
@@ -209,6 +210,9 @@ CT_API ct_pg *ct_accelerator_pg(const ct_accelerator *acc);
 CT_API ct_ddp *ct_accelerator_ddp(const ct_accelerator *acc);
 /* The sharding engine (borrowed; NULL unless a sharded strategy was prepared). */
 CT_API ct_shard *ct_accelerator_shard(const ct_accelerator *acc);
+/* The dp x tp device mesh of Megatron-LM tensor parallelism (borrowed; NULL unless
+ * prepare sharded a model over tp_degree > 1 ranks): its per-axis groups. */
+CT_API const ct_mesh *ct_accelerator_mesh(const ct_accelerator *acc);
 /* True when a forward of the prepared model needs every rank: under a sharded strategy
  * (ZeRO-3 and FSDP gather parameters; the engine's hooks run on every rank) or tensor
  * parallelism (the model's collectives). Evaluation then runs on every rank instead of

@@ -154,6 +154,7 @@ struct ct_pg {
      * one runs only after it completed; a reference, or NULL) */
     ct_shm_direct *direct;
     ct_work *last;
+    int64_t bytes_sent; /* ct_pg_bytes_sent: updated by cti_pg_submit */
 };
 
 /* For cti_pg_submit on a group with direct slots (dist/pg_direct.c): announces w; a

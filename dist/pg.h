@@ -123,6 +123,12 @@ CT_API int ct_pg_size(const ct_pg *g); /* 0 for NULL */
 /* The transport the group's messages use: "tcp", "shm", "none" for a group of one
  * rank (static strings); NULL for NULL. Sub-groups use their parent's. */
 CT_API const char *ct_pg_transport(const ct_pg *g);
+/* Bytes this rank has sent on g since it was made, as ring algorithms send them,
+ * counted per collective when it is submitted from its size S bytes and the group's n
+ * ranks: allreduce 2 (n-1)/n S, reduce-scatter (n-1)/n S (S the input), allgather
+ * and all-to-all (n-1)/n of the gathered whole, broadcast, reduce, gather, scatter
+ * and send S, receive and barrier 0. A group of one rank sends nothing. 0 for NULL. */
+CT_API double ct_pg_bytes_sent(const ct_pg *g);
 
 /* Each returns a new work, owned by the caller (ct_work_free), or NULL with the
  * error set. In-place variants overwrite t; out-of-place ones read in and write out

@@ -125,8 +125,29 @@ static void run_alone(ct_work *w)
     if (n && w->out != w->in) memmove(w->out, w->in, n);
 }
 
+/* What a ring algorithm sends of w on a group of n > 1 ranks (ct_pg_bytes_sent). */
+static double ring_bytes(const ct_work *w, int n)
+{
+    const double s = (double)w->count * (double)ct_dtype_size(w->dtype), f = (double)(n - 1) / n;
+    switch (w->op) {
+    case CT_OP_ALLREDUCE: return 2.0 * f * s;
+    case CT_OP_REDUCE_SCATTER: return f * s; /* count: the whole input */
+    case CT_OP_ALLGATHER: return (n - 1) * s; /* count: one rank's piece */
+    case CT_OP_ALL_TO_ALL: return (n - 1) * s; /* count: one block */
+    case CT_OP_BROADCAST: case CT_OP_REDUCE: case CT_OP_GATHER: case CT_OP_SCATTER: case CT_OP_SEND: return s;
+    default: return 0.0;
+    }
+}
+
+double ct_pg_bytes_sent(const ct_pg *g)
+{
+    return g ? (double)__atomic_load_n(&g->bytes_sent, __ATOMIC_RELAXED) : 0.0;
+}
+
 ct_work *cti_pg_submit(ct_pg *g, ct_work *w)
 {
+    /* atomic: works may be submitted from more than one thread */
+    if (g->size > 1) __atomic_fetch_add(&g->bytes_sent, (int64_t)(ring_bytes(w, g->size) + 0.5), __ATOMIC_RELAXED);
     w->rank = g->rank;
     w->size = g->size;
     w->chunk_bytes = g->chunk_bytes;

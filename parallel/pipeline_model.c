@@ -151,6 +151,13 @@ void ct_pipeline_model_layers(const ct_pipeline_model *pm, int *first, int *coun
 
 ct_pipeline *ct_pipeline_model_engine(const ct_pipeline_model *pm) { return pm ? pm->pp : NULL; }
 
+double ct_pipeline_model_bytes_sent(const ct_pipeline_model *pm)
+{
+    if (!pm) return 0.0;
+    return (double)ct_pipeline_stats_get(pm->pp).bytes_sent + ct_pg_bytes_sent(pm->all) +
+           ct_pg_bytes_sent(pm->tied_group);
+}
+
 static ct_status check_batch(const ct_pipeline_model *pm, const ct_tensor *tokens, const ct_tensor *targets,
                              int num_micro)
 {

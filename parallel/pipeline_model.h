@@ -73,6 +73,10 @@ CT_API const ct_param_list *ct_pipeline_model_params(const ct_pipeline_model *pm
 CT_API void ct_pipeline_model_layers(const ct_pipeline_model *pm, int *first, int *count);
 /* The engine (borrowed): its stage, stats, ct_pipeline_broadcast_metrics. */
 CT_API ct_pipeline *ct_pipeline_model_engine(const ct_pipeline_model *pm);
+/* Bytes this stage has sent: the engine's activations and gradients (its stats'
+ * bytes_sent) plus the handle's own collectives as ct_pg_bytes_sent counts them (the
+ * tied embedding's gradient sum, the gradient norms). 0 for NULL. */
+CT_API double ct_pipeline_model_bytes_sent(const ct_pipeline_model *pm);
 
 /* Forward and backward of the batch tokens (B, T) against targets (B, T) (integer
  * tensors; every stage passes the same batch and uses what it needs) as num_micro

@@ -10,7 +10,8 @@
  *   tools/bench_report.c  the table, the checks under it, results.csv, the gnuplot plot;
  *   tools/bench_rank.c    the rank side: the hidden subcommand `ctrain bench-rank` that
  *                         `ctrain launch` starts on every rank (tools/bench_gpt.h's GPT
- *                         or Llama).
+ *                         or Llama);
+ *   tools/bench_layout.c  its model-parallel layouts (tpK, tpKsp, ppK; dp = N / K).
  *
  * These are the `ctrain` command's functions: they print and return exit codes, never
  * exit(). Single-threaded.
@@ -36,7 +37,20 @@ typedef struct ct_bench_strategy {
     const char *about;       /* one line for --help */
     ct_shard_strategy shard; /* NO_SHARD for ddp */
     bool offload;            /* CPU offload of the optimizer (ZeRO-Offload) */
+    /* Model-parallel layouts (tools/bench_layout.c), 0 for the shard strategies: the
+     * tensor-parallel degree (Megatron-LM through the Accelerator; sp: with sequence
+     * parallelism) or the pipeline degree (parallel/pipeline_model.h); the data-parallel
+     * degree is what is left of the processes, dp = N / (tp pp), and dp is the least
+     * degree the layout asks for (tp2dp2 needs dp >= 2, so N >= 4). */
+    int tp, pp, dp_min;
+    bool sp;
 } ct_bench_strategy;
+
+/* True for a model-parallel layout (tp or pp above 1). */
+static inline bool ct_bench_strategy_is_layout(const ct_bench_strategy *s)
+{
+    return s->tp > 1 || s->pp > 1;
+}
 
 /* The strategy called name, or NULL + CT_ERR_INVALID naming it and the allowed ones. */
 const ct_bench_strategy *ct_bench_strategy_find(const char *name);
@@ -52,6 +66,7 @@ typedef struct ct_bench_opts {
     int processes[CT_BENCH_MAX_LIST];
     int nprocesses;
     int batch_size, seq_len, steps, warmup_steps, threads;
+    int num_micro_batches; /* pipeline layouts: micro-batches per step (default 4) */
     long long seed;
     double timeout_s;
     const char *output_dir; /* borrowed from argv or static */
@@ -69,7 +84,8 @@ typedef enum {
     CT_BENCH_OPTIMIZER_BYTES, CT_BENCH_ACTIVATIONS_BYTES, CT_BENCH_STEP_PEAK_BYTES,
     CT_BENCH_GATHERED_PEAK_BYTES, CT_BENCH_PEAK_RSS_BYTES, CT_BENCH_SENT_BYTES, CT_BENCH_GATHERS,
     CT_BENCH_COMM_MS, CT_BENCH_EXPOSED_MS, CT_BENCH_LOSS0, CT_BENCH_LOSS, CT_BENCH_PARAMS,
-    CT_BENCH_GROUP, CT_BENCH_UNITS, CT_BENCH_NFIGURES
+    CT_BENCH_GROUP, CT_BENCH_UNITS, CT_BENCH_TP, CT_BENCH_PP, CT_BENCH_DP, CT_BENCH_MICRO_BATCHES,
+    CT_BENCH_SENT_TP_BYTES, CT_BENCH_SENT_DP_BYTES, CT_BENCH_SENT_PP_BYTES, CT_BENCH_BUBBLE, CT_BENCH_NFIGURES
 } ct_bench_figure;
 
 /* The RESULT keys, in ct_bench_figure order (also the CSV's columns). */
@@ -126,5 +142,11 @@ ct_status ct_bench_spawn(char *const *argv, double timeout_s, void (*tick)(doubl
 /* `ctrain bench ...` and the hidden `ctrain bench-rank ...`; argv[0] is the name. */
 int ct_bench_main(int argc, char **argv);
 int ct_bench_rank_main(int argc, char **argv);
+
+/* The rank side of a model-parallel layout (tools/bench_layout.c): trains o's model
+ * under o->strategies[0] (tp or pp) and fills fig (valid on every rank) and
+ * *transport, as bench_rank.c does for the shard strategies. CT_OK or an error naming
+ * the rank. */
+ct_status ct_bench_layout_train(const ct_bench_opts *o, double *fig, const char **transport);
 
 #endif

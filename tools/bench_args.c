@@ -12,14 +12,24 @@
 #include <string.h>
 
 static const ct_bench_strategy STRATEGIES[] = {
-    {"ddp", "replicated: DDP, gradients all-reduced in buckets", CT_SHARD_NO_SHARD, false},
-    {"zero1", "ZeRO-1 (OPTIMIZER): optimizer state sharded", CT_SHARD_OPTIMIZER, false},
-    {"zero2", "ZeRO-2 (GRAD_OP): also gradients sharded", CT_SHARD_GRAD_OP, false},
-    {"zero3", "ZeRO-3 (FULL): also parameters sharded", CT_SHARD_FULL, false},
-    {"hybrid", "HYBRID: ZeRO-3 inside 2 groups of N/2 ranks, replicated across them (N even)", CT_SHARD_HYBRID,
-     false},
-    {"zero2_offload", "ZeRO-2 with the optimizer offloaded to the CPU (fp32 masters apart)", CT_SHARD_GRAD_OP, true},
-    {"zero3_offload", "ZeRO-3 with the optimizer offloaded to the CPU (fp32 masters apart)", CT_SHARD_FULL, true},
+    {.name = "ddp", .about = "replicated: DDP, gradients all-reduced in buckets", .shard = CT_SHARD_NO_SHARD},
+    {.name = "zero1", .about = "ZeRO-1 (OPTIMIZER): optimizer state sharded", .shard = CT_SHARD_OPTIMIZER},
+    {.name = "zero2", .about = "ZeRO-2 (GRAD_OP): also gradients sharded", .shard = CT_SHARD_GRAD_OP},
+    {.name = "zero3", .about = "ZeRO-3 (FULL): also parameters sharded", .shard = CT_SHARD_FULL},
+    {.name = "hybrid", .about = "HYBRID: ZeRO-3 inside 2 groups of N/2 ranks, replicated across them (N even)",
+     .shard = CT_SHARD_HYBRID},
+    {.name = "zero2_offload", .about = "ZeRO-2 with the optimizer offloaded to the CPU (fp32 masters apart)",
+     .shard = CT_SHARD_GRAD_OP, .offload = true},
+    {.name = "zero3_offload", .about = "ZeRO-3 with the optimizer offloaded to the CPU (fp32 masters apart)",
+     .shard = CT_SHARD_FULL, .offload = true},
+    /* model-parallel layouts (tools/bench_layout.c): dp = N / (tp pp) */
+    {.name = "tp2", .about = "Megatron-LM tensor parallelism over 2 ranks, DDP across the N/2 replicas", .tp = 2},
+    {.name = "tp2sp", .about = "tp2 with sequence parallelism", .tp = 2, .sp = true},
+    {.name = "tp2dp2", .about = "tp2 with at least 2 data-parallel replicas (N >= 4)", .tp = 2, .dp_min = 2},
+    {.name = "tp4", .about = "tensor parallelism over 4 ranks", .tp = 4},
+    {.name = "pp2", .about = "a 2-stage pipeline (1F1B, --num_micro_batches), DDP of each stage over N/2", .pp = 2},
+    {.name = "pp2dp2", .about = "pp2 with at least 2 data-parallel replicas (N >= 4)", .pp = 2, .dp_min = 2},
+    {.name = "pp4", .about = "a 4-stage pipeline", .pp = 4},
 };
 #define NSTRATEGIES (sizeof STRATEGIES / sizeof *STRATEGIES)
 
@@ -50,7 +60,7 @@ void ct_bench_usage(FILE *f)
     fputs("usage: ctrain bench [--model NAME] [--strategies LIST] [--num_processes LIST]\n"
           "                    [--mixed_precision LIST] [--batch_size B] [--seq_len T] [--steps S]\n"
           "                    [--warmup_steps W] [--num_cpu_threads_per_process K] [--seed X]\n"
-          "                    [--timeout SECONDS] [--output_dir DIR]\n\n"
+          "                    [--num_micro_batches M] [--timeout SECONDS] [--output_dir DIR]\n\n"
           "Trains a GPT or a Llama under each shard strategy, one `ctrain launch` run per cell of\n"
           "num_processes x mixed_precision x strategies, and compares them: tokens/s, memory\n"
           "per rank (params, grads, optimizer, activations, peak RSS), bytes sent per step,\n"
@@ -82,11 +92,17 @@ void ct_bench_usage(FILE *f)
           "  --steps S               timed steps (default 10)\n"
           "  --warmup_steps W        untimed steps before them (default 2)\n"
           "  --num_cpu_threads_per_process K   threads per rank (default 1)\n"
+          "  --num_micro_batches M   micro-batches per step of the pipeline layouts (default 4); M\n"
+          "                          divides batch_size x pp, the rows of one replica\n"
           "  --seed X                weights and tokens (default 1337; the same for every strategy)\n"
           "  --timeout SECONDS       per run; the run is stopped and reported failed (default 600)\n"
           "  --output_dir DIR        results.csv, strategies.png, the plot's data, logs/ (default\n"
           "                          ./ctrain_bench)\n"
           "  --help                  this text\n\n"
+          "Layouts: tpK and ppK leave dp = N / K replicas; a replica trains on the rows of the K\n"
+          "ranks it stands for (K x batch_size rows), so every layout sees DDP's tokens. Their\n"
+          "rows add the bytes sent per step on each axis and, for pipelines, the measured bubble\n"
+          "beside 1F1B's (pp - 1) / (M + pp - 1).\n\n"
           "Checks: in f32 every strategy's last loss equals DDP's within 1e-4 relative (the same\n"
           "tokens and weights), and every first loss is within 0.5 of ln(vocab).\n"
           "Exit status: 0 when every run succeeded and every check holds; 1 when a run failed\n"
@@ -164,11 +180,13 @@ static ct_status set_list(ct_bench_opts *o, const char *flag, const char *v)
 
 static const char *const FLAGS[] = {"model", "strategies", "num_processes", "mixed_precision", "batch_size",
                                     "seq_len", "steps", "warmup_steps", "num_cpu_threads_per_process", "seed",
+                                    "num_micro_batches",
                                     "timeout", "output_dir", "help"};
 
 ct_status ct_bench_args_parse(int argc, char **argv, ct_bench_opts *o)
 {
     *o = (ct_bench_opts){.batch_size = 4, .seq_len = 64, .steps = 10, .warmup_steps = 2, .threads = 1,
+                         .num_micro_batches = 4,
                          .seed = 1337, .timeout_s = 600, .output_dir = "ctrain_bench"};
     o->model = ct_model_spec_find("gpt:w1");
     CT_ASSERT(o->model);
@@ -212,6 +230,8 @@ ct_status ct_bench_args_parse(int argc, char **argv, ct_bench_opts *o)
             st = parse_int(name, v, 0, 1000000, &o->warmup_steps);
         } else if (!strcmp(name, "num_cpu_threads_per_process")) {
             st = parse_int(name, v, 1, 1024, &o->threads);
+        } else if (!strcmp(name, "num_micro_batches")) {
+            st = parse_int(name, v, 1, 1 << 20, &o->num_micro_batches);
         } else if (!strcmp(name, "seed")) {
             st = parse_long(name, v, 0, (long long)(~0ULL >> 1), &o->seed);
         } else if (!strcmp(name, "timeout")) {

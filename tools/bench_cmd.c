@@ -119,19 +119,20 @@ static void write_log(const char *dir, const ct_bench_row *r, char *const *argv,
 
 static void run_one(const ct_bench_opts *o, const char *exe, ct_bench_row *r, progress *p)
 {
-    char n[16], b[16], t[16], s[16], w[16], k[16], seed[32];
+    char n[16], b[16], t[16], s[16], w[16], k[16], mb[16], seed[32];
     snprintf(n, sizeof n, "%d", r->processes);
     snprintf(b, sizeof b, "%d", o->batch_size);
     snprintf(t, sizeof t, "%d", o->seq_len);
     snprintf(s, sizeof s, "%d", o->steps);
     snprintf(w, sizeof w, "%d", o->warmup_steps);
     snprintf(k, sizeof k, "%d", o->threads);
+    snprintf(mb, sizeof mb, "%d", o->num_micro_batches);
     snprintf(seed, sizeof seed, "%lld", o->seed);
     char *argv[] = {(char *)exe, "launch", "--num_processes", n, "--main_process_port", "0",
                     "--num_cpu_threads_per_process", k, (char *)exe, "bench-rank", "--model",
                     (char *)o->model->name, "--strategies", (char *)r->strategy->name, "--mixed_precision",
                     (char *)r->precision, "--batch_size", b, "--seq_len", t, "--steps", s, "--warmup_steps", w,
-                    "--num_cpu_threads_per_process", k, "--seed", seed, NULL};
+                    "--num_cpu_threads_per_process", k, "--num_micro_batches", mb, "--seed", seed, NULL};
     char what[128];
     describe(r, what, sizeof what);
     if (!p->tty) printf("[%d/%d] %s: running\n", p->i + 1, p->n, what);

@@ -78,6 +78,13 @@ static inline void bench_gpt_draw_batch(ct_rng *rng, int64_t B, int64_t T, int64
         }
 }
 
+/* The token stream of rank `rank` (what bench_gpt_begin seeds): a layout whose
+ * replica stands for several ranks draws their streams one after the other. */
+static inline void bench_gpt_rank_rng(ct_rng *rng, uint64_t seed, int rank)
+{
+    ct_rng_init(rng, (seed ^ 0x70c3e5ULL) + 0x9e3779b97f4a7c15ULL * (uint64_t)rank);
+}
+
 typedef struct bench_gpt {
     ct_accelerator *acc; /* owned: freed first by bench_gpt_free */
     ct_gpt *model;       /* the GPT, or NULL for a Llama */
@@ -105,7 +112,7 @@ static inline ct_status bench_gpt_begin(bench_gpt *g, ct_accelerator *acc, int64
 {
     *g = (bench_gpt){.acc = acc, .B = B, .T = T, .vocab = vocab, .rank = ct_accelerator_process_index(acc)};
     ct_set_seed(seed); /* the same weights on every rank; prepare broadcasts rank 0's anyway */
-    ct_rng_init(&g->rng, (seed ^ 0x70c3e5ULL) + 0x9e3779b97f4a7c15ULL * (uint64_t)g->rank);
+    bench_gpt_rank_rng(&g->rng, seed, g->rank);
     g->raw = malloc((size_t)(B * (T + 1)) * sizeof *g->raw);
     g->xb = malloc((size_t)(B * T) * sizeof *g->xb);
     g->yb = malloc((size_t)(B * T) * sizeof *g->yb);
@@ -157,10 +164,18 @@ static inline ct_status bench_llama_init(bench_gpt *g, ct_accelerator *acc, cons
  * ct_accelerator_clip_grad_norm(clip, 2) when clip > 0, the step and zero_grad: *loss
  * is this rank's (NAN when the step failed), *dt the seconds. CT_OK, or an error naming the rank, the step and
  * what failed (a non-finite loss included). */
+static inline ct_status bench_gpt_step_drawn(bench_gpt *g, int step, double clip, double *loss, double *dt);
+
 static inline ct_status bench_gpt_step(bench_gpt *g, int step, double clip, double *loss, double *dt)
 {
-    const int64_t shape[2] = {g->B, g->T};
     bench_gpt_draw_batch(&g->rng, g->B, g->T, g->vocab, g->raw, g->xb, g->yb);
+    return bench_gpt_step_drawn(g, step, clip, loss, dt);
+}
+
+/* bench_gpt_step on the batch already in g->xb, g->yb (a caller that draws its own). */
+static inline ct_status bench_gpt_step_drawn(bench_gpt *g, int step, double clip, double *loss, double *dt)
+{
+    const int64_t shape[2] = {g->B, g->T};
     const char *failed = NULL;
     double loss_v = NAN, t0 = bench_gpt_now();
     CT_FRAME {

@@ -48,7 +48,8 @@
 const char *const ct_bench_figure_keys[CT_BENCH_NFIGURES] = {
     "tokens_per_s", "step_ms", "params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes",
     "step_peak_bytes", "gathered_peak_bytes", "peak_rss_bytes", "sent_bytes", "gathers", "comm_ms",
-    "exposed_ms", "loss0", "loss", "params", "group", "units",
+    "exposed_ms", "loss0", "loss", "params", "group", "units", "tp", "pp", "dp", "micro_batches",
+    "sent_tp_bytes", "sent_dp_bytes", "sent_pp_bytes", "bubble",
 };
 
 /* The figures reduced with MAX over the ranks, in this order. */
@@ -72,6 +73,7 @@ static double median(double *v, int n)
 static ct_status train(const ct_bench_opts *o, bench_gpt *g, double *fig, const char **transport)
 {
     const ct_bench_strategy *s = o->strategies[0];
+    if (ct_bench_strategy_is_layout(s)) return ct_bench_layout_train(o, fig, transport);
     const ct_model_shape shape = ct_model_spec_shape(o->model);
     const char *const block[] = {ct_model_shape_block_class(&shape)};
     ct_dist_env env;
@@ -171,6 +173,11 @@ static ct_status train(const ct_bench_opts *o, bench_gpt *g, double *fig, const 
     fig[CT_BENCH_PARAMS] = numel;
     fig[CT_BENCH_GROUP] = shard ? ss.shard_world : 1;
     fig[CT_BENCH_UNITS] = shard ? ss.units : 0;
+    /* one axis: every rank is a data-parallel replica (or a shard of one) */
+    fig[CT_BENCH_TP] = fig[CT_BENCH_PP] = fig[CT_BENCH_MICRO_BATCHES] = 1;
+    fig[CT_BENCH_DP] = n;
+    fig[CT_BENCH_SENT_TP_BYTES] = fig[CT_BENCH_SENT_PP_BYTES] = fig[CT_BENCH_BUBBLE] = 0;
+    fig[CT_BENCH_SENT_DP_BYTES] = m[M_SENT];
     *transport = pg ? ct_pg_transport(pg) : "none";
     return CT_OK;
 }
@@ -203,7 +210,8 @@ int ct_bench_rank_main(int argc, char **argv)
         if (!strncmp(e, "rank ", 5)) fprintf(stderr, PROG ": %s\n", e);
         else fprintf(stderr, PROG ": rank %s: %s\n", getenv("RANK") ? getenv("RANK") : "0", e);
         status = 2;
-    } else if (g.rank == 0) {
+    } else if (ct_bench_strategy_is_layout(o.strategies[0]) ? !getenv("RANK") || !strcmp(getenv("RANK"), "0")
+                                                             : g.rank == 0) {
         printf("RESULT");
         for (int k = 0; k < CT_BENCH_NFIGURES; k++) printf(" %s=%.17g", ct_bench_figure_keys[k], fig[k]);
         printf(" transport=%s\n", transport);

@@ -16,7 +16,8 @@
 static const ct_bench_row *ddp_of(const ct_bench_row *rows, int n, const ct_bench_row *r)
 {
     for (int i = 0; i < n; i++)
-        if (rows[i].ok && rows[i].strategy->shard == CT_SHARD_NO_SHARD && rows[i].processes == r->processes &&
+        if (rows[i].ok && rows[i].strategy->shard == CT_SHARD_NO_SHARD &&
+            !ct_bench_strategy_is_layout(rows[i].strategy) && rows[i].processes == r->processes &&
             rows[i].precision == r->precision)
             return &rows[i];
     return NULL;
@@ -52,8 +53,9 @@ void ct_bench_table_print(FILE *f, const ct_bench_opts *o, const ct_bench_row *r
             o->threads == 1 ? "" : "s");
     fputs("tokens/s over all ranks and the timed steps; memory, bytes sent and times per rank (the largest), per step\n\n"
           "| processes | precision | strategy | tokens/s | vs DDP | params MiB | grads MiB | optimizer MiB "
-          "| activations MiB | peak RSS MiB | MiB sent/step | comm ms/step | exposed ms/step | loss |\n"
-          "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+          "| activations MiB | peak RSS MiB | MiB sent/step | comm ms/step | exposed ms/step | loss "
+          "| tp x pp x dp | MiB sent tp / dp / pp | bubble (1F1B) |\n"
+          "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|\n",
           f);
     for (int i = 0; i < n; i++) {
         const ct_bench_row *r = &rows[i];
@@ -63,24 +65,35 @@ void ct_bench_table_print(FILE *f, const ct_bench_opts *o, const ct_bench_row *r
         if (!r->ok) {
             fputs("failed: ", f);
             for (const char *c = r->error; *c; c++) fputc(*c == '|' ? '/' : *c, f);
-            fputs(" | - | - | - | - | - | - | - | - | - | - |\n", f);
+            fputs(" | - | - | - | - | - | - | - | - | - | - | - | - | - |\n", f);
             continue;
         }
         const double *x = r->fig;
         const ct_bench_row *d = ddp_of(rows, n, r);
         char ratio[16] = "-";
         if (d) snprintf(ratio, sizeof ratio, "%.2f", x[CT_BENCH_TOKENS_PER_S] / d->fig[CT_BENCH_TOKENS_PER_S]);
-        fprintf(f, "%.0f | %s | %.1f | %.1f | %.1f | %.1f | %.0f | %.1f | %.1f | %.1f | %.4f |\n",
+        char bubble[48] = "-";
+        if (x[CT_BENCH_PP] > 1) /* 1F1B's idle fraction: (pp - 1) / (M + pp - 1) */
+            snprintf(bubble, sizeof bubble, "%.2f (%.2f)", x[CT_BENCH_BUBBLE],
+                     (x[CT_BENCH_PP] - 1) / (x[CT_BENCH_MICRO_BATCHES] + x[CT_BENCH_PP] - 1));
+        fprintf(f, "%.0f | %s | %.1f | %.1f | %.1f | %.1f | %.0f | %.1f | %.1f | %.1f | %.4f | %.0f x %.0f x %.0f "
+                   "| %.2f / %.2f / %.2f | %s |\n",
                 x[CT_BENCH_TOKENS_PER_S], ratio, x[CT_BENCH_PARAMS_BYTES] / MIB, x[CT_BENCH_GRADS_BYTES] / MIB,
                 x[CT_BENCH_OPTIMIZER_BYTES] / MIB, x[CT_BENCH_ACTIVATIONS_BYTES] / MIB,
                 x[CT_BENCH_PEAK_RSS_BYTES] / MIB, x[CT_BENCH_SENT_BYTES] / MIB, x[CT_BENCH_COMM_MS],
-                x[CT_BENCH_EXPOSED_MS], x[CT_BENCH_LOSS]);
+                x[CT_BENCH_EXPOSED_MS], x[CT_BENCH_LOSS], x[CT_BENCH_TP], x[CT_BENCH_PP], x[CT_BENCH_DP],
+                x[CT_BENCH_SENT_TP_BYTES] / MIB, x[CT_BENCH_SENT_DP_BYTES] / MIB, x[CT_BENCH_SENT_PP_BYTES] / MIB,
+                bubble);
     }
     fputs("\nparams, grads, optimizer: storage kept between steps (the sharding engine's accounting; optimizer = "
           "the moments and the f32 master slices; DDP: 4, 4 and 8 bytes per parameter). activations: ctrain's "
           "peak live storage during a step minus those three (activations, gathered parameters, gradients "
           "before they are reduced, buckets). MiB sent: as ring algorithms send. comm: collectives in flight; "
-          "exposed: the part the training thread waited for. loss: the last step's, mean over ranks.\n",
+          "exposed: the part the training thread waited for. loss: the last step's, mean over ranks.\n"
+          "Layouts (tp, pp > 1): memory is what a rank trains (its shard or stage; a pipeline rank still holds "
+          "the whole model, see peak RSS); MiB sent per axis group; comm and exposed: the data-parallel axis "
+          "only; bubble: the time a stage waited on the pipeline over the pipeline's time, beside 1F1B's "
+          "(pp - 1) / (M + pp - 1) with M micro-batches.\n",
           f);
 }
 

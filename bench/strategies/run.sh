@@ -5,7 +5,8 @@
 # the grid of bench/README.md's table with it and collects the tables.
 #
 #   bench/strategies/run.sh [--quick] [--configs LIST] [--ranks LIST] [--precisions LIST]
-#                           [--strategies LIST] [--out FILE] [--timeout S]
+#                           [--strategies LIST] [--layouts LIST] [--micro_batches M]
+#                           [--out FILE] [--timeout S]
 #
 # One `ctrain bench` per config, each running every cell of ranks x precisions x
 # strategies (OMP_WAIT_POLICY and CTRAIN_TRANSPORT unset: shared memory between the
@@ -18,6 +19,12 @@
 #   strategies  ddp, zero1, zero2, zero3, hybrid (ZeRO-3 inside groups of N/2 ranks,
 #               replicated across the 2 groups); also zero2_offload, zero3_offload
 #   LISTs are comma-separated; default all of them (the offload variants left out).
+# Then the model-parallel layouts, per config one more `ctrain bench` on 4 ranks in f32
+# (--layouts LIST, default ddp,tp2dp2,tp2sp,pp2dp2,tp4,pp4; --layouts none skips them;
+# --micro_batches M for the pipelines, default 4): Megatron-LM tensor parallelism
+# (tp2sp: with sequence parallelism) and 1F1B pipelines, dp = 4 / (tp pp) replicas,
+# with the bytes sent per axis and the pipeline bubble beside (pp-1)/(M+pp-1); about 3
+# more minutes on 2 cores.
 # Steps (per rank, per step: B rows of T tokens; the same random tokens and initial
 # weights under every strategy):
 #   w1    T 64, B 4, 2 warm-up + 10 timed steps    (--quick: 1 + 2)
@@ -25,8 +32,8 @@
 # so that all 80 cells take about 15 minutes on 2 cores. --quick is a smoke test, not
 # a measurement.
 #
-# Output: per config, build/bench/strategies/CONFIG/ (results.csv, strategies.png with
-# gnuplot, logs/: ctrain bench's output); the markdown tables on stdout (also written to
+# Output: per config, build/bench/strategies/CONFIG/ and CONFIG-layouts/ (results.csv,
+# strategies.png with gnuplot, logs/: ctrain bench's output); the markdown tables on stdout (also written to
 # FILE with --out). Every run is bounded by --timeout seconds (default 600, 180 with
 # --quick). A run that fails is a row "failed: <the rank's message>" and the others
 # still run; a first loss not near ln 256, or an f32 loss away from DDP's, is listed
@@ -41,6 +48,8 @@ configs=w1,wide
 ranks=2,4
 precisions=f32,bf16
 strategies=ddp,zero1,zero2,zero3,hybrid
+layouts=ddp,tp2dp2,tp2sp,pp2dp2,tp4,pp4
+micro=4
 while [ $# -gt 0 ]; do
     case "$1" in
     --quick) quick=1 ;;
@@ -49,9 +58,11 @@ while [ $# -gt 0 ]; do
     --precisions) [ $# -ge 2 ] || die "--precisions needs a list (f32,bf16)"; precisions=$2; shift ;;
     --strategies) [ $# -ge 2 ] || die "--strategies needs a list (ddp,zero1,zero2,zero3,hybrid)"
         strategies=$2; shift ;;
+    --layouts) [ $# -ge 2 ] || die "--layouts needs a list (ddp,tp2dp2,...) or none"; layouts=$2; shift ;;
+    --micro_batches) [ $# -ge 2 ] || die "--micro_batches needs a number"; micro=$2; shift ;;
     --out) [ $# -ge 2 ] || die "--out needs a file name"; out=$2; shift ;;
     --timeout) [ $# -ge 2 ] || die "--timeout needs seconds"; limit=$2; shift ;;
-    -h | --help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,40p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option '$1' (see --help)" ;;
     esac
     shift
@@ -107,6 +118,18 @@ for c in "${config_list[@]}"; do
     # the table, its notes and checks: from the model's line to the files written
     sed -n '/^gpt:.* parameters, /,/^wrote /p' "$logs/$c.out" | sed '$d' >>"$report"
     sed -n 's/^\(wrote\|gnuplot\|no run\)/run.sh: \1/p' "$logs/$c.out" >&2
+    [ "$layouts" != none ] || continue
+    # the layouts: 4 ranks, f32 (the loss check against DDP needs f32)
+    nlayouts=$(($(tr -cd , <<<"$layouts" | wc -c) + 1))
+    limit=$((nlayouts * per_run + 60))
+    # shellcheck disable=SC2046 # cell_args is a list of flags
+    run_logged "$c-layouts" env -u OMP_WAIT_POLICY -u CTRAIN_TRANSPORT "$ctrain" bench --model "gpt:$c" \
+        --num_processes 4 --mixed_precision no --strategies "$layouts" --num_micro_batches "$micro" \
+        --num_cpu_threads_per_process 1 --timeout "$per_run" --output_dir "$dir/$c-layouts" $(cell_args "$c")
+    [ "$rc" -eq 0 ] || status=1
+    [ "$rc" -ne 2 ] || die "ctrain bench refused its flags: $(tail -n 1 "$logs/$c-layouts.err")"
+    sed -n '/^gpt:.* parameters, /,/^wrote /p' "$logs/$c-layouts.out" | sed '$d' >>"$report"
+    limit=$((ncells * per_run + 60))
 done
 cat "$report"
 [ -z "$out" ] || cp "$report" "$out"

@@ -485,3 +485,39 @@ Test(dist_pg, freeing_a_group_fails_its_pending_works, .timeout = 30)
     run_ranks(2, freed_main, NULL, res, 25);
     expect_all_ok(res, 2);
 }
+
+/* ct_pg_bytes_sent, worked out by hand for 2 ranks from what a ring sends: an allreduce
+ * of 1000 f32 sends 2 (2-1)/2 x 4000 = 4000 bytes, a reduce-scatter of 200 f32 half of
+ * its 800, an all-gather of 100 f32 the other rank's 400, a send of 10 i64 its 80 bytes
+ * (the receiver sends nothing), a barrier nothing. */
+static int bytes_sent_main(rank_ctx *c)
+{
+    ct_pg *world = rank_pg(c, 20, NULL);
+    if (!world) return 1;
+    const int r = c->rank;
+    const double before = ct_pg_bytes_sent(world);
+    ct_frame_push();
+    ct_tensor *a = ct_tensor_full(CT_DTYPE_F32, 1, (int64_t[]){1000}, 1.0);
+    ct_tensor *in = ct_tensor_full(CT_DTYPE_F32, 1, (int64_t[]){200}, 1.0);
+    ct_tensor *half = ct_tensor_full(CT_DTYPE_F32, 1, (int64_t[]){100}, 1.0);
+    ct_tensor *whole = ct_tensor_full(CT_DTYPE_F32, 1, (int64_t[]){200}, 0.0);
+    ct_tensor *p = ct_tensor_full(CT_DTYPE_I64, 1, (int64_t[]){10}, 7.0);
+    bool ok = wait_ok(c, ct_pg_allreduce(world, a, CT_REDUCE_SUM), "allreduce") &&
+              wait_ok(c, ct_pg_reduce_scatter(world, half, in, CT_REDUCE_SUM), "reduce_scatter") &&
+              wait_ok(c, ct_pg_allgather(world, whole, half), "allgather") &&
+              wait_ok(c, r == 0 ? ct_pg_send(world, p, 1, 5) : ct_pg_recv(world, p, 0, 5), "send/recv") &&
+              wait_ok(c, ct_pg_barrier(world), "barrier");
+    ct_frame_pop();
+    const double got = ct_pg_bytes_sent(world) - before, want = 4000 + 400 + 400 + (r == 0 ? 80 : 0);
+    if (ok && got != want) ok = false, report(c, "rank %d: %g bytes sent, by hand %g", r, got, want);
+    if (ct_pg_bytes_sent(NULL) != 0) ok = false, report(c, "rank %d: NULL group sent bytes", r);
+    ct_pg_free(world);
+    return ok ? 0 : 2;
+}
+
+Test(dist_pg, bytes_sent_counts_what_a_ring_sends, .timeout = 30)
+{
+    rank_result res[2];
+    run_ranks(2, bytes_sent_main, NULL, res, 25);
+    expect_all_ok(res, 2);
+}

@@ -69,16 +69,26 @@ static void assert_has(const char *hay, const char *needle)
     "model,processes,mixed_precision,strategy,batch_size,seq_len,steps,warmup_steps,threads,status,"           \
     "tokens_per_s,step_ms,params_bytes,grads_bytes,optimizer_bytes,activations_bytes,step_peak_bytes,"          \
     "gathered_peak_bytes,peak_rss_bytes,sent_bytes,gathers,comm_ms,exposed_ms,loss0,loss,params,group,units,"    \
-    "transport,run_s,error"
+    "tp,pp,dp,micro_batches,sent_tp_bytes,sent_dp_bytes,sent_pp_bytes,bubble,transport,run_s,error"
 #define COL_STRATEGY 3
 #define COL_STATUS 9
 #define COL_LOSS0 23
 #define COL_LOSS 24
 #define COL_PARAMS 25
+#define COL_TP 28
+#define COL_PP 29
+#define COL_DP 30
+#define COL_MICRO 31
+#define COL_SENT_TP 32
+#define COL_SENT_DP 33
+#define COL_SENT_PP 34
+#define COL_BUBBLE 35
+#define COL_ERROR 38
+#define NCOLS 39
 #define MAX_ROWS 8
 
 typedef struct {
-    char cells[40][256];
+    char cells[NCOLS + 1][256];
     int n;
 } csv_row;
 
@@ -98,7 +108,7 @@ static int read_csv(char *header, size_t cap, csv_row *rows)
         line[strcspn(line, "\n")] = 0;
         for (char *p = line;;) {
             size_t len = *p == '"' ? strlen(p) : strcspn(p, ",");
-            cr_assert_lt(r->n, 40);
+            cr_assert_leq(r->n, NCOLS);
             snprintf(r->cells[r->n++], sizeof r->cells[0], "%.*s", (int)len, p);
             if (!p[len]) break;
             p += len + 1;
@@ -127,12 +137,12 @@ static void check_f32_rows(const char *model, int vocab, long long params, const
     const double ln_v = log((double)vocab);
     double ddp_loss = NAN;
     for (int i = 0; i < n; i++) {
-        cr_assert_eq(rows[i].n, 31, "row %d has %d fields", i, rows[i].n);
+        cr_assert_eq(rows[i].n, NCOLS, "row %d has %d fields", i, rows[i].n);
         cr_assert_str_eq(rows[i].cells[0], model);
         cr_assert_str_eq(rows[i].cells[1], "2");
         cr_assert_str_eq(rows[i].cells[2], "no");
         cr_assert_str_eq(rows[i].cells[COL_STRATEGY], want[i]);
-        cr_assert_str_eq(rows[i].cells[COL_STATUS], "ok", "%s: %s", want[i], rows[i].cells[30]);
+        cr_assert_str_eq(rows[i].cells[COL_STATUS], "ok", "%s: %s", want[i], rows[i].cells[COL_ERROR]);
         cr_assert_eq(atoll(rows[i].cells[COL_PARAMS]), params, "%s: %s parameters, by hand %lld", want[i],
                      rows[i].cells[COL_PARAMS], params);
         double loss0 = atof(rows[i].cells[COL_LOSS0]), loss = atof(rows[i].cells[COL_LOSS]);
@@ -161,6 +171,63 @@ Test(bench_cmd, csv_rows_and_f32_losses, .init = setup, .fini = remove_tmpdir, .
     const char *const want[] = {"ddp", "zero1", "zero2", "zero3"};
     const long long E = 256;
     check_f32_rows("gpt:w1", 256, 2 * 256 * E + 4 * (12 * E * E + 13 * E) + 2 * E, want, 4);
+}
+
+/* The layouts on 2 processes: tp2 (Megatron-LM tensor parallelism, dp 1) and pp2 (a
+ * 2-stage pipeline of 2 micro-batches, dp 1), each replica training on the rows of
+ * both ranks: the same f32 loss as DDP's after an update (2 steps), the layout's
+ * columns, and the pipeline's
+ * bytes worked out by hand. gpt:w1, T = 16, B = 2: a replica trains on 4 rows, a
+ * micro-batch is 2 x 16 x 256 f32 = 32 KiB; stage 0 sends the activations of the 2
+ * micro-batches, stage 1 their gradients (64 KiB each), and the tied embedding's
+ * gradient (256 x 256 f32 = 256 KiB) is all-reduced over the two stages: 2 (2-1)/2 of
+ * it, so 320 KiB per rank. The bubble is a fraction. */
+Test(bench_cmd, tp2_and_pp2_rows, .init = setup, .fini = remove_tmpdir, .timeout = 60)
+{
+    char args[1024];
+    snprintf(args, sizeof args,
+             "--model gpt:w1 --seq_len 16 --batch_size 2 --steps 2 --warmup_steps 0 --num_processes 2 "
+             "--strategies ddp,tp2,pp2 --num_micro_batches 2 --output_dir %s",
+             path_of("out"));
+    cr_assert_eq(bench("", args), 0, "stdout:\n%s\nstderr:\n%s", out, err);
+    const char *const want[] = {"ddp", "tp2", "pp2"};
+    const long long E = 256;
+    check_f32_rows("gpt:w1", 256, 2 * 256 * E + 4 * (12 * E * E + 13 * E) + 2 * E, want, 3);
+    char header[1024];
+    csv_row rows[MAX_ROWS];
+    cr_assert_eq(read_csv(header, sizeof header, rows), 3);
+    /* tp x pp x dp, micro-batches */
+    const char *const layout[3][4] = {{"1", "1", "2", "1"}, {"2", "1", "1", "1"}, {"1", "2", "1", "2"}};
+    for (int i = 0; i < 3; i++)
+        for (int k = 0; k < 4; k++)
+            cr_assert_str_eq(rows[i].cells[COL_TP + k], layout[i][k], "%s: column %d", want[i], COL_TP + k);
+    /* ddp: only the data-parallel axis sends */
+    cr_assert_gt(atof(rows[0].cells[COL_SENT_DP]), 0);
+    cr_assert_eq(atof(rows[0].cells[COL_SENT_TP]) + atof(rows[0].cells[COL_SENT_PP]), 0);
+    /* tp2: Megatron's 4 allreduces of a replica's (4, 16, 256) activations per block
+     * (2 forward, 2 backward) and 2 more around the vocabulary-parallel embedding and
+     * head: 4 x 4 + 2 = 18 of 64 KiB, each sent whole on 2 ranks (2 (2-1)/2); the
+     * cross-entropy's (4, 16) allreduces add a little */
+    const double tp_bytes = atof(rows[1].cells[COL_SENT_TP]), megatron = 18.0 * 64 * 1024;
+    cr_assert(tp_bytes >= megatron && tp_bytes < 1.05 * megatron, "tp bytes %g, Megatron's %g", tp_bytes, megatron);
+    cr_assert_eq(atof(rows[1].cells[COL_SENT_DP]) + atof(rows[1].cells[COL_SENT_PP]), 0);
+    /* pp2: by hand */
+    cr_assert_eq(atof(rows[2].cells[COL_SENT_PP]), 320.0 * 1024, "pp bytes %s", rows[2].cells[COL_SENT_PP]);
+    cr_assert_eq(atof(rows[2].cells[COL_SENT_TP]) + atof(rows[2].cells[COL_SENT_DP]), 0);
+    double bubble = atof(rows[2].cells[COL_BUBBLE]);
+    cr_assert(bubble >= 0 && bubble < 1, "bubble %g", bubble);
+    /* the table shows 1F1B's (pp - 1) / (M + pp - 1) = 1/3 beside it */
+    assert_has(out, " (0.33) |");
+}
+
+/* A layout that does not fit the processes fails with a row that says why. */
+Test(bench_cmd, a_layout_needs_its_processes, .init = setup, .fini = remove_tmpdir, .timeout = 60)
+{
+    char args[1024];
+    snprintf(args, sizeof args, TINY "--num_processes 2 --strategies tp2dp2 --output_dir %s", path_of("out"));
+    cr_assert_eq(bench("", args), 1, "stdout:\n%s\nstderr:\n%s", out, err);
+    assert_has(out, "| 2 | no | tp2dp2 | failed: ");
+    assert_has(out, "tp2dp2 needs a multiple of 2 processes, at least 4");
 }
 
 /* llama:w1 (nn/llama.h): embed_tokens and the untied lm_head 2048 x 256, the norm;
@@ -221,7 +288,8 @@ static void bad_name(const char *flag, const char *value, const char *bad, const
 Test(bench_cmd, bad_names_list_the_allowed_ones, .init = setup, .fini = remove_tmpdir, .timeout = 20)
 {
     bad_name("--strategies", "ddp,zero4", "'zero4'",
-             "allowed: ddp, zero1, zero2, zero3, hybrid, zero2_offload, zero3_offload");
+             "allowed: ddp, zero1, zero2, zero3, hybrid, zero2_offload, zero3_offload, tp2, tp2sp, tp2dp2, tp4, "
+             "pp2, pp2dp2, pp4");
     bad_name("--model", "gpt:w9", "'gpt:w9'", "gpt:w1, gpt:wide, gpt2, gpt2-medium, gpt2-large, gpt2-xl");
     bad_name("--mixed_precision", "no,fp8", "'fp8'", "allowed: no, bf16, fp16");
     bad_name("--num_processes", "2,0", "'0'", "from 1 to");
@@ -252,7 +320,7 @@ Test(bench_cmd, a_failed_run_is_a_row, .init = setup, .fini = remove_tmpdir, .ti
     cr_assert_eq(read_csv(header, sizeof header, rows), 3);
     cr_assert_str_eq(rows[0].cells[COL_STATUS], "ok");
     cr_assert_str_eq(rows[1].cells[COL_STATUS], "failed");
-    cr_assert(strstr(rows[1].cells[30], "N must be even"), "error field: %s", rows[1].cells[30]);
+    cr_assert(strstr(rows[1].cells[COL_ERROR], "N must be even"), "error field: %s", rows[1].cells[COL_ERROR]);
     cr_assert_str_eq(rows[2].cells[COL_STATUS], "ok");
 }
 
