@@ -52,19 +52,6 @@ typedef struct ck_run {
                        * refuse, naming the tensor and both shapes, changing nothing */
 } ck_run;
 
-/* rms(got - want) / max(1, rms(want)) */
-static double rel_rms(const ct_tensor *got, const ct_tensor *want)
-{
-    if (!got || !want || !ct_tensor_same_shape(got, want)) return INFINITY;
-    ct_tensor *a = ct_tensor_contiguous(ct_tensor_cast(got, CT_DTYPE_F64));
-    ct_tensor *b = ct_tensor_contiguous(ct_tensor_cast(want, CT_DTYPE_F64));
-    if (!a || !b) return INFINITY;
-    const double *p = ct_tensor_data(a), *q = ct_tensor_data(b);
-    double d = 0, w = 0;
-    int64_t n = ct_tensor_numel(a);
-    for (int64_t i = 0; i < n; i++) d += (p[i] - q[i]) * (p[i] - q[i]), w += q[i] * q[i];
-    return sqrt(d / (double)n) / fmax(1.0, sqrt(w / (double)n));
-}
 
 /* step s's batch: (B, T) tokens and their next tokens, the same on every rank */
 static void batch(const ck_run *c, int s, ct_tensor **x, ct_tensor **y)

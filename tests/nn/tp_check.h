@@ -37,6 +37,26 @@ static inline ct_tensor *slice_padded(ct_tensor *t, int dim, int64_t start, int6
     return np == 1 ? parts[0] : ct_concat(np, parts, dim);
 }
 
+/* rms(got - want) / max(1, rms(want)): rel_err's measure over the whole tensor;
+ * INFINITY when the shapes differ or one is NULL. Why per tensor after training: Adam
+ * divides by sqrt(v), so a gradient element that is a sum cancelling to near zero
+ * carries its rounding differences (summation order over the ranks) into a step of up
+ * to lr, and a few elements in 10^5 may differ by a fraction of lr; a wrong slice, a
+ * missed sync or a batch seen twice moves a whole row or tensor by lr per step, orders
+ * of magnitude above the tolerance. */
+static inline double rel_rms(const ct_tensor *got, const ct_tensor *want)
+{
+    if (!got || !want || !ct_tensor_same_shape(got, want)) return INFINITY;
+    ct_tensor *a = ct_tensor_contiguous(ct_tensor_cast(got, CT_DTYPE_F64));
+    ct_tensor *b = ct_tensor_contiguous(ct_tensor_cast(want, CT_DTYPE_F64));
+    if (!a || !b) return INFINITY;
+    const double *p = ct_tensor_data(a), *q = ct_tensor_data(b);
+    double d = 0, w = 0;
+    int64_t n = ct_tensor_numel(a);
+    for (int64_t i = 0; i < n; i++) d += (p[i] - q[i]) * (p[i] - q[i]), w += q[i] * q[i];
+    return sqrt(d / (double)n) / fmax(1.0, sqrt(w / (double)n));
+}
+
 /* max over elements of |got - want| / max(1, |want|); INFINITY when the shapes differ
  * or one is NULL */
 static inline double rel_err(const ct_tensor *got, const ct_tensor *want)
