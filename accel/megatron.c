@@ -13,16 +13,16 @@
  *                       DDP every dp index holds the same gradients, so no sum over dp.
  */
 #include "accel/accelerator_internal.h"
+#include "accel/megatron_checkpoint_internal.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd/autograd.h"
 #include "core/frame.h"
+#include "core/philox.h"
 #include "nn/gpt.h"
 #include "nn/llama.h"
-#include "nn/tp_ops.h"
 
 static const char SUPPORTED[] = "GPT (nn/gpt.h) and LlamaForCausalLM (nn/llama.h)";
 
@@ -184,53 +184,47 @@ double cti_accel_megatron_clip(ct_accelerator *a, double max_norm, double norm_t
     return ct_llama_tp_clip_grad_norm((ct_llama *)a->model, max_norm, norm_type);
 }
 
-/* The whole tensor of a Llama parameter: the tp ranks' equal slices along the shard's
- * dim concatenated in rank order, the vocabulary's padding dropped; a copy of a
- * replicated one. New reference, current frame. */
-static ct_tensor *llama_full_tensor(ct_accelerator *a, ct_llama *m, ct_tensor *local)
+/* A new unsharded model of m's type and configuration. Its own initialisation must not
+ * move the process generator (dropout masks, sampling): the generator is restored. */
+static ct_module *new_whole(const ct_module *m)
 {
-    const ct_tp_shard *sh = ct_llama_tp_shard_of(m, local);
-    if (!sh || sh->dim < 0) return ct_tensor_clone(local);
-    ct_tensor *all = ct_tp_gather(a->mesh->tp_group, local, sh->dim);
-    return all ? ct_tensor_contiguous(ct_tensor_narrow(all, sh->dim, 0, sh->full)) : NULL;
-}
-
-/* A new unsharded Llama with m's configuration, its parameters the gathered ones. */
-static ct_llama *llama_gather_model(ct_accelerator *a, ct_llama *m)
-{
-    ct_llama *full = ct_llama_new(&m->cfg);
-    ct_param_list mine = {0}, theirs = {0};
-    ct_status st = !full ? ct_last_status() : ct_module_named_tensors(&m->base, false, &mine);
-    if (!st) st = ct_module_named_tensors(&full->base, false, &theirs);
-    if (!st && mine.n != theirs.n)
-        st = ct_error_set(CT_ERR_INTERNAL, "%d parameters sharded, %d in the whole model", mine.n, theirs.n);
-    for (int i = 0; i < mine.n && !st; i++) CT_FRAME {
-            ct_tensor *t = llama_full_tensor(a, m, mine.tensors[i]);
-            if (!t) st = ct_last_status();
-            else if (strcmp(mine.names[i], theirs.names[i]))
-                st = ct_error_set(CT_ERR_INTERNAL, "parameter %d: '%s' sharded, '%s' whole", i, mine.names[i],
-                                  theirs.names[i]);
-            else st = ct_tensor_copy_(theirs.tensors[i], t);
-            if (st) ct_error_prefix("parameter '%s': ", mine.names[i]);
-        }
-    ct_param_list_free(&mine);
-    ct_param_list_free(&theirs);
-    if (st) {
-        ct_module_free(full ? &full->base : NULL);
-        return NULL;
+    ct_rng saved = *ct_rng_default();
+    ct_module *w = NULL;
+    if (!strcmp(m->type, "GPT")) {
+        ct_gpt *g = ct_gpt_new(&((const ct_gpt *)m)->cfg);
+        w = g ? &g->base : NULL;
+    } else {
+        ct_llama *l = ct_llama_new(&((const ct_llama *)m)->cfg);
+        w = l ? &l->base : NULL;
     }
-    return full;
+    *ct_rng_default() = saved;
+    return w;
 }
 
 ct_module *cti_accel_megatron_full_model(ct_accelerator *a)
 {
     ct_module_free(a->tp_full);
     a->tp_full = NULL;
-    bool grad = ct_grad_set_enabled(false);
-    ct_module *full = !strcmp(a->model->type, "GPT") ? (ct_module *)ct_gpt_tp_gather_model((ct_gpt *)a->model)
-                                                     : (ct_module *)llama_gather_model(a, (ct_llama *)a->model);
-    ct_grad_set_enabled(grad);
-    if (!full) {
+    /* the checkpoints' gather (every tensor whole, buffers too) copied into a new model */
+    ct_module *full = new_whole(a->model);
+    ct_param_list whole = {0}, mine = {0};
+    ct_status st = CT_OK;
+    ct_frame_push();
+    if (!full || cti_accel_megatron_model_tensors(a, &whole) || ct_module_named_tensors(full, true, &mine))
+        st = ct_last_status();
+    if (!st && whole.n != mine.n)
+        st = ct_error_set(CT_ERR_INTERNAL, "%d tensors sharded, %d in the whole model", whole.n, mine.n);
+    for (int i = 0; i < whole.n && !st; i++) {
+        if (strcmp(whole.names[i], mine.names[i]))
+            st = ct_error_set(CT_ERR_INTERNAL, "tensor %d: '%s' sharded, '%s' whole", i, whole.names[i], mine.names[i]);
+        else if (ct_tensor_copy_(mine.tensors[i], whole.tensors[i]))
+            st = ct_error_prefix("tensor '%s': ", whole.names[i]);
+    }
+    ct_frame_pop();
+    ct_param_list_free(&whole);
+    ct_param_list_free(&mine);
+    if (st || !full) {
+        ct_module_free(full);
         ct_error_prefix("gathering the whole model over tp %d: ", a->mesh->tp);
         return NULL;
     }
