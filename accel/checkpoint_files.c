@@ -122,18 +122,6 @@ ct_status cti_ckpt_describe_written(const char *dir, const char *name, uint64_t 
 
 /* ---- durable writes and directories ---------------------------------------------------- */
 
-ct_status cti_ckpt_sync_dir(const char *dir)
-{
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) return ct_error_set(CT_ERR_IO, "cannot open directory '%s': %s", dir, strerror(errno));
-    /* some filesystems cannot sync a directory and say EINVAL: nothing more to do there */
-    ct_status st = fsync(fd) && errno != EINVAL
-                       ? ct_error_set(CT_ERR_IO, "cannot fsync directory '%s': %s", dir, strerror(errno))
-                       : CT_OK;
-    close(fd);
-    return st;
-}
-
 ct_status cti_ckpt_write_text(const char *dir, const char *name, const char *text)
 {
     char path[4096];
@@ -141,8 +129,7 @@ ct_status cti_ckpt_write_text(const char *dir, const char *name, const char *tex
         return ct_error_set(CT_ERR_INVALID, "checkpoint path '%.64s.../%s' is too long", dir, name);
     cti_atomic_file f;
     if (cti_atomic_open(&f, path, "checkpoint")) return ct_last_status();
-    ct_status st = cti_atomic_commit(&f, cti_atomic_write(&f, text, strlen(text)), 0);
-    return st ? st : cti_ckpt_sync_dir(dir);
+    return cti_atomic_commit(&f, cti_atomic_write(&f, text, strlen(text)), 1);
 }
 
 int cti_ckpt_read_text(const char *path, size_t max, char **text, size_t *len)
@@ -608,7 +595,7 @@ ct_status cti_ckpt_apply_total_limit(const char *root, int limit)
         st = cti_ckpt_remove_tree(p);
     }
     free(idx);
-    return st ? st : cti_ckpt_sync_dir(root);
+    return st ? st : cti_dir_sync(root);
 }
 
 /* ---- crash tests ------------------------------------------------------------------------------ */

@@ -55,8 +55,6 @@ ct_status cti_ckpt_describe_written(const char *dir, const char *name, uint64_t 
 int cti_ckpt_read_text(const char *path, size_t max, char **text, size_t *len);
 /* Writes text to dir/name durably (temporary file, fsync, rename, directory fsync). */
 ct_status cti_ckpt_write_text(const char *dir, const char *name, const char *text);
-/* fsync of a directory (its entries). */
-ct_status cti_ckpt_sync_dir(const char *dir);
 /* Creates dir and its missing parents (mode 0755). */
 ct_status cti_ckpt_mkdirs(const char *dir);
 /* Removes path and everything under it; a missing path is fine. */

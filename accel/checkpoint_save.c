@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/atomic_file.h"
 #include "core/frame.h"
 #include "core/philox.h"
 
@@ -301,7 +302,7 @@ static ct_status finish(ct_accelerator *a, const char *tmp, const char *final, c
     char *slash = strrchr(parent, '/');
     if (slash) *slash = slash == parent ? (slash[1] = '\0', '/') : '\0';
     else snprintf(parent, sizeof parent, ".");
-    st = cti_ckpt_sync_dir(parent);
+    st = cti_dir_sync(parent);
     cti_ckpt_fault_point();
     if (!st && old[0]) st = cti_ckpt_remove_tree(old);
     return st;

@@ -80,23 +80,26 @@ ct_status cti_file_write_atomic(const char *path, const void *data, size_t n, co
     return cti_atomic_commit(&f, cti_atomic_write(&f, data, n), 0);
 }
 
+ct_status cti_dir_sync(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return ct_error_set(CT_ERR_IO, "cannot open directory '%s' to sync it: %s", dir, strerror(errno));
+    /* some filesystems cannot sync a directory and say EINVAL: nothing more to do there */
+    ct_status st = fsync(fd) != 0 && errno != EINVAL
+                       ? ct_error_set(CT_ERR_IO, "cannot fsync directory '%s': %s", dir, strerror(errno))
+                       : CT_OK;
+    close(fd);
+    return st;
+}
+
 ct_status cti_dir_sync_parent(const char *path)
 {
     const char *slash = strrchr(path, '/');
     char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
     if (!dir) return ct_error_set(CT_ERR_NOMEM, "syncing the directory of '%s': out of memory", path);
-    ct_status st = CT_OK;
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) {
-        st = ct_error_set(CT_ERR_IO, "'%s': cannot open its directory '%s' to sync it: %s", path, dir, strerror(errno));
-    } else {
-        /* some filesystems cannot sync a directory and say EINVAL: nothing more to do there */
-        if (fsync(fd) != 0 && errno != EINVAL)
-            st = ct_error_set(CT_ERR_IO, "'%s': cannot fsync its directory '%s': %s", path, dir, strerror(errno));
-        close(fd);
-    }
+    ct_status st = cti_dir_sync(dir);
     free(dir);
-    return st;
+    return st ? ct_error_prefix("'%s' written: ", path) : CT_OK;
 }
 
 char *cti_file_read_text(const char *path, size_t max, const char *what, size_t *len)

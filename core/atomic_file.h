@@ -48,8 +48,10 @@ ct_status cti_atomic_commit(cti_atomic_file *f, ct_status st, int sync_dir);
 /* The whole of one write: open, write n bytes, commit (no directory sync). */
 ct_status cti_file_write_atomic(const char *path, const void *data, size_t n, const char *what);
 
-/* fsyncs the directory holding path (its parent; "." for a bare name). A filesystem
- * that cannot sync a directory (EINVAL) is not an error. */
+/* fsyncs the directory dir, so the names created or renamed in it survive a crash. A
+ * filesystem that cannot sync a directory (EINVAL) is not an error. */
+ct_status cti_dir_sync(const char *dir);
+/* cti_dir_sync of the directory holding path (its parent; "." for a bare name). */
 ct_status cti_dir_sync_parent(const char *path);
 
 /* The whole file, NUL-terminated after its *len bytes (len may be NULL); caller
