@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "core/atomic_file.h"
 #include "core/safetensors.h"
 
 #define MAX_CONFIG_BYTES (1 << 20)
@@ -16,29 +17,6 @@ static bool ends_with(const char *s, const char *suffix)
 {
     size_t n = strlen(s), k = strlen(suffix);
     return n >= k && !strcmp(s + n - k, suffix);
-}
-
-/* The whole file, NUL-terminated (caller frees), or NULL + error. */
-static char *read_text(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        ct_error_set(CT_ERR_IO, "model file '%s': cannot open: %s", path, strerror(errno));
-        return NULL;
-    }
-    char *buf = malloc(MAX_CONFIG_BYTES + 1);
-    size_t n = buf ? fread(buf, 1, MAX_CONFIG_BYTES + 1, f) : 0;
-    const bool err = ferror(f);
-    fclose(f);
-    if (!buf || err || n > MAX_CONFIG_BYTES) {
-        ct_error_set(err ? CT_ERR_IO : CT_ERR_INVALID, "model file '%s': %s", path,
-                     !buf ? "out of memory" : err ? "read failed" : "larger than 1 MiB: not a config.json");
-        free(buf);
-        return NULL;
-    }
-    buf[n] = 0;
-    *len = n;
-    return buf;
 }
 
 /* key of root as an integer in [lo, hi]; def when absent and def >= 0 */
@@ -65,7 +43,7 @@ static ct_status json_int(const cJSON *root, const char *path, const char *key, 
 static ct_status load_config(const char *path, ct_model_shape *m)
 {
     size_t len = 0;
-    char *text = read_text(path, &len);
+    char *text = cti_file_read_text(path, MAX_CONFIG_BYTES, "model file", &len);
     if (!text) return ct_last_status();
     cJSON *root = cJSON_ParseWithLength(text, len);
     if (!cJSON_IsObject(root)) {
