@@ -214,8 +214,55 @@ ct_tensor *ct_gpt_forward(ct_gpt *m, ct_tensor *idx)
     return ct_module_forward_end(&m->base, logits);
 }
 
+ct_tensor *ct_gpt_forward_layers(ct_gpt *m, ct_tensor *x, int first, int count, bool head)
+{
+    if (!m || !x) return NULL;
+    int64_t L = m->cfg.n_layer;
+    bool tokens = !ct_dtype_is_float(x->dtype);
+    char d[200];
+    if (first < 0 || count < 0 || first + count > L || x->ndim != (tokens ? 2 : 3) || (tokens && first != 0)) {
+        ct_error_set(CT_ERR_INVALID,
+                     "gpt_forward_layers: layers [%d, %d) of %lld with input %s (tokens (B, T) before layer 0, else "
+                     "hidden states (B, T, C))",
+                     first, first + count, (long long)L, ct_tensor_describe(x, d, sizeof d));
+        return NULL;
+    }
+    if (tokens && m->tp) {
+        x = cti_gpt_tp_embed(m, x);
+    } else if (tokens) {
+        int64_t T = x->shape[1];
+        if (T > m->cfg.block_size) {
+            ct_error_set(CT_ERR_INVALID, "gpt_forward_layers: %lld tokens exceed block_size %lld", (long long)T,
+                         (long long)m->cfg.block_size);
+            return NULL;
+        }
+        ct_tensor *pos = ct_tensor_to(ct_tensor_arange(CT_DTYPE_I64, 0, (double)T, 1), x->device);
+        x = ct_add(ct_embedding_layer_forward(m->wte, x), ct_embedding_layer_forward(m->wpe, pos));
+        x = ct_dropout_layer_forward(m->drop, x);
+    }
+    for (int i = first; i < first + count; i++) x = ct_gpt_block_forward(m->blocks[i], x);
+    if (head && x && m->tp) {
+        x = cti_gpt_tp_head(m, x);
+    } else if (head && x) {
+        x = ct_matmul_t(ct_layernorm_layer_forward(m->ln_f, x), m->wte->weight, false, true);
+        /* under autocast the head computes in 16 bits; the output is f32 */
+        if (x && x->dtype != CT_DTYPE_F32 && x->dtype != CT_DTYPE_F64) x = ct_cast(x, CT_DTYPE_F32);
+    }
+    if (!x) ct_error_prefix("gpt_forward_layers: ");
+    return x;
+}
+
+ct_tensor *ct_gpt_local_loss(ct_gpt *m, ct_tensor *logits, ct_tensor *targets)
+{
+    if (!m || !logits || !targets) return NULL;
+    ct_tensor *loss = m->tp ? cti_gpt_tp_local_loss(m, logits, targets) : ct_cross_entropy(logits, targets, -1);
+    if (!loss) ct_error_prefix("gpt_local_loss: ");
+    return loss;
+}
+
 ct_tensor *ct_gpt_loss(ct_gpt *m, ct_tensor *idx, ct_tensor *targets)
 {
+    if (m && m->base.loss_runner.fn) return m->base.loss_runner.fn(&m->base, idx, targets, m->base.loss_runner.data);
     if (m && m->tp) return cti_gpt_tp_loss(m, idx, targets);
     return ct_cross_entropy(ct_gpt_forward(m, idx), targets, -1);
 }

@@ -94,8 +94,22 @@ CT_API ct_tensor *ct_gpt_forward(ct_gpt *m, ct_tensor *idx);
 CT_API ct_tensor *ct_gpt_forward_cached(ct_gpt *m, ct_tensor *idx, ct_kv_cache *cache);
 /* m as a causal LM (nn/lm.h); owns: ct_lm_free frees m too. NULL on out of memory. */
 CT_API ct_lm *ct_gpt_as_lm(ct_gpt *m, bool owns);
-/* Mean cross-entropy of the logits against targets (B, T) (ignore_index -1). */
+/* Mean cross-entropy of the logits against targets (B, T) (ignore_index -1). With a
+ * loss runner on the model (nn/module.h: the Accelerator's pipeline parallelism), what
+ * the runner returns. */
 CT_API ct_tensor *ct_gpt_loss(ct_gpt *m, ct_tensor *idx, ct_tensor *targets);
+/* A run of blocks, for a model cut into pipeline stages: x is the tokens (B, T) when
+ * first == 0 (embedded: wte + wpe, then the embedding dropout) or the hidden states
+ * entering block first; blocks [first, first + count) run; with head, ln_f and the tied
+ * head follow and the result is the logits (B, T, V) f32, else the hidden states
+ * (B, T, C). Sharded for tensor parallelism: the hidden states are this rank's
+ * sequence chunk (B, T/tp, C) under sequence parallelism, and the head gives this
+ * rank's vocabulary columns (B, T, Vp/tp) (ct_gpt_local_loss takes them). New
+ * reference, current frame; differentiable. */
+CT_API ct_tensor *ct_gpt_forward_layers(ct_gpt *m, ct_tensor *x, int first, int count, bool head);
+/* The mean cross-entropy (ignore_index -1) of the logits ct_gpt_forward_layers' head
+ * gives against targets (B, T): vocabulary-parallel on a sharded model. */
+CT_API ct_tensor *ct_gpt_local_loss(ct_gpt *m, ct_tensor *logits, ct_tensor *targets);
 
 /* Loads a GPT-2 checkpoint as HF writes it (path: a model.safetensors, or a model
  * directory, single-file or sharded, see nn/hf_weights.h): GPT2Model's names as they are or under
@@ -203,6 +217,8 @@ CT_API ct_status ct_gpt_tensor_parallel(ct_gpt *m, ct_pg *tp, bool sequence_para
 /* The dropout layers' generator of a sharded model (a plain value: save and restore its
  * seed and offset with a checkpoint); NULL when m is not sharded. Borrowed. */
 CT_API ct_rng *ct_gpt_tp_dropout_rng(ct_gpt *m);
+/* The tensor-parallel group of a sharded model (borrowed); NULL when not sharded. */
+CT_API ct_pg *ct_gpt_tp_group(const ct_gpt *m);
 /* The shard record of the parameter named name (dotted, as ct_module_find), or of the
  * tensor param when name is NULL; borrowed from m. NULL when m is not sharded or has
  * no such parameter. */

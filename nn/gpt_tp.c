@@ -214,6 +214,8 @@ ct_status ct_gpt_tensor_parallel(ct_gpt *m, ct_pg *tp, bool sequence_parallel)
 
 ct_rng *ct_gpt_tp_dropout_rng(ct_gpt *m) { return m && m->tp ? &m->tp->rng : NULL; }
 
+ct_pg *ct_gpt_tp_group(const ct_gpt *m) { return m && m->tp ? m->tp->g : NULL; }
+
 const ct_gpt_tp_shard *ct_gpt_tp_shard_of(const ct_gpt *m, const char *name, const ct_tensor *param)
 {
     if (!m || !m->tp || (!name && !param)) return NULL;
@@ -325,38 +327,41 @@ static ct_tensor *embed_tokens(ct_gpt *m, ct_tensor *idx)
     return t->sp ? ct_tp_reduce_scatter_to_sequence(t->g, y, 1) : ct_tp_reduce_from(t->g, y);
 }
 
-/* idx (B, T) -> this rank's logits (B, T, Vp/n) in f32 (at least); the caller prefixes
- * errors with its name and the rank */
-static ct_tensor *local_logits(ct_gpt *m, ct_tensor *idx)
+/* Checks tokens idx for a sharded forward; the caller prefixes errors. */
+static ct_status check_tokens(const ct_gpt *m, const ct_tensor *idx)
 {
     const ct_gpt_tp *t = m->tp;
     char d[200];
-    if (idx->ndim != 2 || idx->shape[1] > m->cfg.block_size || idx->shape[1] < 1 || ct_dtype_is_float(idx->dtype)) {
-        ct_error_set(CT_ERR_INVALID, "idx %s must be integer tokens (B, T) with 1 <= T <= block_size %lld",
-                     ct_tensor_describe(idx, d, sizeof d), (long long)m->cfg.block_size);
-        return NULL;
-    }
+    if (idx->ndim != 2 || idx->shape[1] > m->cfg.block_size || idx->shape[1] < 1 || ct_dtype_is_float(idx->dtype))
+        return ct_error_set(CT_ERR_INVALID, "idx %s must be integer tokens (B, T) with 1 <= T <= block_size %lld",
+                            ct_tensor_describe(idx, d, sizeof d), (long long)m->cfg.block_size);
     int64_t T = idx->shape[1];
-    if (t->sp && T % t->n) {
-        ct_error_set(CT_ERR_INVALID, "sequence parallelism needs the sequence length T %lld divisible by tp %d",
-                     (long long)T, t->n);
-        return NULL;
-    }
-    if (ct_autocast_enabled() && ct_autocast_fp8_state()) {
-        ct_error_set(CT_ERR_INVALID, "fp8 autocast is not supported with tensor parallelism (use bf16)");
-        return NULL;
-    }
-    if (idx->device.type != CT_DEVICE_CPU) {
-        ct_error_set(CT_ERR_INVALID, "idx on %s; a tensor-parallel GPT runs on the CPU",
-                     ct_device_str(idx->device, d, sizeof d));
-        return NULL;
-    }
+    if (t->sp && T % t->n)
+        return ct_error_set(CT_ERR_INVALID, "sequence parallelism needs the sequence length T %lld divisible by tp %d",
+                            (long long)T, t->n);
+    if (ct_autocast_enabled() && ct_autocast_fp8_state())
+        return ct_error_set(CT_ERR_INVALID, "fp8 autocast is not supported with tensor parallelism (use bf16)");
+    if (idx->device.type != CT_DEVICE_CPU)
+        return ct_error_set(CT_ERR_INVALID, "idx on %s; a tensor-parallel GPT runs on the CPU",
+                            ct_device_str(idx->device, d, sizeof d));
+    return CT_OK;
+}
+
+ct_tensor *cti_gpt_tp_embed(ct_gpt *m, ct_tensor *idx)
+{
+    const ct_gpt_tp *t = m->tp;
+    if (check_tokens(m, idx)) return NULL;
+    int64_t T = idx->shape[1];
     /* positions of this rank's chunk of the sequence under SP, else all of them */
     int64_t p0 = t->sp ? t->r * (T / t->n) : 0, p1 = t->sp ? p0 + T / t->n : T;
     ct_tensor *pos = ct_tensor_arange(CT_DTYPE_I64, (double)p0, (double)p1, 1);
     ct_tensor *x = ct_add(embed_tokens(m, idx), ct_embedding_layer_forward(m->wpe, pos));
-    x = ct_dropout_layer_forward(m->drop, x);
-    for (int64_t i = 0; i < m->cfg.n_layer; i++) x = ct_gpt_block_forward(m->blocks[i], x);
+    return ct_dropout_layer_forward(m->drop, x);
+}
+
+ct_tensor *cti_gpt_tp_head(ct_gpt *m, ct_tensor *x)
+{
+    const ct_gpt_tp *t = m->tp;
     x = ct_layernorm_layer_forward(m->ln_f, x);
     /* tied head on this rank's rows of wte: (B, T, C) @ wte_r^T -> (B, T, Vp/n); its
      * input is the whole sequence, replicated (f; under SP all-gathered) */
@@ -365,6 +370,20 @@ static ct_tensor *local_logits(ct_gpt *m, ct_tensor *idx)
     if (logits && logits->dtype != CT_DTYPE_F32 && logits->dtype != CT_DTYPE_F64)
         logits = ct_cast(logits, CT_DTYPE_F32);
     return logits;
+}
+
+ct_tensor *cti_gpt_tp_local_loss(ct_gpt *m, ct_tensor *logits, ct_tensor *targets)
+{
+    return ct_vocab_parallel_cross_entropy(m->tp->g, logits, targets, m->cfg.vocab_size, -1);
+}
+
+/* idx (B, T) -> this rank's logits (B, T, Vp/n) in f32 (at least); the caller prefixes
+ * errors with its name and the rank */
+static ct_tensor *local_logits(ct_gpt *m, ct_tensor *idx)
+{
+    ct_tensor *x = cti_gpt_tp_embed(m, idx);
+    for (int64_t i = 0; i < m->cfg.n_layer; i++) x = ct_gpt_block_forward(m->blocks[i], x);
+    return x ? cti_gpt_tp_head(m, x) : NULL;
 }
 
 ct_tensor *cti_gpt_tp_forward(ct_gpt *m, ct_tensor *idx)
@@ -383,7 +402,7 @@ ct_tensor *cti_gpt_tp_loss(ct_gpt *m, ct_tensor *idx, ct_tensor *targets)
     if (!idx || !targets) return NULL;
     if (ct_module_forward_begin(&m->base)) return NULL;
     ct_tensor *logits = local_logits(m, idx);
-    ct_tensor *loss = logits ? ct_vocab_parallel_cross_entropy(m->tp->g, logits, targets, m->cfg.vocab_size, -1) : NULL;
+    ct_tensor *loss = logits ? cti_gpt_tp_local_loss(m, logits, targets) : NULL;
     if (!loss) ct_error_prefix("gpt_loss (tp rank %d of %d): ", m->tp->r, m->tp->n);
     /* the loss is the module's output here: hooks see it */
     return ct_module_forward_end(&m->base, loss);

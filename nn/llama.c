@@ -426,12 +426,17 @@ ct_tensor *ct_llama_forward_layers(ct_llama *m, ct_tensor *x, int first, int cou
                      first, first + count, (long long)L, ct_tensor_describe(x, d, sizeof d));
         return NULL;
     }
+    /* the whole sequence's length: under sequence parallelism the hidden states are
+     * this rank's chunk of it */
+    int64_t T = x->shape[1] * (!tokens && m->tp && m->tp->sequence_parallel ? m->tp->n : 1);
+    if (m->tp && cti_llama_tp_check(m->tp, "llama_forward_layers", T, false)) return NULL;
     ct_tensor *w = m->embed_tokens->weight, *cos = NULL, *sin = NULL;
-    if (rope_tables(&m->cfg, 0, x->shape[1], w->dtype, w->device, &cos, &sin)) return NULL;
+    if (rope_tables(&m->cfg, 0, T, w->dtype, w->device, &cos, &sin)) return NULL;
     if (tokens) x = embed(m, x);
     for (int i = first; i < first + count; i++) x = layer_forward(m->blocks[i], x, cos, sin, NULL, i);
     if (head && x) {
         x = ct_rmsnorm_layer_forward(m->norm, x);
+        if (m->tp && x) x = cti_llama_tp_enter(m->tp, x); /* the head is column-parallel over the vocabulary */
         x = m->lm_head ? linear_forward(m->lm_head, x) : ct_matmul_t(x, w, false, true);
         if (x && x->dtype != CT_DTYPE_F32 && x->dtype != CT_DTYPE_F64) x = ct_cast(x, CT_DTYPE_F32);
     }
@@ -444,8 +449,20 @@ ct_tensor *ct_llama_forward_cached(ct_llama *m, ct_tensor *idx, ct_kv_cache *cac
     return forward(m, idx, cache, false, "llama_forward_cached");
 }
 
+ct_tensor *ct_llama_local_loss(ct_llama *m, ct_tensor *logits, ct_tensor *targets)
+{
+    if (!m || !logits || !targets) return NULL;
+    ct_tensor *loss = m->tp ? ct_vocab_parallel_cross_entropy(m->tp->group, logits, targets, m->cfg.vocab_size, -1)
+                            : ct_cross_entropy(logits, targets, -1);
+    if (!loss) ct_error_prefix("llama_local_loss: ");
+    return loss;
+}
+
+ct_pg *ct_llama_tp_group(const ct_llama *m) { return m && m->tp ? m->tp->group : NULL; }
+
 ct_tensor *ct_llama_loss(ct_llama *m, ct_tensor *idx, ct_tensor *targets)
 {
+    if (m && m->base.loss_runner.fn) return m->base.loss_runner.fn(&m->base, idx, targets, m->base.loss_runner.data);
     if (!m || !m->tp) return ct_cross_entropy(ct_llama_forward(m, idx), targets, -1);
     /* sharded: the loss from the local logit columns, never the full logits */
     ct_tensor *logits = forward(m, idx, NULL, true, "llama_loss");

@@ -134,9 +134,16 @@ CT_API ct_tensor *ct_llama_forward(ct_llama *m, ct_tensor *idx);
  * layers [first, first + count) run at positions 0 .. T-1; with head, the final norm
  * and the lm head follow and the result is the logits (B, T, V) f32, else the hidden
  * states (B, T, C). The whole range with head is ct_llama_forward (new reference,
- * current frame; differentiable). */
+ * current frame; differentiable). Sharded for tensor parallelism: the hidden states are
+ * this rank's sequence chunk (B, T/tp, C) under sequence parallelism, and the head
+ * gives this rank's vocabulary columns (B, T, Vp/tp) (ct_llama_local_loss takes them). */
 CT_API ct_tensor *ct_llama_forward_layers(ct_llama *m, ct_tensor *x, int first, int count, bool head);
-/* Mean cross-entropy of the logits against targets (B, T) (ignore_index -1). */
+/* The mean cross-entropy (ignore_index -1) of the logits ct_llama_forward_layers' head
+ * gives against targets (B, T): vocabulary-parallel on a sharded model. */
+CT_API ct_tensor *ct_llama_local_loss(ct_llama *m, ct_tensor *logits, ct_tensor *targets);
+/* Mean cross-entropy of the logits against targets (B, T) (ignore_index -1). With a
+ * loss runner on the model (nn/module.h: the Accelerator's pipeline parallelism), what
+ * the runner returns. */
 CT_API ct_tensor *ct_llama_loss(ct_llama *m, ct_tensor *idx, ct_tensor *targets);
 /* The tokens at positions cache->len .. cache->len + T - 1 (cache NULL: 0 .. T-1, as
  * ct_llama_forward); their keys and values are appended to the cache, which advances
@@ -219,6 +226,8 @@ CT_API ct_status ct_llama_tensor_parallel(ct_llama *m, ct_pg *tp, bool sequence_
 /* The record of which part of the full tensor param holds (borrowed from m); NULL when
  * m is not sharded or param is none of its parameters. */
 CT_API const ct_tp_shard *ct_llama_tp_shard_of(const ct_llama *m, const ct_tensor *param);
+/* The tensor-parallel group of a sharded model (borrowed); NULL when not sharded. */
+CT_API ct_pg *ct_llama_tp_group(const ct_llama *m);
 /* Allreduces (sum) the RMSNorm weights' gradients over tp when the model is sharded
  * with sequence parallelism; otherwise nothing to do (CT_OK). Every rank of tp calls
  * it after its last backward before the optimizer step. */

@@ -54,6 +54,11 @@ void ct_module_set_hooks(ct_module *m, const ct_module_hooks *h)
     if (m) m->hooks = h ? *h : (ct_module_hooks){0};
 }
 
+void ct_module_set_loss_runner(ct_module *m, const ct_module_loss_runner *r)
+{
+    if (m) m->loss_runner = r ? *r : (ct_module_loss_runner){0};
+}
+
 ct_status ct_module_forward_begin(ct_module *m)
 {
     return m && m->hooks.pre ? m->hooks.pre(m, m->hooks.data) : CT_OK;

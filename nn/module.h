@@ -36,6 +36,17 @@ typedef struct ct_module_hooks {
     void *data;
 } ct_module_hooks;
 
+/* A wrapper that computes a model's training loss itself instead of its forward: the
+ * Accelerator's pipeline parallelism runs the forward and backward of every
+ * micro-batch of the batch on this rank's stage and returns the batch's mean loss (a
+ * value, no graph: backward already ran). The loss functions of the models that
+ * support it (ct_gpt_loss, ct_llama_loss) hand their arguments to it when set. */
+typedef ct_tensor *(*ct_module_loss_fn)(ct_module *m, ct_tensor *idx, ct_tensor *targets, void *data);
+typedef struct ct_module_loss_runner {
+    ct_module_loss_fn fn; /* NULL: none */
+    void *data;
+} ct_module_loss_runner;
+
 typedef struct ct_module_entry {
     char *name;
     ct_tensor *tensor; /* owned reference */
@@ -53,6 +64,7 @@ struct ct_module {
     } *children;
     int nchildren;
     ct_module_hooks hooks; /* all NULL: none */
+    ct_module_loss_runner loss_runner; /* on a model's root module; fn NULL: none */
 };
 
 /* Allocates a module type of `size` bytes (zeroed) whose first member is a
@@ -74,6 +86,8 @@ CT_API ct_status ct_module_add_child(ct_module *m, const char *name, ct_module *
 
 /* Installs h (copied) on m, or removes m's hooks with NULL. One set per module. */
 CT_API void ct_module_set_hooks(ct_module *m, const ct_module_hooks *h);
+/* Installs r (copied) as m's loss runner, or removes it with NULL. */
+CT_API void ct_module_set_loss_runner(ct_module *m, const ct_module_loss_runner *r);
 /* The brackets of every module type's forward, so that hooks run whoever calls it:
  *
  *     ct_tensor *my_forward(my_module *m, ct_tensor *x) {

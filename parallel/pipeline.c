@@ -3,6 +3,7 @@
  * See pipeline.h for the contract. */
 #include "parallel/pipeline.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,6 +60,7 @@ ct_pipeline *ct_pipeline_new(ct_pg *stages, int stage, ct_pipeline_forward_fn fw
     p->num_stages = n;
     p->fwd = fwd;
     p->ctx = ctx;
+    p->grad_scale = 1.0;
     if (n > 1) {
         /* a group of the engine's own: freeing it on a failure tells the other stages
          * at once, without touching the caller's group */
@@ -146,7 +148,7 @@ static ct_status forward_step(ct_pipeline *p, int m, ct_tensor *const *inputs)
     } else {
         ct_status st = cti_pipeline_send_activation(p, m);
         if (st) return st;
-        s->bytes += (int64_t)ct_tensor_nbytes(s->grad_in); /* posted by the send */
+        if (s->grad_in) s->bytes += (int64_t)ct_tensor_nbytes(s->grad_in); /* posted by the send */
     }
     count_live(p, s, +1);
     return CT_OK;
@@ -160,8 +162,9 @@ static ct_status backward_step(ct_pipeline *p, int m)
     ct_frame_push();
     ct_tensor *gy = NULL;
     if (last) {
-        /* the mean over micro-batches: each loss enters with weight 1/M */
-        gy = ct_tensor_full(s->out->dtype, s->out->ndim, s->out->shape, 1.0 / p->num_micro);
+        /* the mean over micro-batches: each loss enters with weight 1/M (times the
+         * caller's scale: accumulation's 1/k, fp16's loss scale) */
+        gy = ct_tensor_full(s->out->dtype, s->out->ndim, s->out->shape, p->grad_scale / p->num_micro);
         if (!gy) st = cti_pipeline_fail(p, m, "backward");
     } else {
         st = cti_pipeline_take_gradient(p, m);
@@ -220,9 +223,9 @@ static ct_status share_loss(ct_pipeline *p, double *loss)
     return CT_OK;
 }
 
-ct_status ct_pipeline_run(ct_pipeline *p, int num_micro, ct_tensor *const *inputs, double *loss)
+/* A run: the schedule's forwards and backwards, or (eval) the M forwards alone. */
+static ct_status run(ct_pipeline *p, int num_micro, ct_tensor *const *inputs, double *loss, bool eval)
 {
-    if (!p) return ct_error_set(CT_ERR_INVALID, "pipeline run: NULL pipeline");
     ct_status st = check_run(p, num_micro, inputs);
     if (st) return st;
     ct_pipeline_action *acts = malloc(2 * (size_t)num_micro * sizeof *acts);
@@ -234,6 +237,7 @@ ct_status ct_pipeline_run(ct_pipeline *p, int num_micro, ct_tensor *const *input
         return ct_error_set(CT_ERR_NOMEM, "pipeline stage %d: out of memory for %d micro-batches", p->stage, num_micro);
     }
     p->num_micro = num_micro;
+    p->eval = eval;
     p->loss_sum = 0;
     p->live = 0;
     p->live_bytes = 0;
@@ -241,8 +245,10 @@ ct_status ct_pipeline_run(ct_pipeline *p, int num_micro, ct_tensor *const *input
     p->stats.peak_live_bytes = 0;
     cti_pipeline_expect_reset(p);
     st = ct_pipeline_schedule(p->cfg.schedule, p->num_stages, num_micro, p->stage, acts);
+    if (eval) /* the forwards in order, nothing else */
+        for (int m = 0; m < num_micro; m++) acts[m] = (ct_pipeline_action){.step = CT_PIPELINE_FORWARD, .micro = m};
     if (!st && p->stage > 0) st = cti_pipeline_post_activation(p, 0);
-    for (int i = 0; !st && i < 2 * num_micro; i++)
+    for (int i = 0; !st && i < (eval ? 1 : 2) * num_micro; i++)
         st = acts[i].step == CT_PIPELINE_FORWARD ? forward_step(p, acts[i].micro, inputs)
                                                  : backward_step(p, acts[i].micro);
     if (!st) st = cti_pipeline_sends_wait(p);
@@ -255,6 +261,30 @@ ct_status ct_pipeline_run(ct_pipeline *p, int num_micro, ct_tensor *const *input
         p->stats.runs++;
     }
     return st;
+}
+
+ct_status ct_pipeline_run(ct_pipeline *p, int num_micro, ct_tensor *const *inputs, double *loss)
+{
+    if (!p) return ct_error_set(CT_ERR_INVALID, "pipeline run: NULL pipeline");
+    return run(p, num_micro, inputs, loss, false);
+}
+
+ct_status ct_pipeline_eval(ct_pipeline *p, int num_micro, ct_tensor *const *inputs, double *loss)
+{
+    if (!p) return ct_error_set(CT_ERR_INVALID, "pipeline eval: NULL pipeline");
+    ct_status st;
+    CT_NO_GRAD { st = run(p, num_micro, inputs, loss, true); }
+    return st;
+}
+
+ct_status ct_pipeline_set_grad_scale(ct_pipeline *p, double scale)
+{
+    if (!p) return ct_error_set(CT_ERR_INVALID, "pipeline grad scale: NULL pipeline");
+    if (!(scale > 0) || !isfinite(scale))
+        return ct_error_set(CT_ERR_INVALID, "pipeline stage %d of %d: grad scale %g must be positive and finite",
+                            p->stage, p->num_stages, scale);
+    p->grad_scale = scale;
+    return CT_OK;
 }
 
 ct_status ct_pipeline_broadcast_metrics(ct_pipeline *p, double *values, int n)

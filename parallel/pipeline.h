@@ -119,6 +119,18 @@ CT_API ct_pipeline *ct_pipeline_new(ct_pg *stages, int stage, ct_pipeline_forwar
  * micro-batch loss, on every stage. Parameter gradients accumulate into .grad. */
 CT_API ct_status ct_pipeline_run(ct_pipeline *p, int num_micro, ct_tensor *const *inputs, double *loss);
 
+/* A forward-only run (evaluation): the M forwards in order, without gradients (the
+ * autograd graph is not built), the mean micro-batch loss on every stage as for
+ * ct_pipeline_run. Every stage must call it for the same run: a stage evaluating while
+ * its neighbour trains is an error naming both. */
+CT_API ct_status ct_pipeline_eval(ct_pipeline *p, int num_micro, ct_tensor *const *inputs, double *loss);
+
+/* The weight of the loss in later runs' backward: the last stage seeds each
+ * micro-batch's loss gradient with scale / M instead of 1 / M (default 1), e.g.
+ * gradient accumulation's 1/k times fp16's loss scale. Positive and finite. The
+ * reported loss is not scaled. */
+CT_API ct_status ct_pipeline_set_grad_scale(ct_pipeline *p, double scale);
+
 /* Copies the last stage's values[0..n-1] into values on every stage (metrics such as
  * an accuracy computed on the last stage), as the loss is shared. Collective over
  * the stages. */

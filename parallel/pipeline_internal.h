@@ -9,6 +9,8 @@
 
 /* Offsets from cfg.tag of the three point-to-point streams: each pair of stages has
  * its own counters per tag, so the n-th message of a stream is micro-batch n's. */
+/* The header's kind of a forward-only run (a training run sends its schedule). */
+enum { CTI_PP_KIND_EVAL = 100 };
 enum { CTI_PP_TAG_HEADER = 0, CTI_PP_TAG_ACTIVATION = 1, CTI_PP_TAG_GRADIENT = 2 };
 
 /* The header before each activation: what the receiver checks it against. */
@@ -39,6 +41,8 @@ struct ct_pipeline {
     int num_micro;
     cti_micro_slot *slots;
     double loss_sum;
+    double grad_scale; /* the last stage seeds grad_scale / M (ct_pipeline_set_grad_scale) */
+    bool eval;         /* the current run is forward-only (ct_pipeline_eval) */
     int live;
     int64_t live_bytes;
     bool exp_known; /* the activation's dtype and shape are known (configured or micro-batch 0's) */

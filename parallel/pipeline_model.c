@@ -29,7 +29,7 @@ static ct_tensor *stage_forward(void *ctx, ct_tensor *x, int micro)
 {
     ct_pipeline_model *pm = ctx;
     ct_tensor *y = pm->ops.forward(pm, x);
-    if (y && pm->stage == pm->num_stages - 1) y = ct_cross_entropy(y, pm->targets[micro], -1);
+    if (y && pm->stage == pm->num_stages - 1) y = pm->ops.loss(pm, y, pm->targets[micro]);
     return y;
 }
 
@@ -186,10 +186,11 @@ static ct_status check_batch(const ct_pipeline_model *pm, const ct_tensor *token
     return CT_OK;
 }
 
-ct_status ct_pipeline_model_step(ct_pipeline_model *pm, ct_tensor *tokens, ct_tensor *targets, int num_micro,
-                                 double *loss)
+/* A training run (eval false) or a forward-only one over num_micro micro-batches. */
+static ct_status model_run(ct_pipeline_model *pm, ct_tensor *tokens, ct_tensor *targets, int num_micro, double *loss,
+                           bool eval)
 {
-    if (!pm) return ct_error_set(CT_ERR_INVALID, "pipeline model step: NULL handle");
+    if (!pm) return ct_error_set(CT_ERR_INVALID, "pipeline model %s: NULL handle", eval ? "eval" : "step");
     ct_status st = check_batch(pm, tokens, targets, num_micro);
     if (st) return st;
     int64_t b = tokens->shape[0] / num_micro;
@@ -208,11 +209,45 @@ ct_status ct_pipeline_model_step(ct_pipeline_model *pm, ct_tensor *tokens, ct_te
             pm->targets[m] = ct_tensor_narrow(targets, 0, m * b, b);
             if (!inputs[m] || !pm->targets[m]) st = ct_last_status();
         }
-        if (!st) st = ct_pipeline_run(pm->pp, num_micro, inputs, loss);
+        if (!st) st = eval ? ct_pipeline_eval(pm->pp, num_micro, inputs, loss)
+                           : ct_pipeline_run(pm->pp, num_micro, inputs, loss);
     }
     free(inputs);
     free(pm->targets);
     pm->targets = NULL;
+    return st;
+}
+
+ct_status ct_pipeline_model_step(ct_pipeline_model *pm, ct_tensor *tokens, ct_tensor *targets, int num_micro,
+                                 double *loss)
+{
+    return model_run(pm, tokens, targets, num_micro, loss, false);
+}
+
+ct_status ct_pipeline_model_eval(ct_pipeline_model *pm, ct_tensor *tokens, ct_tensor *targets, int num_micro,
+                                 double *loss)
+{
+    return model_run(pm, tokens, targets, num_micro, loss, true);
+}
+
+int ct_pipeline_model_stage_of(const ct_pipeline_model *pm, const char *name)
+{
+    if (!pm || !name) return -1;
+    for (int s = 0; s < pm->num_stages; s++) {
+        ct_pipeline_model probe = *pm;
+        probe.stage = s;
+        if (ct_pipeline_stage_layers(pm->ops.num_layers, pm->num_stages, s, &probe.first, &probe.count)) return -1;
+        if (pm->ops.owns(&probe, name)) return s;
+    }
+    return -1;
+}
+
+ct_status ct_pipeline_model_sync_grads(ct_pipeline_model *pm)
+{
+    if (!pm) return ct_error_set(CT_ERR_INVALID, "pipeline model: NULL handle");
+    ct_status st = ct_pipeline_model_sync_tied_grads(pm);
+    if (!st && pm->ops.tp && pm->ops.sync_tp(pm))
+        st = ct_error_prefix("%s stage %d of %d: ", pm->ops.op, pm->stage, pm->num_stages);
     return st;
 }
 
@@ -237,13 +272,28 @@ ct_status ct_pipeline_model_sync_tied_grads(ct_pipeline_model *pm)
     return CT_OK;
 }
 
+/* sum over groups of x (f64), in place; NULL group: nothing to add */
+static ct_status sum_over(ct_pg *g, double *x)
+{
+    if (!g || ct_pg_size(g) == 1) return CT_OK;
+    ct_status st = CT_OK;
+    CT_FRAME {
+        ct_tensor *t = ct_tensor_full(CT_DTYPE_F64, 1, (int64_t[]){1}, *x);
+        st = t ? ct_work_run(ct_pg_allreduce(g, t, CT_REDUCE_SUM)) : ct_last_status();
+        if (!st) *x = ct_tensor_item(t);
+    }
+    return st;
+}
+
 double ct_pipeline_model_grad_norm(ct_pipeline_model *pm)
 {
     if (!pm) {
         ct_error_set(CT_ERR_INVALID, "pipeline model: NULL handle");
         return NAN;
     }
-    /* the tied weight's second copy (on the last stage) is left out: counted once */
+    /* The squares this rank adds: the tied weight's second copy (on the last stage) is
+     * left out (counted once); under tensor parallelism the shards' squares (summed over
+     * tp) and the replicated parameters' on tp rank 0 only (the same on every rank). */
     const ct_param_list *l = &pm->params;
     ct_tensor **own = malloc(sizeof *own * (size_t)(l->n ? l->n : 1));
     if (!own) {
@@ -252,8 +302,13 @@ double ct_pipeline_model_grad_norm(ct_pipeline_model *pm)
     }
     int n = 0;
     bool skip_tied = pm->tied && pm->stage != 0;
-    for (int i = 0; i < l->n; i++)
-        if (!(skip_tied && l->tensors[i] == pm->tied)) own[n++] = l->tensors[i];
+    bool tp_first = !pm->ops.tp || ct_pg_rank(pm->ops.tp) == 0;
+    for (int i = 0; i < l->n; i++) {
+        ct_tensor *t = l->tensors[i];
+        if (skip_tied && t == pm->tied) continue;
+        if (!tp_first && !pm->ops.sharded(pm, t)) continue;
+        own[n++] = t;
+    }
     ct_error_clear(); /* a NaN from NaN gradients sets no error: tell it from a failure */
     double sq = ct_grad_norm_sq(n, own);
     free(own);
@@ -261,18 +316,10 @@ double ct_pipeline_model_grad_norm(ct_pipeline_model *pm)
         ct_error_prefix("%s stage %d of %d: gradient norm: ", pm->ops.op, pm->stage, pm->num_stages);
         return NAN;
     }
-    if (pm->all) {
-        ct_status st = CT_OK;
-        CT_FRAME {
-            ct_tensor *t = ct_tensor_full(CT_DTYPE_F64, 1, (int64_t[]){1}, sq);
-            st = t ? ct_work_run(ct_pg_allreduce(pm->all, t, CT_REDUCE_SUM)) : ct_last_status();
-            if (!st) sq = ct_tensor_item(t);
-        }
-        if (st) {
-            ct_error_prefix("%s stage %d of %d: summing the squared gradient norms of the stages: ", pm->ops.op,
-                            pm->stage, pm->num_stages);
-            return NAN;
-        }
+    if (sum_over(pm->ops.tp, &sq) || sum_over(pm->all, &sq)) {
+        ct_error_prefix("%s stage %d of %d: summing the squared gradient norms over tp and the stages: ", pm->ops.op,
+                        pm->stage, pm->num_stages);
+        return NAN;
     }
     return sqrt(sq);
 }

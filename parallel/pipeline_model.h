@@ -8,7 +8,7 @@
  *         ct_optimizer_zero_grad(opt);
  *         for each of the k accumulation steps:
  *             ct_pipeline_model_step(pm, tokens, targets, M, &loss);    loss on every stage
- *         ct_pipeline_model_sync_tied_grads(pm);               once, after the last one
+ *         ct_pipeline_model_sync_grads(pm);                    once, after the last one
  *         ct_pipeline_model_clip_grad_norm(pm, 1.0);           the norm over all stages
  *         ct_optimizer_step(opt);
  *
@@ -43,6 +43,15 @@
  * The global gradient norm is sqrt(sum over stages of each stage's sum of g^2), the
  * tied weight counted once (on the first stage): what ct_grad_norm gives over the
  * whole model in one process.
+ *
+ * Tensor parallelism inside the stages (tp x pp, parallel/mesh.h): shard the model
+ * first (ct_gpt_tensor_parallel / ct_llama_tensor_parallel over the mesh's tp_group),
+ * then cut it over the mesh's pp_group. Each tp rank of a stage talks to the same tp
+ * rank of the next stage, so the hidden states between stages are the tp group's
+ * replicated activations, or under sequence parallelism each rank's chunk of the
+ * sequence (B/M, T/tp, C); the last stage computes the vocabulary-parallel
+ * cross-entropy of its logit columns. The tied embedding's rows are summed stage to
+ * stage per tp rank, and the global norm adds the shards' squares over tp.
  */
 #ifndef CT_PARALLEL_PIPELINE_MODEL_H
 #define CT_PARALLEL_PIPELINE_MODEL_H
@@ -88,13 +97,30 @@ CT_API double ct_pipeline_model_bytes_sent(const ct_pipeline_model *pm);
 CT_API ct_status ct_pipeline_model_step(ct_pipeline_model *pm, ct_tensor *tokens, ct_tensor *targets, int num_micro,
                                         double *loss);
 
+/* A forward-only pass of the batch (evaluation) as ct_pipeline_model_step cuts it:
+ * no gradients, *loss the batch's mean loss on every stage. Every stage calls it. */
+CT_API ct_status ct_pipeline_model_eval(ct_pipeline_model *pm, ct_tensor *tokens, ct_tensor *targets, int num_micro,
+                                        double *loss);
+
+/* The stage that holds the parameter called name (the tied embedding: 0), or -1 when
+ * no stage does. No collective. */
+CT_API int ct_pipeline_model_stage_of(const ct_pipeline_model *pm, const char *name);
+
+/* Once per optimizer step, after the last accumulation step: the tied embedding's sum
+ * (ct_pipeline_model_sync_tied_grads) and, for a model sharded for tensor parallelism
+ * with sequence parallelism, the sum of the replicated parameters' partial gradients
+ * over tp (ct_gpt_tp_sync_grads / ct_llama_tp_sync_grads). Collective. */
+CT_API ct_status ct_pipeline_model_sync_grads(ct_pipeline_model *pm);
+
 /* Sums the tied embedding's gradient over the first and the last stage (see above);
  * a no-op without a tie or with one stage. Collective over the stages. A copy without
  * a gradient counts as zeros and gets the sum. */
 CT_API ct_status ct_pipeline_model_sync_tied_grads(ct_pipeline_model *pm);
 
-/* The 2-norm of the gradients of all stages together, on every stage (collective);
- * call after ct_pipeline_model_sync_tied_grads. NAN + error on failure. */
+/* The 2-norm of the gradients of all stages together, on every stage (collective
+ * over the stages and, for a tensor-parallel model, its tp group): the shards' squares
+ * summed over tp, the replicated parameters counted once; call after
+ * ct_pipeline_model_sync_grads. NAN + error on failure. */
 CT_API double ct_pipeline_model_grad_norm(ct_pipeline_model *pm);
 /* Scales this stage's gradients by ct_clip_coef(total, max_norm), total being
  * ct_pipeline_model_grad_norm, which it returns (PyTorch's clip_grad_norm_ over the

@@ -18,8 +18,17 @@ typedef struct cti_pp_model_ops {
     bool (*owns)(const ct_pipeline_model *pm, const char *name);
     /* the stage's part for one micro-batch: tokens (B, T) on stage 0, else the hidden
      * states from the previous stage -> hidden states (B, T, C), or the logits
-     * (B, T, V) on the last stage (new reference, current frame) */
+     * (B, T, V) on the last stage (new reference, current frame); a tensor-parallel
+     * model: its sequence chunk, its vocabulary columns */
     ct_tensor *(*forward)(const ct_pipeline_model *pm, ct_tensor *x);
+    /* the last stage's logits against the targets -> the mean cross-entropy */
+    ct_tensor *(*loss)(const ct_pipeline_model *pm, ct_tensor *logits, ct_tensor *targets);
+    /* A model sharded for tensor parallelism (NULL otherwise): its group, whether a
+     * parameter is a shard (else replicated over tp), and the sync of sequence
+     * parallelism's partial gradients over tp (the model's own). */
+    ct_pg *tp;
+    bool (*sharded)(const ct_pipeline_model *pm, const ct_tensor *param);
+    ct_status (*sync_tp)(const ct_pipeline_model *pm);
 } cti_pp_model_ops;
 
 struct ct_pipeline_model {

@@ -83,6 +83,14 @@ static const char *shape_of(ct_dtype dt, int ndim, const int64_t *shape, char *b
     return buf;
 }
 
+/* What a header says the run is: the schedule, or a forward-only evaluation. */
+static int64_t run_kind(const ct_pipeline *p) { return p->eval ? CTI_PP_KIND_EVAL : (int64_t)p->cfg.schedule; }
+
+static const char *run_kind_name(int64_t kind)
+{
+    return kind == CTI_PP_KIND_EVAL ? "forward-only (evaluation)" : ct_pipeline_kind_name((ct_pipeline_kind)kind);
+}
+
 /* Checks m's header against this stage's run; sets the expectation from micro-batch 0. */
 static ct_status check_header(ct_pipeline *p, int m, const int64_t *h)
 {
@@ -95,10 +103,9 @@ static ct_status check_header(ct_pipeline *p, int m, const int64_t *h)
         return ct_error_set(CT_ERR_PEER,
                             "stage %d runs %lld micro-batches, this stage %d: every stage must be given the same number",
                             prev, (long long)h[CTI_PP_HDR_M], p->num_micro);
-    if (h[CTI_PP_HDR_KIND] != (int64_t)p->cfg.schedule)
+    if (h[CTI_PP_HDR_KIND] != run_kind(p))
         return ct_error_set(CT_ERR_PEER, "stage %d runs the %s schedule, this stage %s: every stage must run the same",
-                            prev, ct_pipeline_kind_name((ct_pipeline_kind)h[CTI_PP_HDR_KIND]),
-                            ct_pipeline_kind_name(p->cfg.schedule));
+                            prev, run_kind_name(h[CTI_PP_HDR_KIND]), run_kind_name(run_kind(p)));
     if (h[CTI_PP_HDR_MICRO] != m)
         return ct_error_set(CT_ERR_PEER, "stage %d sent micro-batch %lld where %d was due", prev,
                             (long long)h[CTI_PP_HDR_MICRO], m);
@@ -173,7 +180,7 @@ ct_status cti_pipeline_send_activation(ct_pipeline *p, int m)
         h[CTI_PP_HDR_MAGIC] = CTI_PP_MAGIC;
         h[CTI_PP_HDR_MICRO] = m;
         h[CTI_PP_HDR_M] = p->num_micro;
-        h[CTI_PP_HDR_KIND] = p->cfg.schedule;
+        h[CTI_PP_HDR_KIND] = run_kind(p);
         h[CTI_PP_HDR_DTYPE] = y->dtype;
         h[CTI_PP_HDR_NDIM] = y->ndim;
         for (int i = 0; i < y->ndim; i++) h[CTI_PP_HDR_SHAPE + i] = y->shape[i];
@@ -187,6 +194,7 @@ ct_status cti_pipeline_send_activation(ct_pipeline *p, int m)
     }
     if (st) return cti_pipeline_fail(p, m, op);
     p->stats.bytes_sent += (int64_t)ct_tensor_nbytes(y);
+    if (p->eval) return CT_OK; /* forward only: no gradient comes back */
     /* the gradient comes back the same way: its receive waits from now on */
     s->grad_in = owned_empty(y->dtype, y->ndim, y->shape);
     s->grad_recv = s->grad_in ? ct_pg_recv(p->g, s->grad_in, next, p->cfg.tag + CTI_PP_TAG_GRADIENT) : NULL;

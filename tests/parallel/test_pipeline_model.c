@@ -9,7 +9,10 @@
  * its stage after 5 AdamW steps with clipping active (1e-5 relative, in norm, per
  * tensor). Cases: the GPT at pp=2 (GPipe M=1, 1F1B M=4), at pp=4 with 2-step gradient
  * accumulation, and in bf16 (autocast, against the single process in bf16); the Llama
- * at pp=2 (untied, GPipe) and pp=4 (tied, 1F1B). Errors: more stages than layers, a
+ * at pp=2 (untied, GPipe) and pp=4 (tied, 1F1B); tensor parallelism inside the stages
+ * (tp 2 x pp 2 on 4 ranks: the GPT with and without sequence parallelism and with
+ * accumulation, the tied Llama with it), each rank's shards against the test's own
+ * slices of the single process's tensors. Errors: more stages than layers, a
  * batch not divisible into M micro-batches and a sequence past block_size name the
  * numbers. */
 #include <criterion/criterion.h>
@@ -26,9 +29,11 @@
 #include "core/threads.h"
 #include "optim/clip.h"
 #include "optim/optimizer.h"
+#include "parallel/mesh.h"
 #include "parallel/pipeline_model.h"
 #include "precision/autocast.h"
 #include "tests/dist/ranks.h"
+#include "tests/nn/tp_check.h"
 
 #define STEPS 5
 #define MAXACC 2
@@ -45,6 +50,8 @@ typedef struct pcase {
     int pp, M, accum;
     ct_pipeline_kind kind;
     bool bf16;
+    int tp;  /* > 1: tensor parallelism inside the stages (world tp x pp, parallel/mesh.h) */
+    bool sp; /* with sequence parallelism */
 } pcase;
 
 /* What the single process leaves for the ranks (shared memory). */
@@ -186,44 +193,90 @@ static int expected_params(const pcase *k, int stage, int layers)
     return n;
 }
 
-/* The offset of name's tensor in the flat named order of the whole model, -1 if none. */
-static int64_t offset_of(const ct_param_list *all, const char *name)
+/* The whole model's names and shapes, in named order (taken before sharding). */
+typedef struct whole_list {
+    int n;
+    char names[64][64];
+    int ndim[64];
+    int64_t shape[64][CT_MAX_DIMS];
+} whole_list;
+
+/* The offset of name's tensor in the flat named order of the whole model and its index,
+ * -1 if none. */
+static int64_t offset_of(const whole_list *w, const char *name, int *idx)
 {
     int64_t off = 0;
-    for (int i = 0; i < all->n; i++) {
-        if (!strcmp(all->names[i], name)) return off;
-        off += ct_tensor_numel(all->tensors[i]);
+    for (int i = 0; i < w->n; i++) {
+        if (!strcmp(w->names[i], name)) {
+            *idx = i;
+            return off;
+        }
+        int64_t n = 1;
+        for (int d = 0; d < w->ndim[i]; d++) n *= w->shape[i][d];
+        off += n;
     }
     return -1;
 }
 
+/* The part of the whole reference tensor (flat at want) the stage's tensor t holds: all
+ * of it, or under tensor parallelism the shard's slice (the test's own slicing: in each
+ * of `parts` blocks of full indices along dim, [start, end), zeros past the end). */
+static ct_tensor *expected_part(const pcase *k, ct_module *m, const ct_tensor *param, const whole_list *w, int idx,
+                                const float *want)
+{
+    ct_tensor *whole = ct_tensor_from_data(CT_DTYPE_F32, w->ndim[idx], w->shape[idx], want);
+    if (!whole || k->tp <= 1) return whole;
+    ct_tp_shard s;
+    int parts = 1;
+    if (k->llama) {
+        const ct_tp_shard *r = ct_llama_tp_shard_of((ct_llama *)m, param);
+        if (!r || r->dim < 0) return whole;
+        s = *r;
+    } else {
+        const ct_gpt_tp_shard *r = ct_gpt_tp_shard_of((ct_gpt *)m, NULL, param);
+        if (!r || r->shard.dim < 0) return whole;
+        s = r->shard, parts = r->parts;
+    }
+    ct_tensor *pieces[4];
+    for (int j = 0; j < parts; j++)
+        pieces[j] = slice_padded(ct_narrow(whole, s.dim, j * s.full, s.full), s.dim, s.start, s.end);
+    return ct_tensor_contiguous(parts == 1 ? pieces[0] : ct_concat(parts, pieces, s.dim));
+}
+
 /* Every tensor of the stage (grads or values) against the reference's flat array. */
-static int compare(rank_ctx *c, const ct_param_list *all, const ct_param_list *p, const float *want, bool grads,
-                   double tol, const char *what)
+static int compare(rank_ctx *c, const pcase *k, ct_module *m, const whole_list *w, const ct_param_list *p,
+                   const float *want, bool grads, double tol, const char *what)
 {
     int bad = 0;
-    for (int i = 0; i < p->n; i++) {
-        ct_tensor *t = grads ? p->tensors[i]->grad : p->tensors[i];
-        int64_t off = offset_of(all, p->names[i]);
-        if (!t || off < 0) {
-            report(c, "rank %d: %s %s: %s", c->rank, what, p->names[i], !t ? "no gradient" : "not in the model");
-            bad = 1;
-            continue;
+    for (int i = 0; i < p->n; i++) CT_FRAME {
+            ct_tensor *t = grads ? p->tensors[i]->grad : p->tensors[i];
+            int idx = -1;
+            int64_t off = offset_of(w, p->names[i], &idx);
+            ct_tensor *e_t = t && off >= 0 ? expected_part(k, m, p->tensors[i], w, idx, want + off) : NULL;
+            if (!t || !e_t || !ct_tensor_same_shape(t, e_t)) {
+                report(c, "rank %d: %s %s: %s", c->rank, what, p->names[i],
+                       !t ? "no gradient" : off < 0 ? "not in the model" : "not the expected part's shape");
+                bad = 1;
+                continue;
+            }
+            ct_tensor *tc = ct_tensor_contiguous(t);
+            int64_t n = ct_tensor_numel(t), C = n / 3;
+            const float *g = ct_tensor_data(tc), *wv = ct_tensor_data(e_t);
+            double e = rel_norm(g, wv, n);
+            if (!grads && strstr(p->names[i], "attn.c_attn.bias")) {
+                /* The key bias [C, 2C) has a zero gradient (q.(k + b) shifts every score of a
+                 * row by q.b: softmax ignores it), so what it gets is rounding noise, which
+                 * Adam turns into steps of size lr: compare the query and value biases. */
+                e = fmax(rel_norm(g, wv, C), rel_norm(g + 2 * C, wv + 2 * C, C));
+            }
+            /* Parameters after training under tensor parallelism: the tp tests' measure
+             * (tests/nn/tp_check.h, rel_rms: why); the gradients above stay in norm. */
+            if (!grads && k->tp > 1) e = rel_rms(tc, e_t);
+            if (!(e <= tol)) {
+                report(c, "rank %d: %s %s: relative error %.3g > %.3g", c->rank, what, p->names[i], e, tol);
+                bad = 1;
+            }
         }
-        int64_t n = ct_tensor_numel(t), C = n / 3;
-        double e = rel_norm(ct_tensor_data(t), want + off, n);
-        if (!grads && strstr(p->names[i], "attn.c_attn.bias")) {
-            /* The key bias [C, 2C) has a zero gradient (q.(k + b) shifts every score of a
-             * row by q.b: softmax ignores it), so what it gets is rounding noise, which
-             * Adam turns into steps of size lr: compare the query and value biases. */
-            const float *g = ct_tensor_data(t);
-            e = fmax(rel_norm(g, want + off, C), rel_norm(g + 2 * C, want + off + 2 * C, C));
-        }
-        if (!(e <= tol)) {
-            report(c, "rank %d: %s %s: relative error %.3g > %.3g", c->rank, what, p->names[i], e, tol);
-            bad = 1;
-        }
-    }
     return bad;
 }
 
@@ -237,15 +290,31 @@ static int stage_rank(rank_ctx *c)
     int64_t vocab;
     ct_module *m = model_new(k, &vocab);
     ct_param_list all = {0};
-    if (!world || !m || ct_module_named_tensors(m, false, &all)) {
+    static whole_list w;
+    ct_mesh *mesh = world ? ct_mesh_new(world, &(ct_mesh_config){.tp = k->tp > 1 ? k->tp : 1, .pp = k->pp}) : NULL;
+    ct_status st = !world || !m || !mesh ? CT_ERR_INVALID : ct_module_named_tensors(m, false, &all);
+    for (int i = 0; !st && i < all.n && i < 64; i++) {
+        snprintf(w.names[i], sizeof w.names[i], "%s", all.names[i]);
+        w.ndim[i] = all.tensors[i]->ndim;
+        memcpy(w.shape[i], all.tensors[i]->shape, sizeof w.shape[i]);
+        w.n = i + 1;
+    }
+    ct_param_list_free(&all);
+    if (!st && k->tp > 1)
+        st = k->llama ? ct_llama_tensor_parallel((ct_llama *)m, mesh->tp_group, k->sp)
+                      : ct_gpt_tensor_parallel((ct_gpt *)m, mesh->tp_group, k->sp);
+    if (!st) st = ct_module_named_tensors(m, false, &all);
+    if (st) {
         report(c, "rank %d: setup: %s", c->rank, ct_last_error());
+        ct_mesh_free(mesh);
         ct_pg_free(world);
         ct_module_free(m);
         return 1;
     }
+    const int stage = mesh->pp_rank;
     ct_pipeline_config pc = {.schedule = k->kind};
-    ct_pipeline_model *pm = k->llama ? ct_pipeline_llama_new((ct_llama *)m, world, c->rank, &pc)
-                                     : ct_pipeline_gpt_new((ct_gpt *)m, world, c->rank, &pc);
+    ct_pipeline_model *pm = k->llama ? ct_pipeline_llama_new((ct_llama *)m, mesh->pp_group, stage, &pc)
+                                     : ct_pipeline_gpt_new((ct_gpt *)m, mesh->pp_group, stage, &pc);
     int rc = 0;
     if (!pm) {
         report(c, "rank %d: new: %s", c->rank, ct_last_error());
@@ -254,9 +323,9 @@ static int stage_rank(rank_ctx *c)
     const ct_param_list *p = ct_pipeline_model_params(pm);
     int first = 0, count = 0;
     ct_pipeline_model_layers(pm, &first, &count);
-    if (!rc && (p->n != expected_params(k, c->rank, count) || count != 4 / k->pp || first != c->rank * count)) {
+    if (!rc && (p->n != expected_params(k, stage, count) || count != 4 / k->pp || first != stage * count)) {
         report(c, "rank %d: %d parameters, layers [%d, %d); expected %d and %d layers from %d", c->rank, p->n, first,
-               first + count, expected_params(k, c->rank, 4 / k->pp), 4 / k->pp, c->rank * 4 / k->pp);
+               first + count, expected_params(k, stage, 4 / k->pp), 4 / k->pp, stage * 4 / k->pp);
         rc = 1;
     }
     /* the parameters of the other stages gave their memory back; reading one is an error */
@@ -296,11 +365,11 @@ static int stage_rank(rank_ctx *c)
                     rc = 1;
                 }
             }
-        if (!rc && ct_pipeline_model_sync_tied_grads(pm)) {
-            report(c, "rank %d: tied: %s", c->rank, ct_last_error());
+        if (!rc && ct_pipeline_model_sync_grads(pm)) {
+            report(c, "rank %d: sync: %s", c->rank, ct_last_error());
             rc = 1;
         }
-        if (!rc && s == 0) rc = compare(c, &all, p, ref->grad0, true, tol, "gradient of step 0");
+        if (!rc && s == 0) rc = compare(c, k, m, &w, p, ref->grad0, true, tol, "gradient of step 0");
         double norm = rc ? NAN : ct_pipeline_model_clip_grad_norm(pm, MAXN);
         if (!rc && !(fabs(norm - ref->norm[s]) <= tol * ref->norm[s])) {
             report(c, "rank %d step %d: global norm %.8g, single process %.8g (%s)", c->rank, s, norm, ref->norm[s],
@@ -309,9 +378,10 @@ static int stage_rank(rank_ctx *c)
         }
         if (!rc && ct_optimizer_step(opt)) rc = 1;
     }
-    if (!rc) rc = compare(c, &all, p, ref->final, false, tol, "parameter after 5 steps");
+    if (!rc) rc = compare(c, k, m, &w, p, ref->final, false, tol, "parameter after 5 steps");
     ct_optimizer_free(opt);
     ct_pipeline_model_free(pm);
+    ct_mesh_free(mesh);
     ct_param_list_free(&all);
     ct_module_free(m);
     ct_pg_free(world);
@@ -341,12 +411,13 @@ static void run_cases(pcase base, const pcase *variants, int n)
     cr_assert_gt(ref->norm[0], MAXN, "clipping must be active: norm %g", ref->norm[0]);
     for (int i = 0; i < n; i++) {
         *k = variants[i];
-        run_ranks(k->pp, stage_rank, k, res, 90);
-        for (int r = 0; r < k->pp; r++)
+        int world = k->pp * (k->tp > 1 ? k->tp : 1);
+        run_ranks(world, stage_rank, k, res, 90);
+        for (int r = 0; r < world; r++)
             cr_expect(res[r].rc == 0 && WIFEXITED(res[r].status) && WEXITSTATUS(res[r].status) == 0,
-                      "%s pp=%d %s M=%d accum %d%s, rank %d (rc %d, status 0x%x):\n%s", k->llama ? "llama" : "gpt",
-                      k->pp, ct_pipeline_kind_name(k->kind), k->M, k->accum, k->bf16 ? " bf16" : "", r, res[r].rc,
-                      res[r].status, res[r].msg);
+                      "%s tp=%d%s pp=%d %s M=%d accum %d%s, rank %d (rc %d, status 0x%x):\n%s",
+                      k->llama ? "llama" : "gpt", k->tp, k->sp ? " sp" : "", k->pp, ct_pipeline_kind_name(k->kind), k->M,
+                      k->accum, k->bf16 ? " bf16" : "", r, res[r].rc, res[r].status, res[r].msg);
     }
     munmap(shm, bytes);
 }
@@ -381,6 +452,21 @@ Test(pipeline_model, llama_pp4_tied, .timeout = 120)
 {
     pcase v[] = {{.llama = true, .tied = true, .pp = 4, .M = 4, .accum = 1, .kind = CT_PIPELINE_1F1B}};
     run_cases((pcase){.llama = true, .tied = true, .pp = 1, .M = 4, .accum = 1}, v, 1);
+}
+
+/* tensor parallelism inside the stages: tp 2 x pp 2 on 4 ranks */
+Test(pipeline_model, gpt_tp2_pp2_with_and_without_sequence_parallelism, .timeout = 180)
+{
+    pcase v[] = {{.pp = 2, .M = 2, .accum = 2, .kind = CT_PIPELINE_1F1B, .tp = 2},
+                 {.pp = 2, .M = 2, .accum = 2, .kind = CT_PIPELINE_1F1B, .tp = 2, .sp = true}};
+    run_cases((pcase){.pp = 1, .M = 2, .accum = 2}, v, 2);
+}
+
+Test(pipeline_model, llama_tp2_pp2_tied_sequence_parallel, .timeout = 180)
+{
+    pcase v[] = {{.llama = true, .tied = true, .pp = 2, .M = 2, .accum = 1, .kind = CT_PIPELINE_1F1B, .tp = 2,
+                  .sp = true}};
+    run_cases((pcase){.llama = true, .tied = true, .pp = 1, .M = 2, .accum = 1}, v, 1);
 }
 
 /* ---- errors ------------------------------------------------------------------------------- */
