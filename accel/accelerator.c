@@ -189,6 +189,7 @@ static ct_status unscale_once(ct_accelerator *a)
 /* Waits for the gradient reductions of this step (DDP or sharded). */
 static ct_status finish_reductions(ct_accelerator *a)
 {
+    if (a->pp) return cti_accel_megatron_pp_reduce(a);
     if (a->ddp) return ct_ddp_finish(a->ddp);
     return a->shard ? ct_shard_finish(a->shard) : CT_OK;
 }
@@ -245,7 +246,7 @@ static ct_status hook_before_step(ct_optimizer *o, void *data, bool *skip)
         if (ct_loss_scaler_update(&a->scaler, a->found_inf)) *skip = a->overflow_skip = true;
         a->found_inf = false;
     }
-    a->tp_synced = false; /* the next step's gradients are synced anew */
+    a->tp_synced = a->pp_reduced = false; /* the next step's gradients are reduced anew */
     /* the scales of the next step, from this step's amaxes on every rank */
     if (!st && a->fp8) st = cti_accel_fp8_sync(a->fp8, a->pg);
     return st;
@@ -300,8 +301,8 @@ ct_status ct_accelerator_prepare(ct_accelerator *acc, ct_module *model, ct_optim
         /* "no .to('cuda') needed": the parameters move to the device in place, so the
          * optimizer's pointers stay valid and its state is made there */
         if (acc->device.type != CT_DEVICE_CPU) st = ct_module_to(model, acc->device);
-        if (!st && acc->megatron && acc->mlm.tp_degree > 1) {
-            /* the mesh, the shards, the optimizer's new parameters, DDP over dp */
+        if (!st && acc->megatron && (acc->mlm.tp_degree > 1 || acc->mlm.pp_degree > 1)) {
+            /* the mesh, the shards, the optimizer's new parameters, DDP over dp, the stage */
             st = cti_accel_megatron_prepare(acc, model, opt);
         } else if (!st && !(st = ct_module_named_tensors(model, false, &acc->params)) &&
                    acc->cfg.shard.strategy != CT_SHARD_NO_SHARD) {
@@ -317,7 +318,7 @@ ct_status ct_accelerator_prepare(ct_accelerator *acc, ct_module *model, ct_optim
             if (opt) st = check_ddp_optimizer(acc, opt);
             if (!st && !(acc->ddp = ct_ddp_new(acc->pg, model, &acc->cfg.ddp))) st = ct_last_status();
         }
-    } else if (acc->megatron && acc->mlm.tp_degree > 1) {
+    } else if (acc->megatron && (acc->mlm.tp_degree > 1 || acc->mlm.pp_degree > 1)) {
         st = cti_accel_megatron_prepare(acc, model, opt); /* refuses: no model */
     } else if (acc->cfg.shard.strategy != CT_SHARD_NO_SHARD) {
         st = ct_error_set(CT_ERR_INVALID, "strategy %s shards a model: prepare the model with the optimizer",
@@ -367,6 +368,11 @@ ct_status ct_accelerator_backward(ct_accelerator *acc, ct_tensor *loss)
 {
     if (!acc) return ct_error_set(CT_ERR_INVALID, "accelerator_backward: accelerator is NULL");
     if (!loss) return ct_last_status() ? ct_last_status() : ct_error_set(CT_ERR_INVALID, "accelerator_backward: loss is NULL");
+    if (acc->pp) {
+        ct_status pst = cti_accel_megatron_pp_backward(acc, loss);
+        if (!pst) acc->backward_ran = true;
+        return pst;
+    }
     ct_status st = CT_OK;
     /* fp16: the loss scaled up so that small gradients survive f16's range */
     double factor = (acc->scaling ? ct_loss_scaler_scale(&acc->scaler) : 1.0) / acc->K;
@@ -602,6 +608,7 @@ void ct_accelerator_free(ct_accelerator *acc)
     ct_ddp_free(acc->ddp);
     ct_shard_free(acc->shard);
     ct_module_free(acc->tp_full);
+    cti_accel_megatron_pp_free(acc);
     ct_mesh_free(acc->mesh);
     ct_param_list_free(&acc->params);
     ct_pg_free(acc->pg);

@@ -7,6 +7,7 @@
 #include "accel/checkpoint.h"
 #include "dist/env.h"
 #include "parallel/mesh.h"
+#include "parallel/pipeline_model.h"
 #include "precision/fp8_state.h"
 
 struct ct_accelerator {
@@ -49,6 +50,12 @@ struct ct_accelerator {
     ct_mesh *mesh;             /* dp x tp, once prepare sharded the model (tp_degree > 1) */
     bool tp_synced;            /* this step's tp gradient sync ran */
     ct_module *tp_full;        /* the last whole model gathered from the tp shards (owned) */
+    /* Megatron-LM pipeline parallelism (accel/megatron_pp.c), pp_degree > 1 */
+    ct_pipeline_model *pp;     /* this rank's stage (owned) */
+    ct_param_list pp_all;      /* the model's tensors (buffers too) and names, whole-model order */
+    int *pp_owner;             /* pp_all's stage of each (-1: every stage holds it) */
+    bool pp_reduced;           /* this step's gradient reductions ran */
+    const ct_tensor *pp_loss;  /* the runner's last loss (not a reference: only compared) */
 };
 
 /* accel/megatron.c. At ct_accelerator_new, after the other settings: the plugin's (or
@@ -66,5 +73,22 @@ ct_status cti_accel_megatron_sync(ct_accelerator *a);
 ct_module *cti_accel_megatron_full_model(ct_accelerator *a);
 /* The global gradient norm over every axis, clipped to max_norm. NAN + error. */
 double cti_accel_megatron_clip(ct_accelerator *a, double max_norm, double norm_type);
+
+/* accel/megatron_pp.c. At prepare with pp_degree > 1, after tensor parallelism sharded
+ * the model: the stage cut over the mesh's pp axis, a->params its parameters, the
+ * model's loss runner installed. */
+ct_status cti_accel_megatron_pp_prepare(ct_accelerator *a, ct_module *model);
+/* ct_accelerator_backward under pipeline parallelism: the runner ran backward; checks
+ * that loss is its loss. */
+ct_status cti_accel_megatron_pp_backward(ct_accelerator *a, const ct_tensor *loss);
+/* Once per optimizer step: the stage's gradients averaged over dp, the tied embedding
+ * summed over the first and the last stage, sequence parallelism's sums over tp. */
+ct_status cti_accel_megatron_pp_reduce(ct_accelerator *a);
+/* The stage holding p, a tensor of the prepared model (the tied embedding: 0), or -1
+ * when every stage holds it (buffers); whether this rank's stage holds p. */
+int cti_accel_megatron_pp_owner(const ct_accelerator *a, const ct_tensor *p);
+bool cti_accel_megatron_pp_holds(const ct_accelerator *a, const ct_tensor *p);
+/* Frees the stage and removes the loss runner. */
+void cti_accel_megatron_pp_free(ct_accelerator *a);
 
 #endif

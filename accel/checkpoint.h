@@ -133,6 +133,7 @@ typedef struct ct_checkpoint_info {
     int64_t bytes;            /* bytes in all files */
     int tp_degree, dp_degree; /* Megatron-LM's layout when saved: tensor- and data-parallel
                                * ranks (tp 1 and dp = world_size without it) */
+    int pp_degree;            /* and pipeline stages (1 without it) */
 } ct_checkpoint_info;
 
 /* Reads dir's manifest into *info and (verify) checks every file it lists: present,

@@ -203,6 +203,7 @@ ct_status cti_ckpt_write_manifest(const char *dir, const cti_ckpt_manifest *m)
         cJSON_AddStringToObject(root, "model", m->sharded_model ? "sharded" : "full");
         cJSON_AddNumberToObject(root, "tp_degree", m->tp > 0 ? m->tp : 1);
         cJSON_AddNumberToObject(root, "dp_degree", m->dp > 0 ? m->dp : 1);
+        cJSON_AddNumberToObject(root, "pp_degree", m->pp > 0 ? m->pp : 1);
     }
     for (int i = 0; ok && i < m->nfiles; i++) {
         const cti_ckpt_file *f = &m->files[i];
@@ -282,12 +283,14 @@ static ct_status parse_manifest(const char *path, const cJSON *root, ct_checkpoi
         return bad_manifest(path, "\"step\", \"world_size\" or \"shard_world\" is missing or out of range");
     info->step = step, info->world_size = (int)w, info->shard_world = (int)s;
     /* the Megatron-LM layout; manifests written before it existed mean tp 1 */
-    int64_t tp = 1, dp = w;
+    int64_t tp = 1, dp = w, pp = 1;
     if ((cJSON_GetObjectItemCaseSensitive(root, "tp_degree") && !get_int(root, "tp_degree", 1, &tp)) ||
-        (cJSON_GetObjectItemCaseSensitive(root, "dp_degree") && !get_int(root, "dp_degree", 1, &dp)) || tp * dp > w)
-        return bad_manifest(path, "\"tp_degree\" or \"dp_degree\" is not an integer >= 1, or their product exceeds "
-                                  "\"world_size\"");
-    info->tp_degree = (int)tp, info->dp_degree = (int)dp;
+        (cJSON_GetObjectItemCaseSensitive(root, "dp_degree") && !get_int(root, "dp_degree", 1, &dp)) ||
+        (cJSON_GetObjectItemCaseSensitive(root, "pp_degree") && !get_int(root, "pp_degree", 1, &pp)) ||
+        tp * dp * pp > w)
+        return bad_manifest(path, "\"tp_degree\", \"dp_degree\" or \"pp_degree\" is not an integer >= 1, or their "
+                                  "product exceeds \"world_size\"");
+    info->tp_degree = (int)tp, info->dp_degree = (int)dp, info->pp_degree = (int)pp;
     if (!get_str(root, "ctrain_version", info->ctrain_version, sizeof info->ctrain_version) ||
         !get_str(root, "strategy", info->strategy, sizeof info->strategy) ||
         !get_str(root, "mixed_precision", info->mixed_precision, sizeof info->mixed_precision) ||

@@ -65,7 +65,7 @@ typedef struct cti_ckpt_manifest {
     int world_size, shard_world;
     const char *strategy, *mixed_precision, *optimizer;
     bool sharded_model;
-    int tp, dp; /* the Megatron-LM layout (tp 1 without it; dp the data-parallel ranks) */
+    int tp, dp, pp; /* the Megatron-LM layout (tp, pp 1 without it; dp the data-parallel ranks) */
     const cti_ckpt_file *files;
     int nfiles;
 } cti_ckpt_manifest;

@@ -140,8 +140,9 @@ static ct_status stage_optimizer(const ct_accelerator *a, const char *dir, stage
                               path, i, saved ? saved : "(none)", name);
             break;
         }
-        s->param_step[i] = param_steps(&ck, name);
         const ct_tensor *p = ct_optimizer_param(opt, i);
+        /* a parameter of another pipeline stage: that stage's optimizer steps it */
+        s->param_step[i] = cti_accel_megatron_pp_holds(a, p) ? param_steps(&ck, name) : 0;
         /* the whole parameter's shape: under tensor parallelism p is this rank's shard */
         int fnd = full->ndim;
         int64_t fshape[CT_MAX_DIMS];

@@ -45,6 +45,12 @@ void cti_ckpt_opt_param(const ct_accelerator *a, int i, char *buf, size_t cap, c
             snprintf(buf, cap, "%s", a->params.names[k]);
             return;
         }
+    /* a pipeline: a parameter of another stage (a->params holds this stage's) */
+    for (int k = 0; k < a->pp_all.n; k++)
+        if (a->pp_all.tensors[k] == p) {
+            snprintf(buf, cap, "%s", a->pp_all.names[k]);
+            return;
+        }
     snprintf(buf, cap, "optimizer.param.%d", i);
 }
 
@@ -123,15 +129,21 @@ static ct_status build_opt_parts(ct_accelerator *a, opt_parts *o)
         int64_t b, e;
         cti_ckpt_opt_param(a, i, name, sizeof name, &full, &b, &e);
         ct_tensor *p = ct_optimizer_param(opt, i);
+        int64_t step = ct_optimizer_param_step(opt, i);
         if (a->mesh) {
-            /* tensor parallelism: the whole parameter and its whole moments, as one
-             * process saves them (every tp rank gathers, rank 0 writes) */
-            if (!(full = cti_accel_megatron_gather_like(a, p, p))) return ct_error_prefix("parameter '%s': ", name);
+            /* tensor (and pipeline) parallelism: the whole parameter and its whole
+             * moments, as one process saves them (every tp rank gathers, the stage
+             * that holds it sends it on, rank 0 writes) */
+            ct_tensor *w = NULL;
+            bool held = cti_accel_megatron_pp_holds(a, p);
+            if (cti_accel_megatron_gather_any(a, p, held ? p : NULL, &w) || !w ||
+                cti_accel_megatron_share_i64(a, p, &step))
+                return ct_error_prefix("parameter '%s': ", name);
+            full = w;
             b = 0, e = ct_tensor_numel(full);
         }
         snprintf(key, sizeof key, "ctrain.oparam.%d", i);
         st = meta(o, key, "%s", name);
-        const int64_t step = ct_optimizer_param_step(opt, i);
         if (!st && step > 0 && b < e) {
             snprintf(key, sizeof key, "ctrain.pstep.%s", name);
             st = meta(o, key, "%" PRId64, step);
@@ -142,7 +154,8 @@ static ct_status build_opt_parts(ct_accelerator *a, opt_parts *o)
             o->list[o->nlist++] = tn;
             if (b == e) continue;
             ct_tensor *s = ct_optimizer_state(opt, i, keys[k]);
-            if (s && a->mesh) s = cti_accel_megatron_gather_like(a, p, s);
+            if (a->mesh && (s || a->pp) && cti_accel_megatron_gather_any(a, p, s, &s))
+                return ct_error_prefix("optimizer state '%s': ", tn);
             ct_tensor *v = s ? ct_tensor_view(ct_tensor_contiguous(s), 1, (const int64_t[]){e - b})
                              : ct_tensor_zeros(p->dtype, 1, (const int64_t[]){e - b});
             char *pn = strdup(tn);
@@ -280,6 +293,7 @@ static ct_status finish(ct_accelerator *a, const char *tmp, const char *final, c
                                                    .sharded_model = sharded_model,
                                                    .tp = a->mesh ? a->mesh->tp : 1,
                                                    .dp = a->mesh ? a->mesh->dp : ct_pg_size(a->pg),
+                                                   .pp = a->mesh ? a->mesh->pp : 1,
                                                    .files = files,
                                                    .nfiles = n});
     if (st) return st;

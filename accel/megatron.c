@@ -41,21 +41,22 @@ ct_status cti_accel_megatron_settings(ct_accelerator *a)
     int world = a->env.world_size > 0 ? a->env.world_size : 1;
     if (ct_megatron_lm_plugin_resolve(p, world, &a->mlm)) return ct_error_prefix("accelerator (%s): ", source);
     a->megatron = true;
-    if (a->mlm.pp_degree > 1)
-        return ct_error_set(CT_ERR_UNSUPPORTED,
-                            "accelerator (%s): pp_degree %d: pipeline parallelism does not run through the "
-                            "Accelerator yet; run pipelines with parallel/pipeline_model.h (pp_degree 1 here)",
-                            source, a->mlm.pp_degree);
     if (a->sharding.source || a->cfg.shard.strategy != CT_SHARD_NO_SHARD)
         return ct_error_set(CT_ERR_UNSUPPORTED,
                             "accelerator: Megatron-LM (%s) together with %s is not supported yet: tensor parallelism "
                             "runs with DDP over the data-parallel axis (use_distributed_optimizer shards the optimizer "
                             "state when tp_degree is 1)",
                             source, a->sharding.source ? a->sharding.source : ct_shard_strategy_name(a->cfg.shard.strategy));
-    int dp = world / a->mlm.tp_degree;
+    int dp = world / (a->mlm.tp_degree * a->mlm.pp_degree);
     if (a->mlm.use_distributed_optimizer) {
         /* with tp 1 the distributed optimizer is ZeRO-1 over the whole world */
-        if (a->mlm.tp_degree == 1) a->cfg.shard.strategy = CT_SHARD_OPTIMIZER;
+        if (a->mlm.tp_degree == 1 && a->mlm.pp_degree == 1) a->cfg.shard.strategy = CT_SHARD_OPTIMIZER;
+        else if (a->mlm.pp_degree > 1 && dp > 1)
+            return ct_error_set(CT_ERR_UNSUPPORTED,
+                                "accelerator (%s): use_distributed_optimizer with pp_degree %d and %d data-parallel "
+                                "ranks is not supported yet (the optimizer state would be sharded over dp inside "
+                                "each pipeline stage); leave it off",
+                                source, a->mlm.pp_degree, dp);
         else if (dp > 1)
             return ct_error_set(CT_ERR_UNSUPPORTED,
                                 "accelerator (%s): use_distributed_optimizer with tp_degree %d and %d data-parallel "
@@ -109,12 +110,12 @@ ct_status cti_accel_megatron_prepare(ct_accelerator *a, ct_module *model, ct_opt
     ct_status st = model_kind_of(model, &kind);
     if (st) return st;
     if (a->fp8)
-        return ct_error_set(CT_ERR_UNSUPPORTED, "Megatron-LM tensor parallelism with mixed_precision fp8 is not "
-                                                "supported (bf16 is)");
+        return ct_error_set(CT_ERR_UNSUPPORTED, "Megatron-LM %s with mixed_precision fp8 is not supported (bf16 is)",
+                            a->mlm.pp_degree > 1 ? "pipeline parallelism" : "tensor parallelism");
     /* every check before the first collective: a rank that refuses never leaves the
      * others waiting (and every rank sees the same settings and model, so all refuse) */
     int world = ct_pg_size(a->pg);
-    ct_mesh_config mc = {.tp = a->mlm.tp_degree, .pp = 1};
+    ct_mesh_config mc = {.tp = a->mlm.tp_degree, .pp = a->mlm.pp_degree};
     if ((st = ct_mesh_layout(world, &mc, &mc))) return st;
     if (kind == MODEL_GPT) {
         const ct_gpt *g = (const ct_gpt *)model;
@@ -140,7 +141,7 @@ ct_status cti_accel_megatron_prepare(ct_accelerator *a, ct_module *model, ct_opt
     if (!st) st = ct_module_named_tensors(model, false, &before);
     if (!st && opt) st = optimizer_names(&before, opt, idx);
     if (!st && !(a->mesh = ct_mesh_new(a->pg, &mc))) st = ct_last_status();
-    if (!st)
+    if (!st && mc.tp > 1)
         st = kind == MODEL_GPT ? ct_gpt_tensor_parallel((ct_gpt *)model, a->mesh->tp_group, a->mlm.sequence_parallelism)
                                : ct_llama_tensor_parallel((ct_llama *)model, a->mesh->tp_group,
                                                           a->mlm.sequence_parallelism);
@@ -154,16 +155,21 @@ ct_status cti_accel_megatron_prepare(ct_accelerator *a, ct_module *model, ct_opt
         if (!repl[i]) st = ct_error_set(CT_ERR_INTERNAL, "parameter '%s' is gone after sharding", name);
     }
     if (!st && opt) st = ct_optimizer_replace_params(opt, nopt, repl);
-    if (!st && a->mesh->dp > 1 && !(a->ddp = ct_ddp_new(a->mesh->dp_group, model, &a->cfg.ddp))) st = ct_last_status();
+    /* pipeline: the stage's gradients are averaged over dp once per step (megatron_pp.c);
+     * else DDP over dp, buckets reduced while backward runs */
+    if (!st && mc.pp > 1) st = cti_accel_megatron_pp_prepare(a, model);
+    else if (!st && a->mesh->dp > 1 && !(a->ddp = ct_ddp_new(a->mesh->dp_group, model, &a->cfg.ddp)))
+        st = ct_last_status();
     ct_param_list_free(&before);
     free(idx);
     free(repl);
-    return st ? ct_error_prefix("Megatron-LM (tp %d x dp %d): ", mc.tp, mc.dp) : CT_OK;
+    return st ? ct_error_prefix("Megatron-LM (tp %d x pp %d x dp %d): ", mc.tp, mc.pp, mc.dp) : CT_OK;
 }
 
 ct_status cti_accel_megatron_sync(ct_accelerator *a)
 {
-    if (!a->mesh || a->tp_synced) return CT_OK;
+    /* a pipeline syncs with its other reductions (cti_accel_megatron_pp_reduce) */
+    if (!a->mesh || a->tp_synced || a->pp || a->mesh->tp == 1) return CT_OK;
     ct_status st = !strcmp(a->model->type, "GPT") ? ct_gpt_tp_sync_grads((ct_gpt *)a->model)
                                                    : ct_llama_tp_sync_grads((ct_llama *)a->model);
     if (!st) a->tp_synced = true;
@@ -172,6 +178,15 @@ ct_status cti_accel_megatron_sync(ct_accelerator *a)
 
 double cti_accel_megatron_clip(ct_accelerator *a, double max_norm, double norm_type)
 {
+    if (a->pp) {
+        if (norm_type != 2.0) {
+            ct_error_set(CT_ERR_UNSUPPORTED, "accelerator_clip_grad_norm: norm_type %g under pipeline parallelism; "
+                                             "it supports the 2-norm", norm_type);
+            return NAN;
+        }
+        if (cti_accel_megatron_pp_reduce(a)) return NAN;
+        return ct_pipeline_model_clip_grad_norm(a->pp, max_norm);
+    }
     if (cti_accel_megatron_sync(a)) return NAN;
     if (!strcmp(a->model->type, "GPT")) {
         if (norm_type != 2.0) {

@@ -1,5 +1,6 @@
-/* ctrain — checkpoints of a model sharded for tensor parallelism (accel/megatron.c):
- * whole tensors from the tp ranks' shards, and each rank's shard of a whole tensor.
+/* ctrain — checkpoints of a model sharded for tensor parallelism (accel/megatron.c)
+ * and cut into pipeline stages (accel/megatron_pp.c): whole tensors from the tp ranks'
+ * shards and the stage that holds them, and each rank's shard of a whole tensor.
  *
  * A checkpoint holds the whole model and the whole optimizer state (docs/checkpoints.md,
  * "Tensor parallelism"), so it loads at any tp degree and in one process. Both
@@ -19,6 +20,7 @@
 #include "autograd/autograd.h"
 #include "autograd/ops_shape.h"
 #include "core/frame.h"
+#include "dist/work.h"
 #include "nn/gpt.h"
 #include "nn/llama.h"
 #include "nn/tp_ops.h"
@@ -104,14 +106,74 @@ ct_tensor *cti_accel_megatron_slice_like(const ct_accelerator *a, const ct_tenso
     return out ? ct_tensor_contiguous(ct_tensor_cast(out, p->dtype)) : NULL;
 }
 
+/* t (contiguous, the same shape on every stage) from stage `owner` of the pipeline. */
+static ct_status from_stage(ct_accelerator *a, int owner, ct_tensor *t)
+{
+    return ct_work_run(ct_pg_broadcast(a->mesh->pp_group, t, owner));
+}
+
+ct_status cti_accel_megatron_gather_any(ct_accelerator *a, const ct_tensor *p, ct_tensor *x, ct_tensor **out)
+{
+    *out = NULL;
+    const int owner = cti_accel_megatron_pp_owner(a, p);
+    if (owner < 0) { /* every stage holds it */
+        if (x && !(*out = cti_accel_megatron_gather_like(a, p, x))) return ct_last_status();
+        return CT_OK;
+    }
+    const bool mine = owner == a->mesh->pp_rank;
+    ct_tensor *w = NULL;
+    if (mine && x && !(w = cti_accel_megatron_gather_like(a, p, x))) return ct_last_status();
+    /* the header first: present, dtype, ndim, shape (the other stages know none of it) */
+    int64_t h[3 + CT_MAX_DIMS] = {0};
+    if (w) {
+        h[0] = 1, h[1] = w->dtype, h[2] = w->ndim;
+        memcpy(h + 3, w->shape, (size_t)w->ndim * sizeof *h);
+    }
+    ct_tensor *ht = ct_tensor_from_data(CT_DTYPE_I64, CT_SHAPE(3 + CT_MAX_DIMS), h);
+    ct_status st = ht ? from_stage(a, owner, ht) : ct_last_status();
+    if (st) return st;
+    memcpy(h, ct_tensor_data(ht), sizeof h);
+    if (!h[0]) return CT_OK; /* the owner has none (a moment before the first step) */
+    if (h[1] < 0 || h[1] >= CT_DTYPE_COUNT || h[2] < 0 || h[2] > CT_MAX_DIMS)
+        return ct_error_set(CT_ERR_PEER, "pipeline stage %d sent a tensor header with dtype %lld and %lld dimensions",
+                            owner, (long long)h[1], (long long)h[2]);
+    if (!mine) w = ct_tensor_empty((ct_dtype)h[1], (int)h[2], h + 3);
+    if (!w || (st = from_stage(a, owner, w))) return st ? st : ct_last_status();
+    *out = w;
+    return CT_OK;
+}
+
+ct_status cti_accel_megatron_share_i64(ct_accelerator *a, const ct_tensor *p, int64_t *v)
+{
+    const int owner = cti_accel_megatron_pp_owner(a, p);
+    if (owner < 0) return CT_OK;
+    ct_status st = CT_OK;
+    CT_FRAME {
+        ct_tensor *t = ct_tensor_from_data(CT_DTYPE_I64, CT_SHAPE(1), v);
+        st = t ? from_stage(a, owner, t) : ct_last_status();
+        if (!st) *v = *(const int64_t *)ct_tensor_data(t);
+    }
+    return st;
+}
+
 ct_status cti_accel_megatron_model_tensors(ct_accelerator *a, ct_param_list *out)
 {
     ct_status st = ct_module_named_tensors(a->model, true, out);
     for (int i = 0; i < out->n && !st; i++) {
-        ct_tensor *w = cti_accel_megatron_gather_like(a, out->tensors[i], out->tensors[i]);
-        if (!w) st = ct_error_prefix("gathering '%s' over tp %d: ", out->names[i], a->mesh->tp);
+        ct_tensor *t = out->tensors[i], *w = NULL;
+        /* a tensor of another stage: its memory is released here, the owner sends it */
+        bool held = cti_accel_megatron_pp_holds(a, t);
+        if (cti_accel_megatron_gather_any(a, t, held ? t : NULL, &w) || !w)
+            st = ct_error_prefix("gathering '%s' (tp %d, pp %d): ", out->names[i], a->mesh->tp, a->mesh->pp);
         else out->tensors[i] = w;
     }
+    /* A broadcast's root may finish before the others have received: the stages end
+     * together (an all-reduce, which no rank leaves before all have entered), so that
+     * none frees the group while its last tensor is still on the way. */
+    if (!st && a->pp) CT_FRAME {
+            ct_tensor *j = ct_tensor_zeros(CT_DTYPE_I32, CT_SHAPE(1));
+            st = j ? ct_work_run(ct_pg_allreduce(a->mesh->pp_group, j, CT_REDUCE_SUM)) : ct_last_status();
+        }
     return st;
 }
 
@@ -147,11 +209,12 @@ ct_status cti_accel_megatron_load_model(ct_accelerator *a, const char *path)
     if (!st && !got) st = ct_error_set(CT_ERR_NOMEM, "out of memory");
     ct_frame_push();
     for (int i = 0; i < all.n && !st; i++) {
+        if (!cti_accel_megatron_pp_holds(a, all.tensors[i])) continue; /* another pipeline stage's */
         ct_tensor *w = cti_ckpt_read_whole(&ck, cti_ckpt_find(&ck, all.names[i]));
         if (!w || !(got[i] = cti_accel_megatron_slice_like(a, all.tensors[i], w))) st = ct_error_prefix("'%s': ", all.names[i]);
     }
     for (int i = 0; i < all.n && !st; i++)
-        if (ct_tensor_copy_(all.tensors[i], got[i])) st = ct_error_prefix("'%s': ", all.names[i]);
+        if (got[i] && ct_tensor_copy_(all.tensors[i], got[i])) st = ct_error_prefix("'%s': ", all.names[i]);
     ct_frame_pop();
     free(got);
     ct_param_list_free(&all);

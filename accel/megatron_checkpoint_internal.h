@@ -17,8 +17,18 @@ ct_tensor *cti_accel_megatron_gather_like(ct_accelerator *a, const ct_tensor *p,
 /* This rank's shard of whole (p's whole shape; the caller checked it), as p's dtype:
  * the slicing of prepare's sharding, padding zero. No collective. Current frame. */
 ct_tensor *cti_accel_megatron_slice_like(const ct_accelerator *a, const ct_tensor *p, ct_tensor *whole);
+/* Under pipeline parallelism too: the whole tensor of x (shaped and sharded like p) on
+ * every stage, gathered over tp on the stage that holds p and sent from there over
+ * the pp group; x is ignored (may be NULL) on the other stages. *out NULL when the
+ * holder has no x (an optimizer moment before the first step). Without a pipeline,
+ * cti_accel_megatron_gather_like (x NULL: *out NULL). Collective over tp and pp. */
+ct_status cti_accel_megatron_gather_any(ct_accelerator *a, const ct_tensor *p, ct_tensor *x, ct_tensor **out);
+/* *v from the stage that holds p (every stage passes its own; no-op without a pipeline
+ * or for a tensor every stage holds). Collective over pp. */
+ct_status cti_accel_megatron_share_i64(ct_accelerator *a, const ct_tensor *p, int64_t *v);
 /* The model's named tensors (buffers too) with each tensor replaced by its whole one
- * (current frame; the list's names owned, ct_param_list_free). A collective over tp. */
+ * (current frame; the list's names owned, ct_param_list_free). A collective over tp
+ * (and pp). */
 ct_status cti_accel_megatron_model_tensors(ct_accelerator *a, ct_param_list *out);
 /* ct_accelerator_load_model into the prepared sharded model: a whole safetensors
  * file (or a sharded model checkpoint directory), every name and whole shape checked

@@ -51,11 +51,13 @@
  *
  *   Megatron-LM                      the Accelerator (docs/strategies.md, "Megatron-LM
  *                                    through the Accelerator")
- *   tp_degree                        tensor-parallel ranks: a mesh world = dp x tp
+ *   tp_degree                        tensor-parallel ranks: a mesh world = pp x dp x tp
  *                                    (parallel/mesh.h), the model sharded over tp
- *   pp_degree                        pipeline stages: only 1 through the Accelerator
- *                                    (parallel/pipeline_model.h runs pipelines)
- *   num_micro_batches                the pipeline's micro-batches (pp_degree > 1 only)
+ *   pp_degree                        pipeline stages: the model's layers cut into stages
+ *                                    (parallel/pipeline_model.h), the 1F1B schedule run
+ *                                    by the model's loss function (accel/megatron_pp.c)
+ *   num_micro_batches                micro-batches per batch (pp_degree > 1 only; it
+ *                                    must divide the batch size)
  *   sequence_parallelism             activations split along the sequence over tp
  *   use_distributed_optimizer        the optimizer state sharded over dp (ZeRO-1)
  *   gradient_clipping > 0            clip the global norm over every axis before each step
@@ -133,7 +135,7 @@ typedef struct ct_sharding_settings {
  * default for every field. */
 typedef struct ct_megatron_lm_plugin {
     int tp_degree;                  /* tensor-parallel degree; 0 = 1 */
-    int pp_degree;                  /* pipeline degree; 0 = 1 (the only one the Accelerator runs) */
+    int pp_degree;                  /* pipeline stages; 0 = 1 */
     int num_micro_batches;          /* 0 = 1; pipelines only */
     bool sequence_parallelism;      /* needs tp_degree > 1 */
     bool use_distributed_optimizer; /* the optimizer state sharded over the data-parallel axis */

@@ -9,7 +9,8 @@
  * writes its whole model: at the same layout it must equal the continuation bitwise;
  * at another (tp 2 against one process) within summation-order rounding (rel_rms and
  * rel_err below). A wrong slice of a parameter or moment, a moment not restored or a
- * step count lost moves whole tensors by about lr per step, orders above that. */
+ * step count lost moves whole tensors by about lr per step, orders above that. The
+ * same under pipeline parallelism (tp 2 x pp 2, pp 2, pp 2 x dp 2). */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -41,8 +42,9 @@ static const ct_llama_config LLAMA_W1 = {.vocab_size = 2047, .hidden_size = 256,
 
 typedef struct ck_run {
     bool llama, sp;
-    int tp;           /* 1: no Megatron-LM (one process) */
-    int world;        /* 0: tp (dp 1); else tp x dp, every dp rank training on the same batches */
+    int tp;           /* 1 with pp 1: no Megatron-LM (one process) */
+    int pp;           /* pipeline stages (0 = 1), 2 micro-batches each step */
+    int world;        /* 0: tp x pp (dp 1); else tp x pp x dp, every dp rank training on the same batches */
     bool resume;      /* false: 3 steps, save_state(ckpt), 2 steps; true: load_state(ckpt), 2 steps */
     uint64_t seed;    /* the model's initialisation */
     char ckpt[128];   /* the checkpoint directory */
@@ -109,8 +111,10 @@ static int ck_rank(int rank, int world, const char *dir, void *ctx)
         }
         ct_optimizer *opt = ct_adamw_new(pl.n, pl.tensors, &(ct_adamw_config){.lr = LR, .weight_decay = 0.1});
         ct_param_list_free(&pl);
-        ct_megatron_lm_plugin p = {.tp_degree = c->tp, .sequence_parallelism = c->sp};
-        ct_accelerator *acc = ct_accelerator_new(&(ct_accelerator_config){.megatron_lm_plugin = c->tp > 1 ? &p : NULL});
+        ct_megatron_lm_plugin p = {.tp_degree = c->tp, .pp_degree = c->pp, .num_micro_batches = c->pp > 1 ? 2 : 1,
+                                   .sequence_parallelism = c->sp};
+        bool mlm = c->tp > 1 || c->pp > 1;
+        ct_accelerator *acc = ct_accelerator_new(&(ct_accelerator_config){.megatron_lm_plugin = mlm ? &p : NULL});
         ct_status st = acc ? ct_accelerator_prepare(acc, m, opt, NULL, NULL) : ct_last_status();
         if (st) rc = fail(rank, "prepare");
         if (!rc && !c->resume) {
@@ -174,7 +178,7 @@ static ck_run run_of(bool llama, bool sp, int tp, bool resume, uint64_t seed, co
 
 static void go(ck_run r)
 {
-    run_env_ranks(r.world ? r.world : r.tp, ck_rank, NULL, &r, 110);
+    run_env_ranks(r.world ? r.world : r.tp * (r.pp > 1 ? r.pp : 1), ck_rank, NULL, &r, 110);
 }
 
 static void setup(void) { make_tmpdir_with("/tmp/ct_tpckpt_"); }
@@ -257,4 +261,38 @@ Test(megatron_checkpoint, llama_w1_tp2_sequence_parallel_resumes_bitwise_and_at_
     const char *part = ct_safetensors_metadata(f, "ctrain.part.model.embed_tokens.weight.exp_avg");
     cr_assert(part && strstr(part, "begin=0 end=524032 shape=[2047,256]"), "%s", part ? part : "(no part)");
     ct_safetensors_close(f);
+}
+
+/* Pipeline parallelism: a checkpoint of tp 2 x pp 2 (each stage's shards gathered and
+ * sent to rank 0: the whole model and moments, as one process saves them) resumes
+ * bitwise at the same layout, in one process and at pp 2 alone; a one-process
+ * checkpoint resumes at pp 2 x dp 2. */
+Test(megatron_checkpoint, gpt_w1_tp2_pp2_resumes_bitwise_and_in_one_process_and_at_pp2, .timeout = 150)
+{
+    ck_run r = run_of(false, true, 2, false, 7, "ckp", "cont.safetensors");
+    r.pp = 2;
+    go(r);
+    ct_checkpoint_info info;
+    cr_assert_eq(ct_checkpoint_inspect(at("ckp"), true, &info, NULL), CT_OK, "%s", ct_last_error());
+    cr_assert(info.world_size == 4 && info.tp_degree == 2 && info.pp_degree == 2 && info.dp_degree == 1,
+              "world %d, tp %d, pp %d, dp %d", info.world_size, info.tp_degree, info.pp_degree, info.dp_degree);
+    r = run_of(false, true, 2, true, 99, "ckp", "same.safetensors");
+    r.pp = 2;
+    go(r);
+    compare(at("same.safetensors"), at("cont.safetensors"), 0, 0);
+    go(run_of(false, false, 1, true, 99, "ckp", "one.safetensors"));
+    compare(at("one.safetensors"), at("cont.safetensors"), TOL, TOL_ELEM);
+    r = run_of(false, false, 1, true, 99, "ckp", "pp2.safetensors");
+    r.pp = 2;
+    go(r);
+    compare(at("pp2.safetensors"), at("cont.safetensors"), TOL, TOL_ELEM);
+}
+
+Test(megatron_checkpoint, llama_w1_one_process_checkpoint_resumes_at_pp2_dp2, .timeout = 150)
+{
+    go(run_of(true, false, 1, false, 7, "ck1", "cont1.safetensors"));
+    ck_run r = run_of(true, false, 1, true, 99, "ck1", "pp2dp2.safetensors");
+    r.pp = 2, r.world = 4;
+    go(r);
+    compare(at("pp2dp2.safetensors"), at("cont1.safetensors"), TOL, TOL_ELEM);
 }
