@@ -63,6 +63,7 @@
 #include "data/loader.h"
 #include "parallel/ddp.h"
 #include "parallel/mesh.h"
+#include "parallel/pipeline_model.h"
 #include "dist/pg.h"
 #include "parallel/shard.h"
 #include "accel/checkpoint.h"
@@ -210,12 +211,21 @@ CT_API ct_pg *ct_accelerator_pg(const ct_accelerator *acc);
 CT_API ct_ddp *ct_accelerator_ddp(const ct_accelerator *acc);
 /* The sharding engine (borrowed; NULL unless a sharded strategy was prepared). */
 CT_API ct_shard *ct_accelerator_shard(const ct_accelerator *acc);
-/* The dp x tp device mesh of Megatron-LM tensor parallelism (borrowed; NULL unless
- * prepare sharded a model over tp_degree > 1 ranks): its per-axis groups. */
+/* The pp x dp x tp device mesh of Megatron-LM tensor and pipeline parallelism
+ * (borrowed; NULL unless prepare sharded a model over tp_degree > 1 ranks or cut it
+ * into pp_degree > 1 stages): its per-axis groups. */
 CT_API const ct_mesh *ct_accelerator_mesh(const ct_accelerator *acc);
+/* Under Megatron-LM pipeline parallelism (pp_degree > 1): this rank's stage
+ * (parallel/pipeline_model.h: its layers, parameters, engine statistics and bytes
+ * sent), and the seconds this rank spent in the stage's gradient reductions since
+ * prepare (the average over dp, the tied embedding's and sequence parallelism's sums;
+ * blocking, before each optimizer step: nothing overlaps them). NULL and 0 otherwise. */
+CT_API ct_pipeline_model *ct_accelerator_pipeline(const ct_accelerator *acc);
+CT_API double ct_accelerator_pipeline_reduce_seconds(const ct_accelerator *acc);
 /* True when a forward of the prepared model needs every rank: under a sharded strategy
- * (ZeRO-3 and FSDP gather parameters; the engine's hooks run on every rank) or tensor
- * parallelism (the model's collectives). Evaluation then runs on every rank instead of
+ * (ZeRO-3 and FSDP gather parameters; the engine's hooks run on every rank), tensor
+ * parallelism (the model's collectives) or pipeline parallelism (every stage runs its
+ * part of the loss). Evaluation then runs on every rank instead of
  * rank 0 alone. */
 CT_API bool ct_accelerator_forward_needs_all_ranks(const ct_accelerator *acc);
 /* True when FSDP's state_dict_type is SHARDED_STATE_DICT (ct_fsdp_plugin,

@@ -56,6 +56,7 @@ struct ct_accelerator {
     int *pp_owner;             /* pp_all's stage of each (-1: every stage holds it) */
     bool pp_reduced;           /* this step's gradient reductions ran */
     const ct_tensor *pp_loss;  /* the runner's last loss (not a reference: only compared) */
+    double pp_reduce_s;        /* seconds in cti_accel_megatron_pp_reduce so far */
 };
 
 /* accel/megatron.c. At ct_accelerator_new, after the other settings: the plugin's (or

@@ -76,7 +76,7 @@ static ct_status model_kind_of(const ct_module *m, model_kind *out)
     else if (m->type && !strcmp(m->type, "LlamaForCausalLM")) *out = MODEL_LLAMA;
     else
         return ct_error_set(CT_ERR_UNSUPPORTED,
-                            "Megatron-LM tensor parallelism of a model of type '%s' is not supported; supported: %s",
+                            "Megatron-LM tensor or pipeline parallelism of a model of type '%s' is not supported; supported: %s",
                             m->type ? m->type : "(none)", SUPPORTED);
     return CT_OK;
 }

@@ -29,6 +29,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <uv.h>
 
 #include "autograd/autograd.h"
 #include "core/frame.h"
@@ -138,11 +139,15 @@ static ct_status average_over_dp(ct_accelerator *a)
     return st ? ct_error_prefix("averaging the stage's gradients over dp %d: ", a->mesh->dp) : CT_OK;
 }
 
+static double now_s(void) { return (double)uv_hrtime() * 1e-9; }
+
 ct_status cti_accel_megatron_pp_reduce(ct_accelerator *a)
 {
     if (!a->pp || a->pp_reduced) return CT_OK;
+    const double t0 = now_s();
     ct_status st = average_over_dp(a);
     if (!st) st = ct_pipeline_model_sync_grads(a->pp);
+    a->pp_reduce_s += now_s() - t0;
     if (st)
         return ct_error_prefix("accelerator (pipeline stage %d of %d, tp rank %d, dp rank %d): ", a->mesh->pp_rank,
                                a->mesh->pp, a->mesh->tp_rank, a->mesh->dp_rank);
@@ -175,3 +180,7 @@ void cti_accel_megatron_pp_free(ct_accelerator *a)
     free(a->pp_owner);
     a->pp_owner = NULL;
 }
+
+ct_pipeline_model *ct_accelerator_pipeline(const ct_accelerator *acc) { return acc ? acc->pp : NULL; }
+
+double ct_accelerator_pipeline_reduce_seconds(const ct_accelerator *acc) { return acc ? acc->pp_reduce_s : 0.0; }

@@ -226,6 +226,7 @@ static ct_status share_loss(ct_pipeline *p, double *loss)
 /* A run: the schedule's forwards and backwards, or (eval) the M forwards alone. */
 static ct_status run(ct_pipeline *p, int num_micro, ct_tensor *const *inputs, double *loss, bool eval)
 {
+    const double t0 = cti_pipeline_now();
     ct_status st = check_run(p, num_micro, inputs);
     if (st) return st;
     ct_pipeline_action *acts = malloc(2 * (size_t)num_micro * sizeof *acts);
@@ -260,6 +261,7 @@ static ct_status run(ct_pipeline *p, int num_micro, ct_tensor *const *inputs, do
         cti_pipeline_slots_clear(p);
         p->stats.runs++;
     }
+    p->stats.run_s += cti_pipeline_now() - t0;
     return st;
 }
 

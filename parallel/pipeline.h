@@ -103,6 +103,7 @@ typedef struct ct_pipeline_stats {
     int64_t peak_live_bytes;       /* last run: most bytes of their boundary tensors at once */
     int64_t bytes_sent, bytes_received; /* activations and gradients, all runs (headers not counted) */
     double wait_s;                 /* all runs: time this thread waited for a receive */
+    double run_s;                  /* all runs (training and evaluation): their time */
 } ct_pipeline_stats;
 
 /* The engine for stage `stage` of ct_pg_size(stages) stages; stages may be NULL for a

@@ -55,6 +55,8 @@ struct ct_pipeline {
     ct_pipeline_stats stats;
 };
 
+/* Seconds on the monotonic clock. */
+double cti_pipeline_now(void);
 /* Prefixes the current error with the stage, the micro-batch (none when < 0) and op;
  * returns its status. */
 ct_status cti_pipeline_fail(ct_pipeline *p, int micro, const char *op);

@@ -9,7 +9,7 @@
 #include "core/frame.h"
 #include "parallel/pipeline_internal.h"
 
-static double now_s(void)
+double cti_pipeline_now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -19,9 +19,9 @@ static double now_s(void)
 /* Waits for a receive, counting the time as waiting. */
 static ct_status wait_recv(ct_pipeline *p, ct_work *w)
 {
-    double t0 = now_s();
+    double t0 = cti_pipeline_now();
     ct_status st = ct_work_wait(w);
-    p->stats.wait_s += now_s() - t0;
+    p->stats.wait_s += cti_pipeline_now() - t0;
     return st;
 }
 

@@ -30,6 +30,7 @@ static const ct_bench_strategy STRATEGIES[] = {
     {.name = "pp2", .about = "a 2-stage pipeline (1F1B, --num_micro_batches), DDP of each stage over N/2", .pp = 2},
     {.name = "pp2dp2", .about = "pp2 with at least 2 data-parallel replicas (N >= 4)", .pp = 2, .dp_min = 2},
     {.name = "pp4", .about = "a 4-stage pipeline", .pp = 4},
+    {.name = "tp2pp2", .about = "tp2 inside each stage of a 2-stage pipeline (N >= 4)", .tp = 2, .pp = 2},
 };
 #define NSTRATEGIES (sizeof STRATEGIES / sizeof *STRATEGIES)
 

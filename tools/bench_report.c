@@ -90,10 +90,10 @@ void ct_bench_table_print(FILE *f, const ct_bench_opts *o, const ct_bench_row *r
           "peak live storage during a step minus those three (activations, gathered parameters, gradients "
           "before they are reduced, buckets). MiB sent: as ring algorithms send. comm: collectives in flight; "
           "exposed: the part the training thread waited for. loss: the last step's, mean over ranks.\n"
-          "Layouts (tp, pp > 1): memory is what a rank trains (its shard or stage; a pipeline rank still holds "
-          "the whole model, see peak RSS); MiB sent per axis group; comm and exposed: the data-parallel axis "
-          "only; bubble: the time a stage waited on the pipeline over the pipeline's time, beside 1F1B's "
-          "(pp - 1) / (M + pp - 1) with M micro-batches.\n",
+          "Layouts (tp, pp > 1), through the Accelerator: memory is what a rank trains (its shard of its "
+          "stage); MiB sent per axis group; comm and exposed: the data-parallel axis only (a pipeline's "
+          "reductions before the step block: exposed = comm); bubble: the time a stage waited on the pipeline "
+          "over the pipeline's time, beside 1F1B's (pp - 1) / (M + pp - 1) with M micro-batches.\n",
           f);
 }
 

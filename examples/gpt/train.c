@@ -321,6 +321,8 @@ int main(int argc, char **argv)
                                                           .total_steps = o.steps > o.warmup ? o.steps : o.warmup + 1})
                 : NULL;
     /* the validation batches go where prepare put the model (a GPU when there is one) */
+    /* the whole model's size: under tensor parallelism prepare leaves each rank its shards */
+    const int64_t nparams = model ? ct_module_num_params(&model->base) : 0;
     if (!sched || ct_accelerator_prepare(acc, &model->base, opt, train, sched) ||
         ct_loader_set_device(val, ct_accelerator_device(acc))) {
         fprintf(stderr, "gpt_train: %s\n", ct_last_error());
@@ -355,7 +357,7 @@ int main(int argc, char **argv)
     ct_accelerator_print(acc,
                          "GPT: %lld parameters, %lld layers, %lld heads, width %lld, block %lld; %lld bytes of text "
                          "(%lld train, %lld validation); %d process(es) x %d threads on %s, batch %lld per process\n",
-                         (long long)ct_module_num_params(&model->base), (long long)o.n_layer, (long long)o.n_head,
+                         (long long)nparams, (long long)o.n_layer, (long long)o.n_head,
                          (long long)o.n_embd, (long long)o.block_size, (long long)ntok, (long long)split,
                          (long long)nval, world, ct_get_num_threads(),
                          ct_device_str(ct_accelerator_device(acc), devname, sizeof devname), (long long)o.batch_size);

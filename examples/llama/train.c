@@ -411,6 +411,8 @@ int main(int argc, char **argv)
                                                           .warmup_steps = o.warmup,
                                                           .total_steps = o.steps > o.warmup ? o.steps : o.warmup + 1})
                 : NULL;
+    /* the whole model's size: under tensor parallelism prepare leaves each rank its shards */
+    const int64_t nparams = model ? ct_module_num_params(&model->base) : 0;
     if (!sched || ct_accelerator_prepare(acc, &model->base, opt, train, sched) ||
         ct_loader_set_device(val, ct_accelerator_device(acc))) {
         fprintf(stderr, PROG ": %s\n", ct_last_error());
@@ -443,7 +445,7 @@ int main(int argc, char **argv)
                          "Llama: %lld parameters, %lld layers, %lld heads (%lld key/value), hidden %lld, "
                          "intermediate %lld, block %lld, vocabulary %lld; %lld tokens (%lld train, %lld validation); "
                          "%d process(es) x %d threads on %s, batch %lld per process\n",
-                         (long long)ct_module_num_params(&model->base), (long long)o.n_layer, (long long)o.n_head,
+                         (long long)nparams, (long long)o.n_layer, (long long)o.n_head,
                          (long long)o.n_kv_head, (long long)o.hidden, (long long)o.intermediate,
                          (long long)o.block_size, (long long)vocab, (long long)ntok, (long long)split, (long long)nval,
                          world, ct_get_num_threads(), ct_device_str(ct_accelerator_device(acc), devname, sizeof devname),

@@ -289,7 +289,7 @@ Test(bench_cmd, bad_names_list_the_allowed_ones, .init = setup, .fini = remove_t
 {
     bad_name("--strategies", "ddp,zero4", "'zero4'",
              "allowed: ddp, zero1, zero2, zero3, hybrid, zero2_offload, zero3_offload, tp2, tp2sp, tp2dp2, tp4, "
-             "pp2, pp2dp2, pp4");
+             "pp2, pp2dp2, pp4, tp2pp2");
     bad_name("--model", "gpt:w9", "'gpt:w9'", "gpt:w1, gpt:wide, gpt2, gpt2-medium, gpt2-large, gpt2-xl");
     bad_name("--mixed_precision", "no,fp8", "'fp8'", "allowed: no, bf16, fp16");
     bad_name("--num_processes", "2,0", "'0'", "from 1 to");
