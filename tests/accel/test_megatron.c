@@ -365,6 +365,11 @@ Test(megatron, gpt_w1_pp2_bf16_tracks_the_bf16_single_process, .timeout = 180)
     run(2, (mcase){.pp = 2, .M = 2, .tp = 1, .mp = "bf16", .B = 2, .tol = 5e-3, .tol_elem = 3e-2});
 }
 
+Test(megatron, llama_w1_tp2_pp2_bf16_tracks_the_bf16_single_process, .timeout = 180)
+{
+    run(4, (mcase){.llama = true, .pp = 2, .M = 2, .tp = 2, .mp = "bf16", .B = 2, .tol = 5e-3, .tol_elem = 3e-2});
+}
+
 /* ---- bad layouts fail on every rank, naming the numbers -------------------------- */
 
 typedef struct bad_case {
