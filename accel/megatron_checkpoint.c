@@ -7,7 +7,10 @@
  * nn/llama.h ct_llama_tp_shard_of): the local tensor along shard.dim is `parts`
  * blocks of len = end - start indices; block j of rank r holds indices
  * [j full + r len, j full + r len + len) of the whole dim, those at or past
- * j full + full being padding (the vocabulary's rows past vocab_size: zeros).
+ * j full + full being padding (the vocabulary's rows past vocab_size: zeros). A slice
+ * with replicas k > 1 (the Llama's key/value heads when tp exceeds their count) is held
+ * by k consecutive ranks: rank r's block starts at (r / k) len and the gather takes it
+ * from the first of them (r % k == 0) only.
  */
 #include "accel/accelerator_internal.h"
 #include "accel/megatron_checkpoint_internal.h"
@@ -28,6 +31,7 @@
 static bool record_of(const ct_accelerator *a, const ct_tensor *p, ct_tp_shard *s, int *parts)
 {
     *parts = 1;
+    s->replicas = 1;
     if (!strcmp(a->model->type, "GPT")) {
         const ct_gpt_tp_shard *r = ct_gpt_tp_shard_of((const ct_gpt *)a->model, NULL, p);
         if (!r || r->shard.dim < 0) return false;
@@ -60,15 +64,15 @@ ct_tensor *cti_accel_megatron_gather_like(ct_accelerator *a, const ct_tensor *p,
         return NULL;
     }
     if (!record_of(a, p, &s, &parts)) return ct_tensor_clone(x);
-    const int n = a->mesh->tp;
+    const int n = a->mesh->tp, k = s.replicas > 1 ? s.replicas : 1;
     const int64_t L = p->shape[s.dim], len = s.end - s.start;
     bool grad = ct_grad_set_enabled(false);
     ct_tensor *all = ct_tp_gather(a->mesh->tp_group, ct_tensor_contiguous(x), s.dim);
     ct_tensor **pieces = calloc((size_t)(n * parts), sizeof *pieces), *out = NULL;
     int np = 0;
     for (int j = 0; all && pieces && j < parts; j++)
-        for (int r = 0; r < n; r++) {
-            int64_t keep = s.full - r * len; /* rank r's real indices of block j */
+        for (int r = 0; r < n; r += k) {
+            int64_t keep = s.full - (r / k) * len; /* rank r's real indices of block j */
             keep = keep < 0 ? 0 : keep > len ? len : keep;
             if (keep > 0) pieces[np++] = ct_tensor_narrow(all, s.dim, r * L + j * len, keep);
         }

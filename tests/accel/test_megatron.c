@@ -104,7 +104,8 @@ static ct_status record_of(const mcase *c, ct_module *m, const char *name, ct_te
 
 /* The full tensor from the tp ranks of data-parallel index 0 (world ranks 0 .. tp-1):
  * every rank's local tensor gathered, then per part the ranks' blocks in rank order,
- * cut to the full size (the vocabulary's padding dropped). */
+ * cut to the full size (the vocabulary's padding dropped); a block held by `replicas`
+ * consecutive ranks (the Llama's key/value heads at tp 4 over 2) taken once. */
 static ct_tensor *full_of(ct_accelerator *acc, int tp, ct_tensor *local, const ct_tp_shard *s, int parts)
 {
     ct_tensor *flat = ct_tensor_reshape(ct_tensor_contiguous(local), 2, (int64_t[]){1, ct_tensor_numel(local)});
@@ -115,11 +116,12 @@ static ct_tensor *full_of(ct_accelerator *acc, int tp, ct_tensor *local, const c
     ct_tensor *blocks[3];
     for (int j = 0; j < parts; j++) {
         ct_tensor *pieces[8];
-        for (int r = 0; r < tp; r++) {
+        int np = 0, step = s->replicas > 1 ? s->replicas : 1;
+        for (int r = 0; r < tp; r += step) {
             ct_tensor *row = ct_tensor_reshape(ct_tensor_narrow(all, 0, r, 1), local->ndim, local->shape);
-            pieces[r] = ct_tensor_narrow(row, s->dim, j * len, len);
+            pieces[np++] = ct_tensor_narrow(row, s->dim, j * len, len);
         }
-        blocks[j] = ct_tensor_narrow(ct_concat(tp, pieces, s->dim), s->dim, 0, s->full);
+        blocks[j] = ct_tensor_narrow(ct_concat(np, pieces, s->dim), s->dim, 0, s->full);
     }
     return parts == 1 ? blocks[0] : ct_concat(parts, blocks, s->dim);
 }
@@ -289,6 +291,12 @@ Test(megatron, gpt_w1_tp2_dp2_sequence_parallel_trains_as_one_process, .timeout 
 Test(megatron, llama_w1_tp2_sequence_parallel_trains_as_one_process, .timeout = 180)
 {
     run(2, (mcase){.llama = true, .tp = 2, .sp = true, .B = 4, .tol = 1e-5, .tol_elem = 1e-4});
+}
+
+/* tp 4 over the 2 key/value heads: each replicated on 2 ranks, its gradient summed over them */
+Test(megatron, llama_w1_tp4_replicated_kv_heads_trains_as_one_process, .timeout = 180)
+{
+    run(4, (mcase){.llama = true, .tp = 4, .B = 4, .tol = 1e-5, .tol_elem = 1e-4});
 }
 
 /* the settings from the launcher's variables, as each rank of `ctrain launch` gets them */

@@ -258,3 +258,26 @@ Test(megatron_checkpoint, llama_w1_tp2_sequence_parallel_resumes_bitwise_and_at_
     cr_assert(part && strstr(part, "begin=0 end=524032 shape=[2047,256]"), "%s", part ? part : "(no part)");
     ct_safetensors_close(f);
 }
+
+/* tp 4 over the 2 key/value heads (each on 2 ranks): the checkpoint holds each head
+ * once, and loads at tp 4 (bitwise), at tp 2 (heads split) and in one process */
+Test(megatron_checkpoint, llama_w1_tp4_replicated_kv_heads_resume_at_tp4_tp2_and_tp1, .timeout = 150)
+{
+    go(run_of(true, false, 4, false, 7, "ck", "cont.safetensors"));
+    go(run_of(true, false, 4, true, 99, "ck", "tp4.safetensors"));
+    compare(at("tp4.safetensors"), at("cont.safetensors"), 0, 0);
+    go(run_of(true, false, 2, true, 99, "ck", "tp2.safetensors"));
+    compare(at("tp2.safetensors"), at("cont.safetensors"), TOL, TOL_ELEM);
+    go(run_of(true, false, 1, true, 99, "ck", "tp1.safetensors"));
+    compare(at("tp1.safetensors"), at("cont.safetensors"), TOL, TOL_ELEM);
+    ct_safetensors *f = ct_safetensors_open(at("ck/model.safetensors"));
+    cr_assert_not_null(f, "%s", ct_last_error());
+    int nd;
+    int64_t shape[CT_MAX_DIMS];
+    ct_dtype dt;
+    cr_assert(ct_safetensors_info(f, "model.layers.0.self_attn.k_proj.weight", &dt, &nd, shape), "%s",
+              ct_last_error());
+    cr_assert(nd == 2 && shape[0] == 128 && shape[1] == 256, "k_proj [%lld, %lld]", (long long)shape[0],
+              (long long)shape[1]);
+    ct_safetensors_close(f);
+}
