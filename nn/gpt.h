@@ -166,7 +166,8 @@ CT_API ct_tensor *ct_gpt_block_forward(ct_gpt_block *m, ct_tensor *x);
  * sharding gives the model's dropout layers one generator of their own
  * (ct_gpt_tp_dropout_rng), seeded from the process generator of tp rank 0 (broadcast):
  * the same stream on every rank without sequence parallelism (the same masks, as one
- * process would draw), a different stream per rank with it.
+ * process would draw), a different stream per rank with it. The Accelerator's
+ * checkpoints save and restore it (docs/checkpoints.md, "Generators").
  *
  * Not supported: tensors off the CPU (the tp collectives run on the CPU). bf16 and
  * fp8 autocast work; under fp8 the amaxes of each weight's shards must be all-reduced
