@@ -205,7 +205,12 @@ static int train_rank(int rank, int world, const char *dir, void *ctx)
             .gradient_accumulation_steps = c->from_env ? 0 : K,
             .mixed_precision = c->mp,
             .fp8 = {.fp8_embedding_and_head = c->fp8_head}});
-        ct_status st = acc ? ct_accelerator_prepare(acc, m, opt, l, NULL) : ct_last_status();
+        ct_status st = acc ? CT_OK : ct_last_status();
+        if (!st && c->mp && !strcmp(c->mp, "fp8")) CT_FRAME { /* a forward of the full model first: fp8 slots */
+                ct_tensor *x = ct_tensor_zeros(CT_DTYPE_I64, CT_SHAPE(c->B, T));
+                if (!loss_of(c, m, x, x)) st = ct_last_status();
+            }
+        if (!st) st = ct_accelerator_prepare(acc, m, opt, l, NULL);
         /* the user's loop, unchanged */
         ct_tensor *x, *y;
         for (int i = 0; i < STEPS * K && !st; i++) CT_FRAME {
