@@ -51,6 +51,7 @@ typedef struct ck_run {
     char bad[128];    /* "": none; else a model file of another shape that load_model must
                        * refuse, naming the tensor and both shapes, changing nothing */
     double dropout;   /* the GPT's; its masks under tp come from the model's own generator */
+    const char *mp;   /* mixed precision; NULL "no" */
 } ck_run;
 
 
@@ -116,7 +117,8 @@ static int ck_rank(int rank, int world, const char *dir, void *ctx)
         ct_optimizer *opt = ct_adamw_new(pl.n, pl.tensors, &(ct_adamw_config){.lr = LR, .weight_decay = 0.1});
         ct_param_list_free(&pl);
         ct_megatron_lm_plugin p = {.tp_degree = c->tp, .sequence_parallelism = c->sp};
-        ct_accelerator *acc = ct_accelerator_new(&(ct_accelerator_config){.megatron_lm_plugin = c->tp > 1 ? &p : NULL});
+        ct_accelerator *acc = ct_accelerator_new(
+            &(ct_accelerator_config){.megatron_lm_plugin = c->tp > 1 ? &p : NULL, .mixed_precision = c->mp});
         ct_status st = acc ? ct_accelerator_prepare(acc, m, opt, NULL, NULL) : ct_last_status();
         if (st) rc = fail(rank, "prepare");
         if (!rc && !c->resume) {
@@ -326,4 +328,20 @@ Test(megatron_checkpoint, gpt_w1_tp2_dropout_resumes_bitwise_with_and_without_se
         cr_assert(!memcmp(want, got, sizeof want), "sequence parallel %d: losses %.9g %.9g resumed, %.9g %.9g straight",
                   sp, got[0], got[1], want[0], want[1]);
     }
+}
+
+/* fp8: the scaling state (the same on every rank: the amaxes are all-reduced) is in the
+ * checkpoint, so a resumed tp 2 run quantises with the saved scales: bitwise again */
+Test(megatron_checkpoint, gpt_w1_tp2_fp8_resumes_bitwise, .timeout = 120)
+{
+    ck_run r = run_of(false, true, 2, false, 7, "ck", "cont.safetensors");
+    r.mp = "fp8";
+    go(r);
+    r = run_of(false, true, 2, true, 99, "ck", "tp2.safetensors");
+    r.mp = "fp8";
+    go(r);
+    compare(at("tp2.safetensors"), at("cont.safetensors"), 0, 0);
+    ct_checkpoint_info info;
+    cr_assert_eq(ct_checkpoint_inspect(at("ck"), true, &info, NULL), CT_OK, "%s", ct_last_error());
+    cr_assert_str_eq(info.mixed_precision, "fp8");
 }
