@@ -37,9 +37,10 @@ typedef struct staged {
     /* registered objects, in registration order */
     ct_state_dict *dicts;
     int ndicts;
-    /* loader and generator */
+    /* loader and generator; the GPT's tensor-parallel dropout generator */
     int64_t epoch, position;
-    ct_rng rng;
+    ct_rng rng, tp_rng;
+    bool has_tp_rng;
 } staged;
 
 static void staged_free(staged *s)
@@ -346,6 +347,9 @@ static ct_status stage(ct_accelerator *a, const char *dir, staged *s)
         note(a, dir, "gradient_accumulation_steps differs from the saved run's: the optimizer steps now cover another "
                      "number of micro-batches");
     if (!st) stage_rng(a, s);
+    const char *why = NULL;
+    if (!st && a->mesh && !(st = cti_accel_megatron_rng_stage(a, dir, &s->has_tp_rng, &s->tp_rng, &why)) && why)
+        note(a, dir, why);
     return st;
 }
 
@@ -378,6 +382,7 @@ static ct_status commit(ct_accelerator *a, const char *dir, staged *s)
     if (a->sched && (st = ct_scheduler_set_position(a->sched, s->ts.sched_position))) return st;
     if (a->loader && (st = ct_loader_set_cursor(a->loader, s->epoch, s->position))) return st;
     *ct_rng_default() = s->rng;
+    if (s->has_tp_rng) cti_accel_megatron_rng_commit(a, &s->tp_rng);
     a->micro = 0, a->sync = true, a->found_inf = false, a->backward_ran = false;
     /* low-precision copies of the old weights must not be reused */
     ct_autocast_clear_cache();

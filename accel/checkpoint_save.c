@@ -368,9 +368,10 @@ static ct_status target(ct_accelerator *a, const char *dir, char **final, char *
 }
 
 /* Replicated: rank 0 writes everything. Under tensor parallelism the whole model
- * (model, already gathered) and the whole optimizer state (opt) come from the caller. */
+ * (model, already gathered), the whole optimizer state (opt) and the GPT's dropout
+ * generators (tp_rng: seed, offset, layout; NULL none) come from the caller. */
 static ct_status save_replicated(ct_accelerator *a, const char *tmp, const char *final, const ct_param_list *model,
-                                 const opt_parts *opt)
+                                 const opt_parts *opt, ct_tensor *const *tp_rng)
 {
     cti_ckpt_file files[8 + 64];
     int n = 0;
@@ -387,6 +388,11 @@ static ct_status save_replicated(ct_accelerator *a, const char *tmp, const char 
     }
     if (!st && a->opt) {
         st = write_opt_file(a, tmp, 0, 1, 0, &files[n++], opt);
+        if (!st) cti_ckpt_fault_point();
+    }
+    if (!st && tp_rng && tp_rng[0]) {
+        static const char *const names[3] = {"seed", "offset", "layout"};
+        st = cti_ckpt_save_tensors(tmp, CT_CKPT_TP_RNG, 3, names, tp_rng, &files[n++]);
         if (!st) cti_ckpt_fault_point();
     }
     const cti_rank_state me = my_rank_state(a);
@@ -441,24 +447,28 @@ static ct_status save_sharded(ct_accelerator *a, const char *tmp, const char *fi
     return cti_ckpt_agree(a, st);
 }
 
-/* Tensor parallelism: the tp ranks of data-parallel index 0 gather the whole model and
+/* Tensor parallelism: every rank's dropout generator is gathered (a collective over
+ * the world), the tp ranks of data-parallel index 0 gather the whole model and
  * optimizer state (collectives over their tp group), then rank 0 writes it as one
- * process would; every rank joins the agreement at the end. */
+ * process would; every rank joins the agreement at the end. A rank that failed still
+ * joins the tp collectives, so that none waits for it. */
 static ct_status save_tp(ct_accelerator *a, const char *dir, char **final, char **tmp, bool *automatic)
 {
     const int rank = ct_pg_rank(a->pg);
     ct_param_list l = {0};
     opt_parts o = {0};
-    ct_status st = CT_OK;
+    ct_tensor *rng[3] = {0};
     ct_frame_push();
+    ct_status st = cti_accel_megatron_rng_gather(a, rng);
     if (a->mesh->dp_rank == 0) {
-        if (a->model) st = cti_accel_megatron_model_tensors(a, &l);
-        if (!st && a->opt) st = build_opt_parts(a, &o);
-        if (st) ct_error_prefix("tensor parallelism (tp %d): ", a->mesh->tp);
+        ct_status s = a->model ? cti_accel_megatron_model_tensors(a, &l) : CT_OK;
+        if (!s && a->opt) s = build_opt_parts(a, &o);
+        if (s) ct_error_prefix("tensor parallelism (tp %d): ", a->mesh->tp);
+        if (!st) st = s;
     }
     if (!st && rank == 0) {
         st = target(a, dir, final, tmp, automatic);
-        if (!st) st = save_replicated(a, *tmp, *final, a->model ? &l : NULL, a->opt ? &o : NULL);
+        if (!st) st = save_replicated(a, *tmp, *final, a->model ? &l : NULL, a->opt ? &o : NULL, rng);
         if (st && *tmp) cti_ckpt_remove_tree(*tmp);
     }
     ct_frame_pop();
@@ -489,7 +499,7 @@ ct_status ct_accelerator_save_state(ct_accelerator *acc, const char *dir)
         /* replicated: rank 0 holds everything; the others have nothing to write */
         if (rank == 0) {
             st = target(acc, dir, &final, &tmp, &automatic);
-            if (!st) st = save_replicated(acc, tmp, final, NULL, NULL);
+            if (!st) st = save_replicated(acc, tmp, final, NULL, NULL, NULL);
             if (st && tmp) cti_ckpt_remove_tree(tmp);
         } else if (acc->iteration >= 0) {
             acc->iteration++;

@@ -19,10 +19,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "autograd/autocast_cast.h"
 #include "core/frame.h"
 #include "core/philox.h"
 #include "nn/gpt.h"
 #include "nn/llama.h"
+#include "precision/autocast.h"
 
 static const char SUPPORTED[] = "GPT (nn/gpt.h) and LlamaForCausalLM (nn/llama.h)";
 
@@ -101,6 +103,22 @@ static ct_status optimizer_names(const ct_param_list *l, const ct_optimizer *opt
     return CT_OK;
 }
 
+/* fp8 slots are keyed by the weight tensor: a forward before prepare (autocast is on
+ * from ct_accelerator_new) made slots for the full weights, which sharding replaced.
+ * The shards start a fresh state of the same recipe instead of beside dead slots,
+ * which would hold the full weights and put a checkpoint's slots out of the order
+ * another layout makes them in. */
+static ct_status fp8_renew(ct_accelerator *a)
+{
+    ct_fp8_state *fresh = ct_fp8_state_new(ct_fp8_state_recipe(a->fp8));
+    if (!fresh) return ct_last_status();
+    ct_autocast_set_default_fp8(fresh);
+    ct_autocast_clear_cache();
+    ct_fp8_state_free(a->fp8);
+    a->fp8 = fresh;
+    return CT_OK;
+}
+
 ct_status cti_accel_megatron_prepare(ct_accelerator *a, ct_module *model, ct_optimizer *opt)
 {
     if (!model)
@@ -109,9 +127,9 @@ ct_status cti_accel_megatron_prepare(ct_accelerator *a, ct_module *model, ct_opt
     model_kind kind = MODEL_GPT;
     ct_status st = model_kind_of(model, &kind);
     if (st) return st;
-    if (a->fp8)
-        return ct_error_set(CT_ERR_UNSUPPORTED, "Megatron-LM %s with mixed_precision fp8 is not supported (bf16 is)",
-                            a->mlm.pp_degree > 1 ? "pipeline parallelism" : "tensor parallelism");
+    if (a->fp8 && a->mlm.pp_degree > 1)
+        return ct_error_set(CT_ERR_UNSUPPORTED, "Megatron-LM pipeline parallelism with mixed_precision fp8 is not "
+                                                "supported (bf16 is)");
     /* every check before the first collective: a rank that refuses never leaves the
      * others waiting (and every rank sees the same settings and model, so all refuse) */
     int world = ct_pg_size(a->pg);
@@ -146,6 +164,7 @@ ct_status cti_accel_megatron_prepare(ct_accelerator *a, ct_module *model, ct_opt
                                : ct_llama_tensor_parallel((ct_llama *)model, a->mesh->tp_group,
                                                           a->mlm.sequence_parallelism);
     if (!st) st = ct_module_named_tensors(model, false, &a->params);
+    if (!st && a->fp8 && ct_fp8_state_weights(a->fp8) > 0) st = fp8_renew(a);
     /* the optimizer steps the shards: the same names, new tensors (its state is still
      * empty before the first step, so nothing is lost) */
     for (int i = 0; i < nopt && !st; i++) {

@@ -8,7 +8,10 @@
  * nn/llama.h ct_llama_tp_shard_of): the local tensor along shard.dim is `parts`
  * blocks of len = end - start indices; block j of rank r holds indices
  * [j full + r len, j full + r len + len) of the whole dim, those at or past
- * j full + full being padding (the vocabulary's rows past vocab_size: zeros).
+ * j full + full being padding (the vocabulary's rows past vocab_size: zeros). A slice
+ * with replicas k > 1 (the Llama's key/value heads when tp exceeds their count) is held
+ * by k consecutive ranks: rank r's block starts at (r / k) len and the gather takes it
+ * from the first of them (r % k == 0) only.
  */
 #include "accel/accelerator_internal.h"
 #include "accel/megatron_checkpoint_internal.h"
@@ -16,10 +19,12 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "autograd/autograd.h"
 #include "autograd/ops_shape.h"
 #include "core/frame.h"
+#include "core/safetensors.h"
 #include "dist/work.h"
 #include "nn/gpt.h"
 #include "nn/llama.h"
@@ -30,6 +35,7 @@
 static bool record_of(const ct_accelerator *a, const ct_tensor *p, ct_tp_shard *s, int *parts)
 {
     *parts = 1;
+    s->replicas = 1;
     if (!strcmp(a->model->type, "GPT")) {
         const ct_gpt_tp_shard *r = ct_gpt_tp_shard_of((const ct_gpt *)a->model, NULL, p);
         if (!r || r->shard.dim < 0) return false;
@@ -62,15 +68,15 @@ ct_tensor *cti_accel_megatron_gather_like(ct_accelerator *a, const ct_tensor *p,
         return NULL;
     }
     if (!record_of(a, p, &s, &parts)) return ct_tensor_clone(x);
-    const int n = a->mesh->tp;
+    const int n = a->mesh->tp, k = s.replicas > 1 ? s.replicas : 1;
     const int64_t L = p->shape[s.dim], len = s.end - s.start;
     bool grad = ct_grad_set_enabled(false);
     ct_tensor *all = ct_tp_gather(a->mesh->tp_group, ct_tensor_contiguous(x), s.dim);
     ct_tensor **pieces = calloc((size_t)(n * parts), sizeof *pieces), *out = NULL;
     int np = 0;
     for (int j = 0; all && pieces && j < parts; j++)
-        for (int r = 0; r < n; r++) {
-            int64_t keep = s.full - r * len; /* rank r's real indices of block j */
+        for (int r = 0; r < n; r += k) {
+            int64_t keep = s.full - (r / k) * len; /* rank r's real indices of block j */
             keep = keep < 0 ? 0 : keep > len ? len : keep;
             if (keep > 0) pieces[np++] = ct_tensor_narrow(all, s.dim, r * L + j * len, keep);
         }
@@ -221,4 +227,88 @@ ct_status cti_accel_megatron_load_model(ct_accelerator *a, const char *path)
     cti_ckpt_close(&ck);
     ct_autocast_weights_changed();
     return st;
+}
+
+/* ---- the GPT's dropout generators ------------------------------------------------ */
+
+static ct_rng *dropout_rng(const ct_accelerator *a)
+{
+    return a->model && !strcmp(a->model->type, "GPT") ? ct_gpt_tp_dropout_rng((ct_gpt *)a->model) : NULL;
+}
+
+ct_status cti_accel_megatron_rng_gather(ct_accelerator *a, ct_tensor *out[3])
+{
+    out[0] = out[1] = out[2] = NULL;
+    const ct_rng *g = dropout_rng(a);
+    if (!g) return CT_OK; /* every rank alike: the model is the same type everywhere */
+    const int world = ct_pg_size(a->pg);
+    /* the u64 seed and offset as i64 bits */
+    int64_t mine[2] = {(int64_t)g->seed, (int64_t)g->offset};
+    ct_tensor *in = ct_tensor_from_data(CT_DTYPE_I64, CT_SHAPE(1, 2), mine);
+    ct_tensor *all = in ? ct_tensor_empty(CT_DTYPE_I64, CT_SHAPE(world, 2)) : NULL;
+    if (!all || ct_work_run(ct_pg_allgather(a->pg, all, in)))
+        return ct_error_prefix("gathering the tensor-parallel dropout generators: ");
+    int64_t layout[3] = {a->mesh->tp, a->mesh->dp, a->mlm.sequence_parallelism};
+    out[0] = ct_tensor_contiguous(ct_tensor_select(all, 1, 0));
+    out[1] = ct_tensor_contiguous(ct_tensor_select(all, 1, 1));
+    out[2] = ct_tensor_clone(ct_tensor_from_data(CT_DTYPE_I64, CT_SHAPE(3), layout));
+    return out[0] && out[1] && out[2] ? CT_OK : ct_last_status();
+}
+
+ct_status cti_accel_megatron_rng_stage(const ct_accelerator *a, const char *dir, bool *found, ct_rng *out,
+                                       const char **why)
+{
+    *found = false, *why = NULL;
+    if (!dropout_rng(a)) return CT_OK;
+    char path[4200];
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/%s", dir, CT_CKPT_TP_RNG);
+    if (stat(path, &sb)) {
+        *why = "the checkpoint has no tensor-parallel dropout generators (saved without tensor parallelism): "
+               "they go on from their state at sharding";
+        return CT_OK;
+    }
+    ct_safetensors *f = ct_safetensors_open(path);
+    if (!f) return ct_last_status();
+    ct_status st = CT_OK;
+    ct_frame_push();
+    ct_tensor *seed = ct_safetensors_get(f, "seed"), *off = ct_safetensors_get(f, "offset");
+    ct_tensor *lay = ct_safetensors_get(f, "layout");
+    seed = seed ? ct_tensor_contiguous(seed) : NULL, off = off ? ct_tensor_contiguous(off) : NULL;
+    lay = lay ? ct_tensor_contiguous(lay) : NULL;
+    if (!seed || !off || !lay) st = ct_error_prefix("%s: ", path);
+    else if (seed->dtype != CT_DTYPE_I64 || off->dtype != CT_DTYPE_I64 || lay->dtype != CT_DTYPE_I64 ||
+             seed->ndim != 1 || !ct_tensor_same_shape(seed, off) || ct_tensor_numel(lay) != 3)
+        st = ct_error_set(CT_ERR_FORMAT, "%s: want i64 seed and offset [world] and layout [3]", path);
+    if (!st) {
+        const int64_t *sd = ct_tensor_data(seed), *of = ct_tensor_data(off), *l = ct_tensor_data(lay);
+        const int64_t rows = seed->shape[0], tp = l[0], dp = l[1];
+        const bool sp = l[2] != 0;
+        int64_t row = -1;
+        if (tp < 1 || dp < 1 || tp * dp != rows)
+            st = ct_error_set(CT_ERR_FORMAT, "%s: %lld generators for tp %lld x dp %lld", path, (long long)rows,
+                              (long long)tp, (long long)dp);
+        else if (sp != a->mlm.sequence_parallelism)
+            *why = "the checkpoint's run and this one differ in sequence parallelism: the tensor-parallel dropout "
+                   "generators go on from their state at sharding";
+        else if (tp == a->mesh->tp && dp == a->mesh->dp)
+            row = ct_pg_rank(a->pg);
+        else if (tp == a->mesh->tp)
+            row = a->mesh->tp_rank; /* dp index 0's stream of this tp rank */
+        else if (!sp)
+            row = 0;
+        else
+            *why = "sequence parallelism at another tp degree splits the sequence into other chunks: the "
+                   "tensor-parallel dropout generators go on from their state at sharding";
+        if (row >= 0) *out = (ct_rng){(uint64_t)sd[row], (uint64_t)of[row]}, *found = true;
+    }
+    ct_frame_pop();
+    ct_safetensors_close(f);
+    return st;
+}
+
+void cti_accel_megatron_rng_commit(ct_accelerator *a, const ct_rng *r)
+{
+    ct_rng *g = dropout_rng(a);
+    if (g) *g = *r;
 }

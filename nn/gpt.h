@@ -180,10 +180,13 @@ CT_API ct_tensor *ct_gpt_block_forward(ct_gpt_block *m, ct_tensor *x);
  * sharding gives the model's dropout layers one generator of their own
  * (ct_gpt_tp_dropout_rng), seeded from the process generator of tp rank 0 (broadcast):
  * the same stream on every rank without sequence parallelism (the same masks, as one
- * process would draw), a different stream per rank with it.
+ * process would draw), a different stream per rank with it. The Accelerator's
+ * checkpoints save and restore it (docs/checkpoints.md, "Generators").
  *
- * Not supported: fp8 autocast, tensors off the CPU (the tp collectives run on the
- * CPU). bf16 autocast works.
+ * Not supported: tensors off the CPU (the tp collectives run on the CPU). bf16 and
+ * fp8 autocast work; under fp8 the amaxes of each weight's shards must be all-reduced
+ * (MAX) over tp before every ct_fp8_state_step, as the Accelerator does, so that every
+ * rank quantises with the whole weight's scales (docs/precision.md).
  *
  * A training step:  loss = ct_gpt_loss(...); ct_backward(loss);   (x accumulation)
  *                   ct_gpt_tp_sync_grads(m);            (SP: sums the partial grads)

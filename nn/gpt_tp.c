@@ -339,8 +339,6 @@ static ct_status check_tokens(const ct_gpt *m, const ct_tensor *idx)
     if (t->sp && T % t->n)
         return ct_error_set(CT_ERR_INVALID, "sequence parallelism needs the sequence length T %lld divisible by tp %d",
                             (long long)T, t->n);
-    if (ct_autocast_enabled() && ct_autocast_fp8_state())
-        return ct_error_set(CT_ERR_INVALID, "fp8 autocast is not supported with tensor parallelism (use bf16)");
     if (idx->device.type != CT_DEVICE_CPU)
         return ct_error_set(CT_ERR_INVALID, "idx on %s; a tensor-parallel GPT runs on the CPU",
                             ct_device_str(idx->device, d, sizeof d));
@@ -366,7 +364,13 @@ ct_tensor *cti_gpt_tp_head(ct_gpt *m, ct_tensor *x)
     /* tied head on this rank's rows of wte: (B, T, C) @ wte_r^T -> (B, T, Vp/n); its
      * input is the whole sequence, replicated (f; under SP all-gathered) */
     x = x ? (t->sp ? ct_tp_gather_from_sequence(t->g, x, 1) : ct_tp_copy_to(t->g, x)) : NULL;
-    ct_tensor *logits = ct_matmul_t(x, m->wte->weight, false, true);
+    /* in bf16 under fp8 unless the recipe puts the embedding's matrix into fp8 too, as
+     * the unsharded head; the slot holds this rank's rows, and the amaxes all-reduced
+     * (MAX) over the ranks are the whole table's (its padding rows are zeros) */
+    ct_fp8_state *fp8 = ct_autocast_enabled() ? ct_autocast_fp8_state() : NULL;
+    ct_tensor *logits = fp8 && ct_fp8_state_recipe(fp8)->fp8_embedding_and_head && m->wte->weight->requires_grad
+                            ? ct_fp8_linear(fp8, x, m->wte->weight, NULL, true)
+                            : ct_matmul_t(x, m->wte->weight, false, true);
     if (logits && logits->dtype != CT_DTYPE_F32 && logits->dtype != CT_DTYPE_F64)
         logits = ct_cast(logits, CT_DTYPE_F32);
     return logits;

@@ -181,12 +181,13 @@ static ct_llama_linear *linear_new(int64_t in, int64_t out, ct_dtype dt, double 
     return m;
 }
 
-/* x (..., in) -> x W^T (..., out), W (out, in) */
-static ct_tensor *linear_forward(ct_llama_linear *m, ct_tensor *x)
+/* x (..., in) -> x W^T (..., out), W (out, in); in fp8 by ct_linear's rule unless
+ * fp8_ok is false */
+static ct_tensor *linear_forward_as(ct_llama_linear *m, ct_tensor *x, bool fp8_ok)
 {
     if (!m || !x || ct_module_forward_begin(&m->base)) return NULL;
     ct_tensor *w = m->weight, *y;
-    ct_fp8_state *fp8 = ct_fp8_linear_state(x, w); /* ct_linear's fp8 rule */
+    ct_fp8_state *fp8 = fp8_ok ? ct_fp8_linear_state(x, w) : NULL;
     if (fp8) {
         y = ct_fp8_linear(fp8, x, w, NULL, true);
     } else {
@@ -197,6 +198,20 @@ static ct_tensor *linear_forward(ct_llama_linear *m, ct_tensor *x)
         y = ct_reshape(ct_matmul_t(x2, w, false, true), x->ndim, shape);
     }
     return ct_module_forward_end(&m->base, y);
+}
+
+static ct_tensor *linear_forward(ct_llama_linear *m, ct_tensor *x) { return linear_forward_as(m, x, true); }
+
+/* The head: x (B, T, C) -> x W^T with W lm_head's weight or, tied, embed_tokens'
+ * (under tp this rank's rows: its Vp/n logit columns). Under fp8 it stays bf16 unless
+ * the recipe's fp8_embedding_and_head puts it into fp8, as the GPT's head. */
+static ct_tensor *head_forward(ct_llama *m, ct_tensor *x)
+{
+    ct_tensor *w = m->lm_head ? m->lm_head->weight : m->embed_tokens->weight;
+    ct_fp8_state *fp8 = ct_fp8_linear_state(x, w);
+    bool in_fp8 = fp8 && ct_fp8_state_recipe(fp8)->fp8_embedding_and_head;
+    if (m->lm_head) return linear_forward_as(m->lm_head, x, in_fp8);
+    return in_fp8 ? ct_fp8_linear(fp8, x, w, NULL, true) : ct_matmul_t(x, w, false, true);
 }
 
 static ct_llama_attention *attention_new(const ct_llama_config *c)
@@ -396,8 +411,7 @@ static ct_tensor *forward(ct_llama *m, ct_tensor *idx, ct_kv_cache *cache, bool 
             x = layer_forward(m->blocks[i], x, cos, sin, cache, (int)i);
         x = ct_rmsnorm_layer_forward(m->norm, x);
         if (m->tp) x = cti_llama_tp_enter(m->tp, x); /* the head is column-parallel over the vocabulary */
-        /* tied: (B, T, C) @ embed_tokens^T (C, V) */
-        logits = m->lm_head ? linear_forward(m->lm_head, x) : ct_matmul_t(x, m->embed_tokens->weight, false, true);
+        logits = head_forward(m, x);
         /* under autocast the head computes in 16 bits; the model's output is f32 */
         if (logits && logits->dtype != CT_DTYPE_F32 && logits->dtype != CT_DTYPE_F64)
             logits = ct_cast(logits, CT_DTYPE_F32);
@@ -437,7 +451,7 @@ ct_tensor *ct_llama_forward_layers(ct_llama *m, ct_tensor *x, int first, int cou
     if (head && x) {
         x = ct_rmsnorm_layer_forward(m->norm, x);
         if (m->tp && x) x = cti_llama_tp_enter(m->tp, x); /* the head is column-parallel over the vocabulary */
-        x = m->lm_head ? linear_forward(m->lm_head, x) : ct_matmul_t(x, w, false, true);
+        x = x ? head_forward(m, x) : NULL;
         if (x && x->dtype != CT_DTYPE_F32 && x->dtype != CT_DTYPE_F64) x = ct_cast(x, CT_DTYPE_F32);
     }
     if (!x) ct_error_prefix("llama_forward_layers: ");

@@ -181,7 +181,10 @@ CT_API ct_status ct_llama_config_from_json(const char *json, const char *label, 
  * full model, D = head_dim):
  *   q_proj      rows of query heads [r H/n, (r+1) H/n)         column-parallel
  *   k/v_proj    rows of key/value heads [r Hkv/n, (r+1) Hkv/n)  column-parallel; the
- *               query heads of a rank are exactly those its kv heads serve (GQA stays local)
+ *               query heads of a rank are exactly those its kv heads serve (GQA stays local).
+ *               n > Hkv (a multiple of it): the one kv head r / (n/Hkv) that the rank's
+ *               query heads use, replicated over n/Hkv consecutive ranks (record
+ *               replicas = n/Hkv; ct_llama_tp_sync_grads sums its gradient over them)
  *   o_proj      the matching input columns                      row-parallel
  *   gate/up     rows [r I/n, (r+1) I/n)                          column-parallel
  *   down_proj   the matching input columns                      row-parallel
@@ -191,8 +194,8 @@ CT_API ct_status ct_llama_config_from_json(const char *json, const char *label, 
  *   lm_head     the same rows (padded), giving this rank's Vp/n logit columns; a tied
  *               head multiplies by embed_tokens' local rows
  *   norms       replicated; the rotary tables are per head and unchanged
- * n must divide num_attention_heads, num_key_value_heads and intermediate_size (an
- * error names the numbers otherwise). Parameter names stay Hugging Face's; every
+ * n must divide num_attention_heads and intermediate_size, and n and
+ * num_key_value_heads one another (an error names the numbers otherwise). Parameter names stay Hugging Face's; every
  * parameter's ct_tp_shard (dim -1 for the replicated norms) is recorded, so a
  * checkpoint can gather the full tensors: ct_llama_tp_shard_of. Modules' in/out and
  * head counts become the local ones; m->cfg keeps the full model's sizes. Shard before
@@ -215,8 +218,11 @@ CT_API ct_status ct_llama_config_from_json(const char *json, const char *label, 
  * With it, the norms' weight gradients are partial sums over the sequence chunks:
  * ct_llama_tp_sync_grads allreduces them over tp (what the Accelerator calls after
  * the last backward of an optimizer step, before clipping; Megatron does the same).
+ * A key/value head replicated over n/Hkv ranks gets from each only the gradient of
+ * that rank's query heads: ct_llama_tp_sync_grads sums it over those ranks too.
  * Global-norm clipping over the shards: the sharded parameters' sum |g|^p is summed
- * over tp, the replicated ones' counted once (ct_llama_tp_grad_norm). */
+ * over tp (a replicated key/value head counted on its first rank), the replicated
+ * ones' counted once (ct_llama_tp_grad_norm). */
 
 /* Shards m in place over tp in Megatron's layout (docs/strategies.md,
  * "Tensor parallelism for the Llama"). Errors: NULL arguments, a model already
@@ -229,8 +235,9 @@ CT_API const ct_tp_shard *ct_llama_tp_shard_of(const ct_llama *m, const ct_tenso
 /* The tensor-parallel group of a sharded model (borrowed); NULL when not sharded. */
 CT_API ct_pg *ct_llama_tp_group(const ct_llama *m);
 /* Allreduces (sum) the RMSNorm weights' gradients over tp when the model is sharded
- * with sequence parallelism; otherwise nothing to do (CT_OK). Every rank of tp calls
- * it after its last backward before the optimizer step. */
+ * with sequence parallelism, and the replicated key/value heads' gradients over the
+ * ranks holding each (n > num_key_value_heads); otherwise nothing to do (CT_OK).
+ * Every rank of tp calls it after its last backward before the optimizer step. */
 CT_API ct_status ct_llama_tp_sync_grads(ct_llama *m);
 /* The norm_type-norm (> 0, or INFINITY) of all the model's gradients together, as if
  * unsharded: sum |g|^p of the sharded parameters summed over tp, of the replicated

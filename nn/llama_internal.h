@@ -11,6 +11,10 @@ struct ct_llama_tp {
     bool sequence_parallel;
     int64_t vocab_padded;     /* Vp: the embedding's and the head's rows over all ranks */
     int64_t vocab_start;      /* this rank's first row: r * Vp / n (Vp / n rows) */
+    /* n > num_key_value_heads: each key/value head on kv_replicas consecutive ranks,
+     * which kv_group joins (owned; NULL when kv_replicas is 1) */
+    int kv_replicas;
+    ct_pg *kv_group;
     int nshards;              /* one record per parameter */
     const ct_tensor **params; /* borrowed from the module tree */
     ct_tp_shard *shards;

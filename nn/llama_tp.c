@@ -17,6 +17,7 @@
 void cti_llama_tp_free(ct_llama_tp *tp)
 {
     if (!tp) return;
+    ct_pg_free(tp->kv_group);
     free(tp->params);
     free(tp->shards);
     free(tp);
@@ -122,6 +123,14 @@ static ct_status plan_add(plan *p, ct_module *owner, ct_tensor **field, int dim,
     return CT_OK;
 }
 
+/* A key/value projection's rows [start, end), the same on `replicas` consecutive ranks */
+static ct_status plan_add_kv(plan *p, ct_module *owner, ct_tensor **field, int64_t start, int64_t end, int replicas)
+{
+    ct_status st = plan_add(p, owner, field, 0, start, end);
+    if (!st && replicas > 1) p->items[p->n - 1].shard.replicas = replicas;
+    return st;
+}
+
 /* The registered entry of *field in its owner now holds the slice. */
 static void plan_apply(const shard_item *it)
 {
@@ -137,9 +146,11 @@ static void plan_apply(const shard_item *it)
 static ct_status check_layout(const ct_llama *m, int n, const char *op)
 {
     const ct_llama_config *c = &m->cfg;
-    if (c->num_attention_heads % n || c->num_key_value_heads % n)
-        return ct_error_set(CT_ERR_INVALID, "%s: tp %d must divide num_attention_heads %lld and num_key_value_heads "
-                            "%lld (each rank keeps whole key/value heads and the query heads they serve)",
+    if (c->num_attention_heads % n || (c->num_key_value_heads % n && n % c->num_key_value_heads))
+        return ct_error_set(CT_ERR_INVALID, "%s: tp %d must divide num_attention_heads %lld, and tp and "
+                            "num_key_value_heads %lld must divide one another (each rank keeps whole key/value heads "
+                            "and the query heads they serve, or one key/value head replicated over tp / "
+                            "num_key_value_heads ranks)",
                             op, n, (long long)c->num_attention_heads, (long long)c->num_key_value_heads);
     if (c->intermediate_size % n)
         return ct_error_set(CT_ERR_INVALID, "%s: tp %d must divide intermediate_size %lld (the MLP's columns)", op, n,
@@ -165,19 +176,39 @@ ct_status ct_llama_tensor_parallel(ct_llama *m, ct_pg *tp, bool sequence_paralle
                             m->tp->n);
     if (check_layout(m, n, op)) return ct_last_status();
     const ct_llama_config *c = &m->cfg;
-    int64_t L = c->num_hidden_layers, D = c->head_dim;
-    int64_t Hl = c->num_attention_heads / n, Kl = c->num_key_value_heads / n, Il = c->intermediate_size / n;
+    int64_t L = c->num_hidden_layers, D = c->head_dim, K = c->num_key_value_heads;
+    /* n > K: rank r's query heads [r H/n, (r+1) H/n) all use key/value head r / (n/K)
+     * (query head h uses h / (H/K), and H/K = (n/K) (H/n)); that head is kept by the
+     * n/K ranks that use it */
+    int rep = K % n ? n / (int)K : 1;
+    int64_t Hl = c->num_attention_heads / n, Kl = rep > 1 ? 1 : K / n, Il = c->intermediate_size / n;
     int64_t Vp = ct_tp_vocab_padded(c->vocab_size, n, 1), Vl = Vp / n;
+    ct_pg *kv_group = NULL;
+    if (rep > 1) { /* collective over tp: every rank makes every group, one per key/value head */
+        int *ranks = malloc((size_t)rep * sizeof *ranks);
+        if (!ranks) return ct_error_set(CT_ERR_NOMEM, "%s: out of memory", op);
+        for (int64_t j = 0; j < K; j++) {
+            for (int i = 0; i < rep; i++) ranks[i] = (int)j * rep + i;
+            ct_pg *g = ct_pg_new_subgroup(tp, ranks, rep);
+            if (!g && ct_last_status()) {
+                free(ranks), ct_pg_free(kv_group);
+                return ct_error_prefix("%s (rank %d of %d): the group of key/value head %lld: ", op, r, n,
+                                       (long long)j);
+            }
+            if (g) kv_group = g;
+        }
+        free(ranks);
+    }
 
     ct_llama_tp *st = calloc(1, sizeof *st);
     plan p = {.cap = (int)(9 * L + 3)};
     p.items = calloc((size_t)p.cap, sizeof *p.items);
     if (!st || !p.items) {
-        free(st), free(p.items);
+        free(st), free(p.items), ct_pg_free(kv_group);
         return ct_error_set(CT_ERR_NOMEM, "%s: out of memory", op);
     }
     *st = (ct_llama_tp){.group = tp, .n = n, .r = r, .sequence_parallel = sequence_parallel, .vocab_padded = Vp,
-                        .vocab_start = r * Vl};
+                        .vocab_start = r * Vl, .kv_replicas = rep, .kv_group = kv_group};
     ct_status rc = CT_OK;
     ct_frame_push(); /* the slices live here until the modules hold them */
     /* registration order, so that the records follow ct_module_named_tensors */
@@ -186,10 +217,11 @@ ct_status ct_llama_tensor_parallel(ct_llama *m, ct_pg *tp, bool sequence_paralle
         ct_llama_layer *b = m->blocks[i];
         ct_llama_attention *a = b->self_attn;
         ct_llama_mlp *f = b->mlp;
-        int64_t q0 = r * Hl * D, q1 = q0 + Hl * D, k0 = r * Kl * D, k1 = k0 + Kl * D, i0 = r * Il, i1 = i0 + Il;
+        int64_t q0 = r * Hl * D, q1 = q0 + Hl * D, k0 = (r / rep) * Kl * D, k1 = k0 + Kl * D;
+        int64_t i0 = r * Il, i1 = i0 + Il;
         if ((rc = plan_add(&p, &a->q_proj->base, &a->q_proj->weight, 0, q0, q1)) ||
-            (rc = plan_add(&p, &a->k_proj->base, &a->k_proj->weight, 0, k0, k1)) ||
-            (rc = plan_add(&p, &a->v_proj->base, &a->v_proj->weight, 0, k0, k1)) ||
+            (rc = plan_add_kv(&p, &a->k_proj->base, &a->k_proj->weight, k0, k1, rep)) ||
+            (rc = plan_add_kv(&p, &a->v_proj->base, &a->v_proj->weight, k0, k1, rep)) ||
             (rc = plan_add(&p, &a->o_proj->base, &a->o_proj->weight, 1, q0, q1)) ||
             (rc = plan_add(&p, &f->gate_proj->base, &f->gate_proj->weight, 0, i0, i1)) ||
             (rc = plan_add(&p, &f->up_proj->base, &f->up_proj->weight, 0, i0, i1)) ||
@@ -247,18 +279,21 @@ ct_status ct_llama_tp_sync_grads(ct_llama *m)
     const char *op = "llama_tp_sync_grads";
     if (!m) return ct_error_set(CT_ERR_INVALID, "%s: NULL model", op);
     const ct_llama_tp *tp = m->tp;
-    if (!tp || !tp->sequence_parallel) return CT_OK;
+    if (!tp || (!tp->sequence_parallel && tp->kv_replicas <= 1)) return CT_OK;
     /* every collective is issued before the first wait, so they overlap */
     ct_work **w = calloc((size_t)tp->nshards, sizeof *w);
     if (!w) return ct_error_set(CT_ERR_NOMEM, "%s: out of memory", op);
     ct_status st = CT_OK;
     int nw = 0;
     for (int i = 0; i < tp->nshards && !st; i++) {
+        /* a norm's gradient under SP: this rank's tokens only; a replicated key/value
+         * head's: only the query heads of this rank */
         ct_tensor *g = tp->params[i]->grad;
-        if (tp->shards[i].dim >= 0 || !g) continue;
+        bool norm = tp->shards[i].dim < 0 && tp->sequence_parallel, kv = tp->shards[i].replicas > 1;
+        if (!g || (!norm && !kv)) continue;
         if (!ct_tensor_is_contiguous(g))
-            st = ct_error_set(CT_ERR_INTERNAL, "%s: a norm weight's gradient is not contiguous", op);
-        else if (!(w[nw++] = ct_pg_allreduce(tp->group, g, CT_REDUCE_SUM)))
+            st = ct_error_set(CT_ERR_INTERNAL, "%s: the gradient of parameter %d is not contiguous", op, i);
+        else if (!(w[nw++] = ct_pg_allreduce(kv ? tp->kv_group : tp->group, g, CT_REDUCE_SUM)))
             st = ct_last_status() ? ct_last_status() : CT_ERR_INTERNAL;
     }
     for (int i = 0; i < nw; i++) {
@@ -270,12 +305,17 @@ ct_status ct_llama_tp_sync_grads(ct_llama *m)
     return st;
 }
 
-/* The parameters whose record says sharded (dim >= 0) or replicated (sharded false). */
+/* The parameters whose record says sharded (dim >= 0) or replicated (sharded false).
+ * A key/value slice held by several ranks counts on the first of them only, so that
+ * the sum over tp takes each head once. */
 static int pick(const ct_llama_tp *tp, bool sharded, ct_tensor **out)
 {
     int k = 0;
-    for (int i = 0; i < tp->nshards; i++)
-        if ((tp->shards[i].dim >= 0) == sharded) out[k++] = (ct_tensor *)tp->params[i];
+    for (int i = 0; i < tp->nshards; i++) {
+        const ct_tp_shard *s = &tp->shards[i];
+        if ((s->dim >= 0) != sharded || (s->replicas > 1 && tp->r % s->replicas)) continue;
+        out[k++] = (ct_tensor *)tp->params[i];
+    }
     return k;
 }
 

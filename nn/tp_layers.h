@@ -43,11 +43,14 @@
 
 /* Which part of a full tensor a parameter holds: indices [start, end) of dim
  * (dim = -1: the whole tensor, replicated on every rank). Indices at or past full
- * (the size of that dim in the unpadded tensor) are padding. */
+ * (the size of that dim in the unpadded tensor) are padding. replicas > 1: the same
+ * slice is held by `replicas` consecutive ranks (rank r holds slice r / replicas;
+ * the Llama's key/value heads when tp exceeds their count); 0 or 1: each rank its own. */
 typedef struct ct_tp_shard {
     int dim;
     int64_t start, end;
     int64_t full;
+    int replicas;
 } ct_tp_shard;
 
 /* Zero means default for every field. */

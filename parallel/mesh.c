@@ -54,9 +54,11 @@ ct_status ct_mesh_check_model(const ct_mesh_config *layout, int64_t n_head, int6
                             (long long)n_head, (long long)n_layer);
     if (n_head % tp)
         return ct_error_set(CT_ERR_INVALID, "mesh: tp %d does not divide n_head %lld", tp, (long long)n_head);
-    if (n_kv_head % tp)
-        return ct_error_set(CT_ERR_INVALID, "mesh: tp %d does not divide n_kv_head %lld (grouped-query attention)", tp,
-                            (long long)n_kv_head);
+    /* tp > n_kv_head: each key/value head is replicated over tp / n_kv_head ranks */
+    if (n_kv_head % tp && tp % n_kv_head)
+        return ct_error_set(CT_ERR_INVALID, "mesh: tp %d and n_kv_head %lld: neither divides the other (grouped-query "
+                            "attention splits the key/value heads over tp or replicates each over tp / n_kv_head "
+                            "ranks)", tp, (long long)n_kv_head);
     if (pp > n_layer)
         return ct_error_set(CT_ERR_INVALID, "mesh: pp %d is larger than the layer count %lld", pp, (long long)n_layer);
     return CT_OK;

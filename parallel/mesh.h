@@ -69,10 +69,13 @@ CT_API void ct_mesh_free(ct_mesh *m);
 /* The world rank at coordinates (dp_i, tp_i, pp_i); -1 when one is out of range. */
 CT_API int ct_mesh_rank_at(const ct_mesh *m, int dp_i, int tp_i, int pp_i);
 
-/* Checks that a model fits the layout: tp divides n_head and n_kv_head (grouped-query
- * attention: the key/value heads are split too; 0 = n_head) and pp <= n_layer. The
- * vocabulary needs no check: it is padded to a multiple of tp (nn/tp_layers.h).
- * The error names the numbers ("mesh: tp 4 does not divide n_kv_head 2"). */
+/* Checks that a model fits the layout: tp divides n_head, tp and n_kv_head (0 =
+ * n_head) divide one another, and pp <= n_layer. Grouped-query attention splits the
+ * key/value heads over tp when tp divides n_kv_head; when n_kv_head divides tp, each
+ * rank keeps the one key/value head its query heads use, replicated over tp /
+ * n_kv_head consecutive ranks (as vLLM does). The vocabulary needs no check: it is
+ * padded to a multiple of tp (nn/tp_layers.h). The error names the numbers ("mesh:
+ * tp 4 and n_kv_head 3: neither divides the other ..."). */
 CT_API ct_status ct_mesh_check_model(const ct_mesh_config *layout, int64_t n_head, int64_t n_kv_head, int64_t n_layer);
 
 #endif

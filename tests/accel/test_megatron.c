@@ -26,6 +26,7 @@
 #include "optim/clip.h"
 #include "optim/optimizer.h"
 #include "precision/autocast.h"
+#include "precision/fp8_state.h"
 #include "tests/env_ranks.h"
 #include "tests/nn/tp_check.h"
 
@@ -46,6 +47,7 @@ typedef struct mcase {
     bool sp;
     int pp, M;      /* pipeline stages (0 = 1) and micro-batches */
     const char *mp; /* NULL: "no" */
+    bool fp8_head;  /* fp8: the recipe's fp8_embedding_and_head (the tied head in fp8) */
     int64_t B;      /* rows per data-parallel rank per micro-step */
     bool from_env;  /* the settings as ctrain launch passes them (CTRAIN_*), no plugin */
     double tol;      /* rms(got - want) / max(1, rms(want)) per tensor */
@@ -105,7 +107,8 @@ static ct_status record_of(const mcase *c, ct_module *m, const char *name, ct_te
 
 /* The full tensor from the tp ranks of data-parallel index 0 (world ranks 0 .. tp-1):
  * every rank's local tensor gathered, then per part the ranks' blocks in rank order,
- * cut to the full size (the vocabulary's padding dropped). */
+ * cut to the full size (the vocabulary's padding dropped); a block held by `replicas`
+ * consecutive ranks (the Llama's key/value heads at tp 4 over 2) taken once. */
 static ct_tensor *full_of(ct_accelerator *acc, int tp, ct_tensor *local, const ct_tp_shard *s, int parts)
 {
     ct_tensor *flat = ct_tensor_reshape(ct_tensor_contiguous(local), 2, (int64_t[]){1, ct_tensor_numel(local)});
@@ -116,17 +119,18 @@ static ct_tensor *full_of(ct_accelerator *acc, int tp, ct_tensor *local, const c
     ct_tensor *blocks[3];
     for (int j = 0; j < parts; j++) {
         ct_tensor *pieces[8];
-        for (int r = 0; r < tp; r++) {
+        int np = 0, step = s->replicas > 1 ? s->replicas : 1;
+        for (int r = 0; r < tp; r += step) {
             ct_tensor *row = ct_tensor_reshape(ct_tensor_narrow(all, 0, r, 1), local->ndim, local->shape);
-            pieces[r] = ct_tensor_narrow(row, s->dim, j * len, len);
+            pieces[np++] = ct_tensor_narrow(row, s->dim, j * len, len);
         }
-        blocks[j] = ct_tensor_narrow(ct_concat(tp, pieces, s->dim), s->dim, 0, s->full);
+        blocks[j] = ct_tensor_narrow(ct_concat(np, pieces, s->dim), s->dim, 0, s->full);
     }
     return parts == 1 ? blocks[0] : ct_concat(parts, blocks, s->dim);
 }
 
 /* The reference: one process, a plain loop, batches of dp x B rows. */
-static int reference(const mcase *c, int dp, ct_param_list *out, ct_module **mout)
+static int reference(const mcase *c, int dp, ct_param_list *out, ct_module **mout, ct_tensor **fp8_scales)
 {
     ct_module *m = model_new(c);
     ct_param_list pl;
@@ -134,9 +138,12 @@ static int reference(const mcase *c, int dp, ct_param_list *out, ct_module **mou
     ct_optimizer *opt = ct_adamw_new(pl.n, pl.tensors, &(ct_adamw_config){.lr = LR, .weight_decay = 0.1});
     ct_dataset *ds = dataset(c);
     ct_loader *l = ct_loader_new(ds, &(ct_loader_config){.batch_size = dp * c->B, .no_prefetch = true});
-    bool bf16 = c->mp && !strcmp(c->mp, "bf16");
+    bool bf16 = c->mp && !strcmp(c->mp, "bf16"), fp8 = c->mp && !strcmp(c->mp, "fp8");
+    /* fp8: delayed scaling over this process's own amaxes, new scales before each step */
+    ct_fp8_state *f8 = fp8 ? ct_fp8_state_new(&(ct_fp8_recipe){.fp8_embedding_and_head = c->fp8_head}) : NULL;
     if (bf16) ct_autocast_set_default(CT_DTYPE_BF16);
-    ct_status st = opt && l ? CT_OK : ct_last_status();
+    if (f8) ct_autocast_set_default_fp8(f8);
+    ct_status st = opt && l && (f8 || !fp8) ? CT_OK : ct_last_status();
     ct_tensor *x, *y;
     for (int i = 0; i < STEPS * K && !st; i++) CT_FRAME {
             if (ct_loader_next(l, &x, &y) != CT_LOADER_BATCH) {
@@ -147,11 +154,15 @@ static int reference(const mcase *c, int dp, ct_param_list *out, ct_module **mou
             st = loss ? ct_backward(ct_mul_scalar(loss, 1.0 / K)) : ct_last_status();
             if (st || i % K != K - 1) continue;
             if (isnan(ct_clip_grad_norm(pl.n, pl.tensors, CLIP, 2.0))) st = ct_last_status();
+            if (f8) ct_fp8_state_step(f8);
             if (!st) st = ct_optimizer_step(opt);
             ct_optimizer_zero_grad(opt);
             ct_autocast_clear_cache(); /* the bf16 copies of the old weights */
         }
-    if (bf16) ct_autocast_set_default(CT_DTYPE_F32);
+    if (bf16 || fp8) ct_autocast_set_default(CT_DTYPE_F32);
+    ct_tensor *meta[4];
+    if (f8 && !st && !(st = ct_fp8_state_export(f8, meta))) *fp8_scales = meta[0];
+    ct_fp8_state_free(f8);
     ct_loader_free(l);
     ct_dataset_free(ds);
     ct_optimizer_free(opt);
@@ -196,8 +207,14 @@ static int train_rank(int rank, int world, const char *dir, void *ctx)
         ct_accelerator *acc = ct_accelerator_new(&(ct_accelerator_config){
             .megatron_lm_plugin = c->from_env ? NULL : &p,
             .gradient_accumulation_steps = c->from_env ? 0 : K,
-            .mixed_precision = c->mp});
-        ct_status st = acc ? ct_accelerator_prepare(acc, m, opt, l, NULL) : ct_last_status();
+            .mixed_precision = c->mp,
+            .fp8 = {.fp8_embedding_and_head = c->fp8_head}});
+        ct_status st = acc ? CT_OK : ct_last_status();
+        if (!st && c->mp && !strcmp(c->mp, "fp8")) CT_FRAME { /* a forward of the full model first: fp8 slots */
+                ct_tensor *x = ct_tensor_zeros(CT_DTYPE_I64, CT_SHAPE(c->B, T));
+                if (!loss_of(c, m, x, x)) st = ct_last_status();
+            }
+        if (!st) st = ct_accelerator_prepare(acc, m, opt, l, NULL);
         /* the user's loop, unchanged */
         ct_tensor *x, *y;
         for (int i = 0; i < STEPS * K && !st; i++) CT_FRAME {
@@ -252,8 +269,44 @@ static int train_rank(int rank, int world, const char *dir, void *ctx)
         for (int i = 0; i < got.n && !rc; i++) whole_n += ct_tensor_numel(full[i]);
         ct_module *whole = rc ? NULL : ct_accelerator_unwrap_model(acc, m);
         if (!rc && (!whole || whole == m || ct_module_num_params(whole) != whole_n)) rc = fail(rank, "unwrap_model");
+        /* fp8: every rank quantises each weight with the same scales (the amaxes of the
+         * whole weight, all-reduced), bitwise */
+        ct_tensor *scales = NULL, *ref_scales = NULL, *meta[4];
+        if (!rc && c->mp && !strcmp(c->mp, "fp8")) {
+            ct_fp8_state *f8 = ct_autocast_fp8_state();
+            ct_tensor *all = NULL;
+            if (!f8 || ct_fp8_state_export(f8, meta)) rc = fail(rank, "fp8 state");
+            else if (!(all = ct_accelerator_gather(acc, ct_tensor_reshape(meta[0], 2, (int64_t[]){1, ct_tensor_numel(meta[0])}))))
+                rc = fail(rank, "gathering the fp8 scales");
+            for (int r = 1; all && r < world && !rc; r++)
+                if (rel_err(ct_tensor_narrow(all, 0, r, 1), ct_tensor_narrow(all, 0, 0, 1)) != 0) {
+                    fprintf(stderr, "rank %d: the fp8 scales of rank %d differ from rank 0's\n", rank, r);
+                    rc = 1;
+                }
+            scales = rc ? NULL : meta[0];
+        }
         ct_accelerator_free(acc);
-        if (!rc && rank == 0) rc = reference(c, dp, &want, &ref);
+        if (!rc && rank == 0) rc = reference(c, dp, &want, &ref, &ref_scales);
+        /* the weights' scales near the single process's: a weight's amax is the largest
+         * over its shards, that of the whole weight, which the two runs' parameters
+         * (close, see below) share up to their drift. (The inputs' and the output
+         * gradients' amaxes differ more: maxima of activations, and under DDP or a
+         * replicated key/value head partial gradients, each quantised on its own.) */
+        if (!rc && rank == 0 && scales) {
+            bool same = ref_scales && ct_tensor_same_shape(scales, ref_scales);
+            const float *a = same ? ct_tensor_data(ct_tensor_contiguous(scales)) : NULL;
+            const float *b = same ? ct_tensor_data(ct_tensor_contiguous(ref_scales)) : NULL;
+            double e = same ? 0 : INFINITY;
+            for (int64_t k = 1; same && k < ct_tensor_numel(scales); k += 3) {
+                double d = fabs(a[k] - b[k]) / b[k];
+                if (!(d <= e)) e = d;
+            }
+            if (getenv("CT_DEBUG_REPORTS")) fprintf(stderr, "fp8 weight scales: largest relative difference %g\n", e);
+            if (!(e <= 5e-2)) {
+                fprintf(stderr, "fp8 weight scales against the single process's: relative error %g > 5e-2\n", e);
+                rc = 1;
+            }
+        }
         if (!rc && rank == 0) CT_NO_GRAD {
                 ct_tensor *el = loss_of(c, ref, ex, ey);
                 double e_want = el ? ct_tensor_item(el) : NAN;
@@ -319,6 +372,12 @@ Test(megatron, llama_w1_tp2_sequence_parallel_trains_as_one_process, .timeout = 
     run(2, (mcase){.llama = true, .tp = 2, .sp = true, .B = 4, .tol = 1e-5, .tol_elem = 1e-4});
 }
 
+/* tp 4 over the 2 key/value heads: each replicated on 2 ranks, its gradient summed over them */
+Test(megatron, llama_w1_tp4_replicated_kv_heads_trains_as_one_process, .timeout = 180)
+{
+    run(4, (mcase){.llama = true, .tp = 4, .B = 4, .tol = 1e-5, .tol_elem = 1e-4});
+}
+
 /* the settings from the launcher's variables, as each rank of `ctrain launch` gets them */
 Test(megatron, llama_w1_tp2_dp2_from_the_launchers_variables_trains_as_one_process, .timeout = 180)
 {
@@ -368,6 +427,27 @@ Test(megatron, gpt_w1_pp2_bf16_tracks_the_bf16_single_process, .timeout = 180)
 Test(megatron, llama_w1_tp2_pp2_bf16_tracks_the_bf16_single_process, .timeout = 180)
 {
     run(4, (mcase){.llama = true, .pp = 2, .M = 2, .tp = 2, .mp = "bf16", .B = 2, .tol = 5e-3, .tol_elem = 3e-2});
+}
+
+/* fp8: every weight's amaxes are all-reduced (MAX) over the world, so the shards of a
+ * weight quantise with the whole weight's scale, as the single process does; what
+ * differs is the summation order before a rounding to 3 or 2 mantissa bits. At tp 2
+ * with the tied head in fp8 too, and at tp 2 x dp 2 with the head in bf16. */
+Test(megatron, gpt_w1_tp2_fp8_tracks_the_fp8_single_process, .timeout = 180)
+{
+    run(2, (mcase){.tp = 2, .mp = "fp8", .fp8_head = true, .B = 4, .tol = 5e-3, .tol_elem = 3e-2});
+}
+
+Test(megatron, gpt_w1_tp2_dp2_fp8_tracks_the_fp8_single_process, .timeout = 180)
+{
+    run(4, (mcase){.tp = 2, .mp = "fp8", .B = 2, .tol = 5e-3, .tol_elem = 3e-2});
+}
+
+/* the Llama's untied head (fp8 too) and replicated key/value heads under sequence parallelism */
+Test(megatron, llama_w1_tp4_sequence_parallel_fp8_tracks_the_fp8_single_process, .timeout = 180)
+{
+    run(4, (mcase){.llama = true, .tp = 4, .sp = true, .mp = "fp8", .fp8_head = true, .B = 4, .tol = 5e-3,
+                   .tol_elem = 3e-2});
 }
 
 /* ---- bad layouts fail on every rank, naming the numbers -------------------------- */

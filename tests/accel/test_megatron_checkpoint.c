@@ -52,6 +52,8 @@ typedef struct ck_run {
     char save_after[128]; /* "": none; else save_state there at the end */
     char bad[128];    /* "": none; else a model file of another shape that load_model must
                        * refuse, naming the tensor and both shapes, changing nothing */
+    double dropout;   /* the GPT's; its masks under tp come from the model's own generator */
+    const char *mp;   /* mixed precision; NULL "no" */
 } ck_run;
 
 
@@ -78,7 +80,9 @@ static int fail(int rank, const char *what)
     return 1;
 }
 
-static ct_status train(ct_accelerator *acc, const ck_run *c, ct_module *m, ct_optimizer *opt, int first, int n)
+/* n steps from step first; each step's loss into losses[s - first] (NULL: not kept) */
+static ct_status train(ct_accelerator *acc, const ck_run *c, ct_module *m, ct_optimizer *opt, int first, int n,
+                       double *losses)
 {
     ct_status st = CT_OK;
     for (int s = first; s < first + n && !st; s++) CT_FRAME {
@@ -86,6 +90,7 @@ static ct_status train(ct_accelerator *acc, const ck_run *c, ct_module *m, ct_op
             batch(c, s, &x, &y);
             CT_ACCUMULATE(acc) {
                 ct_tensor *loss = c->llama ? ct_llama_loss((ct_llama *)m, x, y) : ct_gpt_loss((ct_gpt *)m, x, y);
+                if (loss && losses) losses[s - first] = ct_tensor_item(loss);
                 st = loss ? ct_accelerator_backward(acc, loss) : ct_last_status();
                 if (!st) st = ct_optimizer_step(opt);
                 ct_optimizer_zero_grad(opt);
@@ -103,7 +108,9 @@ static int ck_rank(int rank, int world, const char *dir, void *ctx)
     int rc = 0;
     CT_FRAME {
         ct_set_seed(c->seed);
-        ct_module *m = c->llama ? &ct_llama_new(&LLAMA_W1)->base : &ct_gpt_new(&GPT_W1)->base;
+        ct_gpt_config gc = GPT_W1;
+        gc.dropout = c->dropout;
+        ct_module *m = c->llama ? &ct_llama_new(&LLAMA_W1)->base : &ct_gpt_new(&gc)->base;
         ct_param_list pl;
         if (!m || ct_module_named_tensors(m, false, &pl)) {
             rc = fail(rank, "model");
@@ -114,16 +121,25 @@ static int ck_rank(int rank, int world, const char *dir, void *ctx)
         ct_megatron_lm_plugin p = {.tp_degree = c->tp, .pp_degree = c->pp, .num_micro_batches = c->pp > 1 ? 2 : 1,
                                    .sequence_parallelism = c->sp};
         bool mlm = c->tp > 1 || c->pp > 1;
-        ct_accelerator *acc = ct_accelerator_new(&(ct_accelerator_config){.megatron_lm_plugin = mlm ? &p : NULL});
+        ct_accelerator *acc = ct_accelerator_new(
+            &(ct_accelerator_config){.megatron_lm_plugin = mlm ? &p : NULL, .mixed_precision = c->mp});
         ct_status st = acc ? ct_accelerator_prepare(acc, m, opt, NULL, NULL) : ct_last_status();
         if (st) rc = fail(rank, "prepare");
         if (!rc && !c->resume) {
-            if (train(acc, c, m, opt, 0, 3)) rc = fail(rank, "3 steps");
+            if (train(acc, c, m, opt, 0, 3, NULL)) rc = fail(rank, "3 steps");
             else if (ct_accelerator_save_state(acc, c->ckpt)) rc = fail(rank, "save_state");
         } else if (!rc && ct_accelerator_load_state(acc, c->ckpt)) {
             rc = fail(rank, "load_state");
         }
-        if (!rc && train(acc, c, m, opt, 3, 2)) rc = fail(rank, "2 steps");
+        double losses[2] = {0};
+        if (!rc && train(acc, c, m, opt, 3, 2, losses)) rc = fail(rank, "2 steps");
+        if (!rc && rank == 0) { /* the 2 steps' losses beside the model, as raw doubles */
+            char path[160];
+            snprintf(path, sizeof path, "%s.losses", c->out);
+            FILE *f = fopen(path, "wb");
+            if (!f || fwrite(losses, sizeof losses, 1, f) != 1) rc = fail(rank, "writing the losses");
+            if (f) fclose(f);
+        }
         if (!rc && ct_accelerator_save_model(acc, m, c->out)) rc = fail(rank, "save_model");
         if (!rc && c->save_after[0] && ct_accelerator_save_state(acc, c->save_after)) rc = fail(rank, "save_state at the end");
         if (!rc && c->bad[0]) {
@@ -295,4 +311,75 @@ Test(megatron_checkpoint, llama_w1_one_process_checkpoint_resumes_at_pp2_dp2, .t
     r.pp = 2, r.world = 4;
     go(r);
     compare(at("pp2dp2.safetensors"), at("cont1.safetensors"), TOL, TOL_ELEM);
+}
+
+/* tp 4 over the 2 key/value heads (each on 2 ranks): the checkpoint holds each head
+ * once, and loads at tp 4 (bitwise), at tp 2 (heads split) and in one process */
+Test(megatron_checkpoint, llama_w1_tp4_replicated_kv_heads_resume_at_tp4_tp2_and_tp1, .timeout = 150)
+{
+    go(run_of(true, false, 4, false, 7, "ck", "cont.safetensors"));
+    go(run_of(true, false, 4, true, 99, "ck", "tp4.safetensors"));
+    compare(at("tp4.safetensors"), at("cont.safetensors"), 0, 0);
+    go(run_of(true, false, 2, true, 99, "ck", "tp2.safetensors"));
+    compare(at("tp2.safetensors"), at("cont.safetensors"), TOL, TOL_ELEM);
+    go(run_of(true, false, 1, true, 99, "ck", "tp1.safetensors"));
+    compare(at("tp1.safetensors"), at("cont.safetensors"), TOL, TOL_ELEM);
+    ct_safetensors *f = ct_safetensors_open(at("ck/model.safetensors"));
+    cr_assert_not_null(f, "%s", ct_last_error());
+    int nd;
+    int64_t shape[CT_MAX_DIMS];
+    ct_dtype dt;
+    cr_assert(ct_safetensors_info(f, "model.layers.0.self_attn.k_proj.weight", &dt, &nd, shape), "%s",
+              ct_last_error());
+    cr_assert(nd == 2 && shape[0] == 128 && shape[1] == 256, "k_proj [%lld, %lld]", (long long)shape[0],
+              (long long)shape[1]);
+    ct_safetensors_close(f);
+}
+
+/* the losses a run wrote beside its model */
+static void losses_of(const char *out, double losses[2])
+{
+    char path[200];
+    snprintf(path, sizeof path, "%s.losses", out);
+    FILE *f = fopen(path, "rb");
+    cr_assert(f && fread(losses, sizeof(double), 2, f) == 2, "%s", path);
+    fclose(f);
+}
+
+/* dropout 0.1: the GPT's tensor-parallel dropout generator (one stream, or one per tp
+ * rank under sequence parallelism) is in the checkpoint, so the resumed run draws the
+ * masks the uninterrupted one drew: the losses and the parameters bitwise. The fresh
+ * run starts from another seed, so its generators differ until the load. */
+Test(megatron_checkpoint, gpt_w1_tp2_dropout_resumes_bitwise_with_and_without_sequence_parallelism, .timeout = 120)
+{
+    for (int sp = 0; sp < 2; sp++) {
+        ck_run r = run_of(false, sp, 2, false, 7, sp ? "cks" : "ck", "cont.safetensors");
+        r.dropout = 0.1;
+        go(r);
+        r = run_of(false, sp, 2, true, 99, sp ? "cks" : "ck", "tp2.safetensors");
+        r.dropout = 0.1;
+        go(r);
+        compare(at("tp2.safetensors"), at("cont.safetensors"), 0, 0);
+        double want[2], got[2];
+        losses_of(at("cont.safetensors"), want);
+        losses_of(at("tp2.safetensors"), got);
+        cr_assert(!memcmp(want, got, sizeof want), "sequence parallel %d: losses %.9g %.9g resumed, %.9g %.9g straight",
+                  sp, got[0], got[1], want[0], want[1]);
+    }
+}
+
+/* fp8: the scaling state (the same on every rank: the amaxes are all-reduced) is in the
+ * checkpoint, so a resumed tp 2 run quantises with the saved scales: bitwise again */
+Test(megatron_checkpoint, gpt_w1_tp2_fp8_resumes_bitwise, .timeout = 120)
+{
+    ck_run r = run_of(false, true, 2, false, 7, "ck", "cont.safetensors");
+    r.mp = "fp8";
+    go(r);
+    r = run_of(false, true, 2, true, 99, "ck", "tp2.safetensors");
+    r.mp = "fp8";
+    go(r);
+    compare(at("tp2.safetensors"), at("cont.safetensors"), 0, 0);
+    ct_checkpoint_info info;
+    cr_assert_eq(ct_checkpoint_inspect(at("ck"), true, &info, NULL), CT_OK, "%s", ct_last_error());
+    cr_assert_str_eq(info.mixed_precision, "fp8");
 }

@@ -74,15 +74,15 @@ static int check_record(rank_ctx *c, const ct_gpt *m, const char *name, const ct
     ct_gpt_tp_shard want = {.shard = {.dim = -1}, .parts = 1, .partial_grad = true};
     bool weight = strstr(name, ".weight") != NULL;
     if (!strcmp(name, "wte.weight"))
-        want = (ct_gpt_tp_shard){{0, r * Vp / n, (r + 1) * Vp / n, cfg->vocab_size}, 1, false};
+        want = (ct_gpt_tp_shard){{0, r * Vp / n, (r + 1) * Vp / n, cfg->vocab_size, 0}, 1, false};
     else if (strstr(name, "attn.c_attn"))
-        want = (ct_gpt_tp_shard){{weight ? 1 : 0, r * C / n, (r + 1) * C / n, C}, 3, false};
+        want = (ct_gpt_tp_shard){{weight ? 1 : 0, r * C / n, (r + 1) * C / n, C, 0}, 3, false};
     else if (strstr(name, "attn.c_proj.weight"))
-        want = (ct_gpt_tp_shard){{0, r * C / n, (r + 1) * C / n, C}, 1, false};
+        want = (ct_gpt_tp_shard){{0, r * C / n, (r + 1) * C / n, C, 0}, 1, false};
     else if (strstr(name, "mlp.c_fc"))
-        want = (ct_gpt_tp_shard){{weight ? 1 : 0, r * 4 * C / n, (r + 1) * 4 * C / n, 4 * C}, 1, false};
+        want = (ct_gpt_tp_shard){{weight ? 1 : 0, r * 4 * C / n, (r + 1) * 4 * C / n, 4 * C, 0}, 1, false};
     else if (strstr(name, "mlp.c_proj.weight"))
-        want = (ct_gpt_tp_shard){{0, r * 4 * C / n, (r + 1) * 4 * C / n, 4 * C}, 1, false};
+        want = (ct_gpt_tp_shard){{0, r * 4 * C / n, (r + 1) * 4 * C / n, 4 * C, 0}, 1, false};
     bool ok = s && s == ct_gpt_tp_shard_of(m, NULL, param) && s->shard.dim == want.shard.dim &&
               s->parts == want.parts && s->partial_grad == want.partial_grad &&
               (want.shard.dim < 0 || (s->shard.start == want.shard.start && s->shard.end == want.shard.end &&

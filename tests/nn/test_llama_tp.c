@@ -146,19 +146,25 @@ static int expect_num(rank_ctx *c, const char *what, double got, double want, do
 static bool has(const char *name, const char *part) { return strstr(name, part) != NULL; }
 
 /* The Megatron layout, written out: which part of the full tensor named `name` rank
- * r of n holds (dim -1: all of it). */
-static ct_tp_shard layout(const char *name, const int64_t *shape, int64_t V, int r, int n)
+ * r of n holds (dim -1: all of it). With fewer key/value heads K than ranks, rank r
+ * keeps the head its query heads [r H/n, (r+1) H/n) use: (r H/n) / (H/K). */
+static ct_tp_shard layout(const char *name, const int64_t *shape, const ct_llama_config *cfg, int r, int n)
 {
+    int64_t V = cfg->vocab_size, H = cfg->num_attention_heads, K = cfg->num_key_value_heads;
+    if ((has(name, "k_proj") || has(name, "v_proj")) && n > K) {
+        int64_t D = shape[0] / K, head = (r * H / n) / (H / K);
+        return (ct_tp_shard){0, head * D, (head + 1) * D, shape[0], n / (int)K};
+    }
     if (has(name, "q_proj") || has(name, "k_proj") || has(name, "v_proj") || has(name, "gate_proj") ||
         has(name, "up_proj"))
-        return (ct_tp_shard){0, r * shape[0] / n, (r + 1) * shape[0] / n, shape[0]};
+        return (ct_tp_shard){0, r * shape[0] / n, (r + 1) * shape[0] / n, shape[0], 0};
     if (has(name, "o_proj") || has(name, "down_proj"))
-        return (ct_tp_shard){1, r * shape[1] / n, (r + 1) * shape[1] / n, shape[1]};
+        return (ct_tp_shard){1, r * shape[1] / n, (r + 1) * shape[1] / n, shape[1], 0};
     if (has(name, "embed_tokens") || has(name, "lm_head")) {
         int64_t rows = (V + n - 1) / n;
-        return (ct_tp_shard){0, r * rows, (r + 1) * rows, V};
+        return (ct_tp_shard){0, r * rows, (r + 1) * rows, V, 0};
     }
-    return (ct_tp_shard){-1, 0, shape[0], shape[0]};
+    return (ct_tp_shard){-1, 0, shape[0], shape[0], 0};
 }
 
 /* indices [s.start, s.end) of full along s.dim, zeros past its end */
@@ -283,7 +289,7 @@ static int check_slices(rank_ctx *c, const tcase *t, ct_llama *m, const ct_param
         ct_tensor *want_full = ct_tensor_from_data(CT_DTYPE_F32, full->tensors[i]->ndim, full->tensors[i]->shape,
                                                    ref + at);
         at += ct_tensor_numel(full->tensors[i]);
-        ct_tp_shard s = layout(full->names[i], full->tensors[i]->shape, t->cfg.vocab_size, c->rank, c->world);
+        ct_tp_shard s = layout(full->names[i], full->tensors[i]->shape, &t->cfg, c->rank, c->world);
         ct_tensor *want = take(want_full, s);
         if (grads) {
             rc |= expect_rel(c, what, pl.names[i], pl.tensors[i]->grad, want, tol, &worst_grad);
@@ -312,14 +318,16 @@ static int check_layout(rank_ctx *c, const tcase *t, ct_llama *m, const ct_param
         rc = 1;
     }
     for (int i = 0; i < full->n && i < pl.n; i++) {
-        ct_tp_shard want = layout(full->names[i], full->tensors[i]->shape, t->cfg.vocab_size, c->rank, c->world);
+        ct_tp_shard want = layout(full->names[i], full->tensors[i]->shape, &t->cfg, c->rank, c->world);
         const ct_tp_shard *got = ct_llama_tp_shard_of(m, pl.tensors[i]);
         if (strcmp(pl.names[i], full->names[i]) || !got || got->dim != want.dim || got->start != want.start ||
-            got->end != want.end || got->full != want.full) {
-            report(c, "rank %d: parameter %d: %s, record dim %d [%lld, %lld) of %lld; want %s, dim %d [%lld, %lld) "
-                   "of %lld", c->rank, i, pl.names[i], got ? got->dim : -9, got ? (long long)got->start : -1,
-                   got ? (long long)got->end : -1, got ? (long long)got->full : -1, full->names[i], want.dim,
-                   (long long)want.start, (long long)want.end, (long long)want.full);
+            got->end != want.end || got->full != want.full || (got->replicas > 1) != (want.replicas > 1) ||
+            (want.replicas > 1 && got->replicas != want.replicas)) {
+            report(c, "rank %d: parameter %d: %s, record dim %d [%lld, %lld) of %lld x%d; want %s, dim %d [%lld, "
+                   "%lld) of %lld x%d", c->rank, i, pl.names[i], got ? got->dim : -9, got ? (long long)got->start : -1,
+                   got ? (long long)got->end : -1, got ? (long long)got->full : -1, got ? got->replicas : -1,
+                   full->names[i], want.dim, (long long)want.start, (long long)want.end, (long long)want.full,
+                   want.replicas);
             rc = 1;
         }
         rc |= expect_rel(c, "initial value", pl.names[i], pl.tensors[i], take(full->tensors[i], want), 0, NULL);
@@ -432,25 +440,28 @@ Test(llama_tp, odd_sizes_untied_and_tied_on_2_ranks, .timeout = 120)
     run_case(&t, 2, both, 2);
 }
 
-/* 2 key/value heads over 4 ranks: refused (no replication of key/value heads) */
+/* 6 key/value heads over 4 ranks: neither divides the other, refused */
 static int gqa_refused_rank(rank_ctx *c)
 {
     ct_pg *g = rank_pg(c, 30, NULL);
     if (!g) return 1;
     int rc = 0;
     CT_FRAME {
-        ct_llama *m = ct_llama_new(&odd);
+        ct_llama_config bad = odd;
+        bad.num_attention_heads = 12, bad.num_key_value_heads = 6; /* head_dim 4 */
+        ct_llama *m = ct_llama_new(&bad);
         if (!m) rc = failed(c, "model");
         else
-            rc = expect_error(c, "2 kv heads over 4", ct_llama_tensor_parallel(m, g, false) != CT_OK,
-                              "tp 4 must divide num_attention_heads 4 and num_key_value_heads 2");
+            rc = expect_error(c, "6 kv heads over 4", ct_llama_tensor_parallel(m, g, false) != CT_OK,
+                              "tp 4 must divide num_attention_heads 12, and tp and num_key_value_heads 6 must divide "
+                              "one another");
         ct_module_free(m ? &m->base : NULL);
     }
     ct_pg_free(g);
     return rc;
 }
 
-/* 4 ranks need 4 key/value heads; 97 is padded to 100 */
+/* 4 key/value heads on 4 ranks; 97 is padded to 100 */
 Test(llama_tp, odd_sizes_on_4_ranks, .timeout = 120)
 {
     rank_result res[MAX_RANKS];
@@ -460,6 +471,20 @@ Test(llama_tp, odd_sizes_on_4_ranks, .timeout = 120)
                .tol_param = 1e-5};
     t.cfg.num_key_value_heads = 4;
     run_case(&t, 4, both, 2);
+}
+
+/* Fewer key/value heads than ranks: each rank keeps the head its query heads use,
+ * replicated over tp / K ranks, whose gradient ct_llama_tp_sync_grads sums over them.
+ * 2 heads over 4 ranks (untied and tied), 1 head over 2 ranks. */
+Test(llama_tp, replicated_kv_heads_train_as_one_process, .timeout = 240)
+{
+    tcase t = {.name = "2 kv heads on 4", .cfg = odd, .B = 2, .T = 8, .tol_fwd = 1e-6, .tol_grad = 3e-6,
+               .tol_param = 1e-5};
+    run_case(&t, 4, both, 2);
+    t.name = "2 kv heads on 4, tied", t.cfg.tie_word_embeddings = true;
+    run_case(&t, 4, both, 1);
+    t.name = "1 kv head on 2", t.cfg = odd, t.cfg.num_key_value_heads = 1;
+    run_case(&t, 2, both, 2);
 }
 
 /* bf16 autocast: each side rounds its own partial products to 8 bits */
@@ -483,7 +508,8 @@ static int errors_rank(rank_ctx *c)
         if (!m) rc = failed(c, "model 6/3 heads");
         else {
             rc |= expect_error(c, "3 kv heads over 2", ct_llama_tensor_parallel(m, g, false) != CT_OK,
-                               "tp 2 must divide num_attention_heads 6 and num_key_value_heads 3");
+                               "tp 2 must divide num_attention_heads 6, and tp and num_key_value_heads 3 must "
+                               "divide one another");
             if (m->tp || m->blocks[0]->self_attn->q_proj->weight->shape[0] != 48 ||
                 ct_llama_tp_shard_of(m, m->embed_tokens->weight)) {
                 report(c, "rank %d: a refused conversion changed the model", c->rank);

@@ -180,8 +180,11 @@ Test(parallel_mesh, bad_layouts_name_the_numbers)
 
     cr_expect_neq(ct_mesh_check_model(&(ct_mesh_config){.tp = 4}, 6, 0, 2), CT_OK);
     expect_has(ct_last_error(), "tp 4 does not divide n_head 6");
-    cr_expect_neq(ct_mesh_check_model(&(ct_mesh_config){.tp = 4}, 8, 2, 2), CT_OK);
-    expect_has(ct_last_error(), "tp 4 does not divide n_kv_head 2");
+    cr_expect_neq(ct_mesh_check_model(&(ct_mesh_config){.tp = 4}, 12, 6, 2), CT_OK);
+    expect_has(ct_last_error(), "tp 4 and n_kv_head 6: neither divides the other");
+    /* fewer key/value heads than tp: each replicated over tp / n_kv_head ranks */
+    cr_expect_eq(ct_mesh_check_model(&(ct_mesh_config){.tp = 4}, 8, 2, 2), CT_OK, "%s", ct_last_error());
+    cr_expect_eq(ct_mesh_check_model(&(ct_mesh_config){.tp = 8}, 8, 1, 2), CT_OK, "%s", ct_last_error());
     cr_expect_neq(ct_mesh_check_model(&(ct_mesh_config){.tp = 1, .pp = 4}, 8, 2, 3), CT_OK);
     expect_has(ct_last_error(), "pp 4 is larger than the layer count 3");
     cr_expect_eq(ct_mesh_check_model(&(ct_mesh_config){.tp = 2, .pp = 2}, 8, 2, 2), CT_OK, "%s", ct_last_error());
