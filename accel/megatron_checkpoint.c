@@ -248,10 +248,10 @@ ct_status cti_accel_megatron_rng_gather(ct_accelerator *a, ct_tensor *out[3])
     ct_tensor *all = in ? ct_tensor_empty(CT_DTYPE_I64, CT_SHAPE(world, 2)) : NULL;
     if (!all || ct_work_run(ct_pg_allgather(a->pg, all, in)))
         return ct_error_prefix("gathering the tensor-parallel dropout generators: ");
-    int64_t layout[3] = {a->mesh->tp, a->mesh->dp, a->mlm.sequence_parallelism};
+    int64_t layout[4] = {a->mesh->tp, a->mesh->dp, a->mlm.sequence_parallelism, a->mesh->pp};
     out[0] = ct_tensor_contiguous(ct_tensor_select(all, 1, 0));
     out[1] = ct_tensor_contiguous(ct_tensor_select(all, 1, 1));
-    out[2] = ct_tensor_clone(ct_tensor_from_data(CT_DTYPE_I64, CT_SHAPE(3), layout));
+    out[2] = ct_tensor_clone(ct_tensor_from_data(CT_DTYPE_I64, CT_SHAPE(4), layout));
     return out[0] && out[1] && out[2] ? CT_OK : ct_last_status();
 }
 
@@ -278,25 +278,32 @@ ct_status cti_accel_megatron_rng_stage(const ct_accelerator *a, const char *dir,
     lay = lay ? ct_tensor_contiguous(lay) : NULL;
     if (!seed || !off || !lay) st = ct_error_prefix("%s: ", path);
     else if (seed->dtype != CT_DTYPE_I64 || off->dtype != CT_DTYPE_I64 || lay->dtype != CT_DTYPE_I64 ||
-             seed->ndim != 1 || !ct_tensor_same_shape(seed, off) || ct_tensor_numel(lay) != 3)
-        st = ct_error_set(CT_ERR_FORMAT, "%s: want i64 seed and offset [world] and layout [3]", path);
+             seed->ndim != 1 || !ct_tensor_same_shape(seed, off) ||
+             (ct_tensor_numel(lay) != 3 && ct_tensor_numel(lay) != 4))
+        st = ct_error_set(CT_ERR_FORMAT, "%s: want i64 seed and offset [world] and layout [3] or [4]", path);
     if (!st) {
+        /* layout: tp, dp, sequence parallelism, pp (1 when absent); rows in world order,
+         * (pp_i dp + dp_i) tp + tp_i */
         const int64_t *sd = ct_tensor_data(seed), *of = ct_tensor_data(off), *l = ct_tensor_data(lay);
-        const int64_t rows = seed->shape[0], tp = l[0], dp = l[1];
+        const int64_t rows = seed->shape[0], tp = l[0], dp = l[1], pp = ct_tensor_numel(lay) == 4 ? l[3] : 1;
         const bool sp = l[2] != 0;
+        const int64_t stage0 = (int64_t)a->mesh->pp_rank * dp * tp; /* dp index 0, tp rank 0 of this stage */
         int64_t row = -1;
-        if (tp < 1 || dp < 1 || tp * dp != rows)
-            st = ct_error_set(CT_ERR_FORMAT, "%s: %lld generators for tp %lld x dp %lld", path, (long long)rows,
-                              (long long)tp, (long long)dp);
+        if (tp < 1 || dp < 1 || pp < 1 || tp * dp * pp != rows)
+            st = ct_error_set(CT_ERR_FORMAT, "%s: %lld generators for tp %lld x dp %lld x pp %lld", path,
+                              (long long)rows, (long long)tp, (long long)dp, (long long)pp);
         else if (sp != a->mlm.sequence_parallelism)
             *why = "the checkpoint's run and this one differ in sequence parallelism: the tensor-parallel dropout "
                    "generators go on from their state at sharding";
+        else if (pp != a->mesh->pp)
+            *why = "the checkpoint's run has another number of pipeline stages (each stage draws its own masks): "
+                   "the tensor-parallel dropout generators go on from their state at sharding";
         else if (tp == a->mesh->tp && dp == a->mesh->dp)
             row = ct_pg_rank(a->pg);
         else if (tp == a->mesh->tp)
-            row = a->mesh->tp_rank; /* dp index 0's stream of this tp rank */
+            row = stage0 + a->mesh->tp_rank; /* dp index 0's stream of this tp rank */
         else if (!sp)
-            row = 0;
+            row = stage0;
         else
             *why = "sequence parallelism at another tp degree splits the sequence into other chunks: the "
                    "tensor-parallel dropout generators go on from their state at sharding";

@@ -38,7 +38,7 @@ ct_status cti_accel_megatron_load_model(ct_accelerator *a, const char *path);
 /* The GPT's tensor-parallel dropout generators (ct_gpt_tp_dropout_rng): one per rank
  * (one stream per tp rank under sequence parallelism; each data-parallel index its
  * own), in a file of their own, "seed" and "offset" i64 [world] (row = world rank) and
- * "layout" i64 [3] = {tp, dp, sequence parallel}. */
+ * "layout" i64 [4] = {tp, dp, sequence parallel, pp} (files with [3]: pp 1). */
 #define CT_CKPT_TP_RNG "tp_dropout_rng.safetensors"
 /* Every rank's generator into out[0..2] (current frame): the three tensors above, or
  * all NULL (CT_OK) when the model has no such generator (the Llama). A collective over
@@ -47,9 +47,10 @@ ct_status cti_accel_megatron_rng_gather(ct_accelerator *a, ct_tensor *out[3]);
 /* This rank's generator from checkpoint dir into *out, *found true; *found false (CT_OK)
  * when the model has none, the checkpoint holds none (saved without tensor parallelism),
  * or under sequence parallelism at another tp degree (the chunks, so the masks, differ):
- * *why says which for a note. Same layout: this rank's row; another data-parallel
- * degree: the stream of this tp rank at dp index 0; without sequence parallelism at
- * another tp degree: rank 0's (every tp rank draws that one stream). No collective. */
+ * or at another pp degree: *why says which for a note. Same layout: this rank's row;
+ * another data-parallel degree: the stream of this tp rank at dp index 0 of its stage;
+ * without sequence parallelism at another tp degree: the stage's first rank's (every tp
+ * rank draws that one stream). No collective. */
 ct_status cti_accel_megatron_rng_stage(const ct_accelerator *a, const char *dir, bool *found, ct_rng *out,
                                        const char **why);
 /* Puts a staged generator into the model. */

@@ -350,21 +350,26 @@ static void losses_of(const char *out, double losses[2])
  * rank under sequence parallelism) is in the checkpoint, so the resumed run draws the
  * masks the uninterrupted one drew: the losses and the parameters bitwise. The fresh
  * run starts from another seed, so its generators differ until the load. */
-Test(megatron_checkpoint, gpt_w1_tp2_dropout_resumes_bitwise_with_and_without_sequence_parallelism, .timeout = 120)
+Test(megatron_checkpoint, gpt_w1_tp2_dropout_resumes_bitwise_with_and_without_sequence_parallelism, .timeout = 150)
 {
-    for (int sp = 0; sp < 2; sp++) {
-        ck_run r = run_of(false, sp, 2, false, 7, sp ? "cks" : "ck", "cont.safetensors");
-        r.dropout = 0.1;
+    /* tp 2, tp 2 with sequence parallelism, and that inside 2 pipeline stages (each
+     * stage's ranks draw their own streams) */
+    for (int k = 0; k < 3; k++) {
+        const int sp = k > 0, pp = k == 2 ? 2 : 1;
+        const char *dir = k == 0 ? "ck" : k == 1 ? "cks" : "ckp";
+        ck_run r = run_of(false, sp, 2, false, 7, dir, "cont.safetensors");
+        r.dropout = 0.1, r.pp = pp;
         go(r);
-        r = run_of(false, sp, 2, true, 99, sp ? "cks" : "ck", "tp2.safetensors");
-        r.dropout = 0.1;
+        r = run_of(false, sp, 2, true, 99, dir, "tp2.safetensors");
+        r.dropout = 0.1, r.pp = pp;
         go(r);
         compare(at("tp2.safetensors"), at("cont.safetensors"), 0, 0);
         double want[2], got[2];
         losses_of(at("cont.safetensors"), want);
         losses_of(at("tp2.safetensors"), got);
-        cr_assert(!memcmp(want, got, sizeof want), "sequence parallel %d: losses %.9g %.9g resumed, %.9g %.9g straight",
-                  sp, got[0], got[1], want[0], want[1]);
+        cr_assert(!memcmp(want, got, sizeof want),
+                  "sequence parallel %d, pp %d: losses %.9g %.9g resumed, %.9g %.9g straight", sp, pp, got[0], got[1],
+                  want[0], want[1]);
     }
 }
 
