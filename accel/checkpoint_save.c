@@ -11,6 +11,7 @@
  */
 #include "accel/checkpoint_internal.h"
 #include "accel/megatron_checkpoint_internal.h"
+#include "accel/megatron_zero_internal.h"
 #include "accel/model_shards_internal.h"
 
 #include <errno.h>
@@ -123,15 +124,21 @@ static ct_status build_opt_parts(ct_accelerator *a, opt_parts *o)
         int64_t b, e;
         cti_ckpt_opt_param(a, i, name, sizeof name, &full, &b, &e);
         ct_tensor *p = ct_optimizer_param(opt, i);
+        /* under the engine over dp (tp x ZeRO) p is a slice of the local parameter */
+        const ct_tensor *lp = a->mesh && a->shard ? full : p;
+        const int64_t sb = b, se = e;
+        int64_t step = ct_optimizer_param_step(opt, i);
+        if (a->mesh && a->shard && (step = cti_accel_megatron_zero_step(a, step)) < 0)
+            return ct_error_prefix("parameter '%s': ", name);
         if (a->mesh) {
             /* tensor parallelism: the whole parameter and its whole moments, as one
              * process saves them (every tp rank gathers, rank 0 writes) */
-            if (!(full = cti_accel_megatron_gather_like(a, p, p))) return ct_error_prefix("parameter '%s': ", name);
+            if (!(full = cti_accel_megatron_gather_like(a, lp, (ct_tensor *)lp)))
+                return ct_error_prefix("parameter '%s': ", name);
             b = 0, e = ct_tensor_numel(full);
         }
         snprintf(key, sizeof key, "ctrain.oparam.%d", i);
         st = meta(o, key, "%s", name);
-        const int64_t step = ct_optimizer_param_step(opt, i);
         if (!st && step > 0 && b < e) {
             snprintf(key, sizeof key, "ctrain.pstep.%s", name);
             st = meta(o, key, "%" PRId64, step);
@@ -142,7 +149,10 @@ static ct_status build_opt_parts(ct_accelerator *a, opt_parts *o)
             o->list[o->nlist++] = tn;
             if (b == e) continue;
             ct_tensor *s = ct_optimizer_state(opt, i, keys[k]);
-            if (s && a->mesh) s = cti_accel_megatron_gather_like(a, p, s);
+            if (a->mesh && a->shard) /* the slices over dp into the local shape first */
+                s = (s = cti_accel_megatron_zero_local(a, i, s, lp, sb, se)) ? cti_accel_megatron_gather_like(a, lp, s)
+                                                                              : NULL;
+            else if (s && a->mesh) s = cti_accel_megatron_gather_like(a, p, s);
             ct_tensor *v = s ? ct_tensor_view(ct_tensor_contiguous(s), 1, (const int64_t[]){e - b})
                              : ct_tensor_zeros(p->dtype, 1, (const int64_t[]){e - b});
             char *pn = strdup(tn);
@@ -429,7 +439,9 @@ static ct_status save_sharded(ct_accelerator *a, const char *tmp, const char *fi
 
 /* Tensor parallelism: the tp ranks of data-parallel index 0 gather the whole model and
  * optimizer state (collectives over their tp group), then rank 0 writes it as one
- * process would; every rank joins the agreement at the end. */
+ * process would; every rank joins the agreement at the end. Under the sharding engine
+ * over dp every rank first gathers its local parameters and moments over dp (every
+ * tp group then gathers over tp alike; only rank 0's copy is written). */
 static ct_status save_tp(ct_accelerator *a, const char *dir, char **final, char **tmp, bool *automatic)
 {
     const int rank = ct_pg_rank(a->pg);
@@ -437,10 +449,12 @@ static ct_status save_tp(ct_accelerator *a, const char *dir, char **final, char 
     opt_parts o = {0};
     ct_status st = CT_OK;
     ct_frame_push();
-    if (a->mesh->dp_rank == 0) {
-        if (a->model) st = cti_accel_megatron_model_tensors(a, &l);
+    if (a->mesh->dp_rank == 0 || a->shard) {
+        if (a->shard) st = ct_shard_gather_full(a->shard);
+        if (!st && a->model) st = cti_accel_megatron_model_tensors(a, &l);
         if (!st && a->opt) st = build_opt_parts(a, &o);
-        if (st) ct_error_prefix("tensor parallelism (tp %d): ", a->mesh->tp);
+        ct_shard_release_full(a->shard);
+        if (st) ct_error_prefix("tensor parallelism (tp %d x dp %d): ", a->mesh->tp, a->mesh->dp);
     }
     if (!st && rank == 0) {
         st = target(a, dir, final, tmp, automatic);

@@ -47,6 +47,10 @@ typedef struct mcase {
     const char *mp; /* NULL: "no" */
     int64_t B;      /* rows per data-parallel rank per micro-step */
     bool from_env;  /* the settings as ctrain launch passes them (CTRAIN_*), no plugin */
+    int zero;       /* 1..3: DeepSpeed's zero_stage over dp (deepspeed_plugin, or --use_deepspeed) */
+    const char *fsdp; /* an FSDP sharding_strategy over dp (fsdp_plugin) */
+    bool dist_opt;  /* use_distributed_optimizer */
+    ct_shard_strategy want; /* the engine's strategy over dp (NO_SHARD: DDP) */
     double tol;      /* rms(got - want) / max(1, rms(want)) per tensor */
     double tol_elem; /* |got - want| / max(1, |want|) per element (tp_check.h's rel_err) */
 } mcase;
@@ -188,12 +192,29 @@ static int train_rank(int rank, int world, const char *dir, void *ctx)
             setenv("CTRAIN_MEGATRON_SEQUENCE_PARALLELISM", c->sp ? "true" : "false", 1);
             snprintf(v, sizeof v, "%g", CLIP), setenv("CTRAIN_MEGATRON_GRADIENT_CLIPPING", v, 1);
             snprintf(v, sizeof v, "%d", K), setenv("CTRAIN_GRADIENT_ACCUMULATION_STEPS", v, 1);
+            if (c->zero) { /* --use_deepspeed --zero_stage N */
+                setenv("CTRAIN_USE_DEEPSPEED", "1", 1);
+                snprintf(v, sizeof v, "%d", c->zero), setenv("CTRAIN_ZERO_STAGE", v, 1);
+            }
         }
+        p.use_distributed_optimizer = c->dist_opt;
+        ct_deepspeed_plugin dsp = {.zero_stage = c->zero};
+        ct_fsdp_plugin fsdp = {.sharding_strategy = c->fsdp};
         ct_accelerator *acc = ct_accelerator_new(&(ct_accelerator_config){
             .megatron_lm_plugin = c->from_env ? NULL : &p,
+            .deepspeed_plugin = c->zero && !c->from_env ? &dsp : NULL,
+            .fsdp_plugin = c->fsdp ? &fsdp : NULL,
             .gradient_accumulation_steps = c->from_env ? 0 : K,
             .mixed_precision = c->mp});
         ct_status st = acc ? ct_accelerator_prepare(acc, m, opt, l, NULL) : ct_last_status();
+        /* the sharding engine over dp (2 ranks), or DDP: equal results either way, so
+         * the strategy that ran is checked */
+        const ct_shard *sh = acc ? ct_accelerator_shard(acc) : NULL;
+        if (!st && (c->want ? !sh || ct_shard_stats_get(sh).strategy != c->want || ct_shard_stats_get(sh).shard_world != dp
+                            : sh != NULL))
+            st = ct_error_set(CT_ERR_INVALID, "the engine over dp is %s (shard group %d), want %s",
+                              sh ? ct_shard_strategy_name(ct_shard_stats_get(sh).strategy) : "absent",
+                              sh ? ct_shard_stats_get(sh).shard_world : 0, ct_shard_strategy_name(c->want));
         /* the user's loop, unchanged */
         ct_tensor *x, *y;
         for (int i = 0; i < STEPS * K && !st; i++) CT_FRAME {
@@ -304,6 +325,49 @@ Test(megatron, gpt_w1_tp2_bf16_tracks_the_bf16_single_process, .timeout = 180)
     run(2, (mcase){.tp = 2, .sp = true, .mp = "bf16", .B = 2, .tol = 5e-3, .tol_elem = 3e-2});
 }
 
+/* ---- the sharding engine over dp (accel/megatron_zero.c) --------------------------- *
+ * tp 2 x dp 2, the engine's shard group the two dp ranks: reductions, the slices' tp
+ * sync (sequence parallelism), the norm over every axis and accumulation must give the
+ * one-process run's parameters. A missing tp sync, a replicated slice counted twice in
+ * the norm or a wrong reduction moves whole tensors by about lr per step. */
+
+Test(megatron, gpt_w1_tp2_dp2_sequence_parallel_zero1_trains_as_one_process, .timeout = 180)
+{
+    run(4, (mcase){.tp = 2, .sp = true, .B = 2, .zero = 1, .want = CT_SHARD_OPTIMIZER, .tol = 1e-5, .tol_elem = 1e-4});
+}
+
+Test(megatron, gpt_w1_tp2_dp2_zero2_trains_as_one_process, .timeout = 180)
+{
+    run(4, (mcase){.tp = 2, .B = 2, .zero = 2, .want = CT_SHARD_GRAD_OP, .tol = 1e-5, .tol_elem = 1e-4});
+}
+
+Test(megatron, gpt_w1_tp2_dp2_sequence_parallel_zero3_trains_as_one_process, .timeout = 180)
+{
+    run(4, (mcase){.tp = 2, .sp = true, .B = 2, .zero = 3, .want = CT_SHARD_FULL, .tol = 1e-5, .tol_elem = 1e-4});
+}
+
+/* Megatron's distributed optimizer: ZeRO-1 over dp */
+Test(megatron, llama_w1_tp2_dp2_distributed_optimizer_trains_as_one_process, .timeout = 180)
+{
+    run(4, (mcase){.llama = true, .tp = 2, .B = 2, .dist_opt = true, .want = CT_SHARD_OPTIMIZER, .tol = 1e-5,
+                   .tol_elem = 1e-4});
+}
+
+/* `ctrain launch --num_processes 4 --use_megatron_lm --megatron_lm_tp_degree 2
+ *  --megatron_lm_sequence_parallelism true --use_deepspeed --zero_stage 2` */
+Test(megatron, llama_w1_tp2_dp2_sequence_parallel_zero2_from_the_launchers_variables_trains_as_one_process,
+     .timeout = 180)
+{
+    run(4, (mcase){.llama = true, .tp = 2, .sp = true, .B = 2, .from_env = true, .zero = 2, .want = CT_SHARD_GRAD_OP,
+                   .tol = 1e-5, .tol_elem = 1e-4});
+}
+
+Test(megatron, llama_w1_tp2_dp2_sequence_parallel_fsdp_full_shard_trains_as_one_process, .timeout = 180)
+{
+    run(4, (mcase){.llama = true, .tp = 2, .sp = true, .B = 2, .fsdp = "FULL_SHARD", .want = CT_SHARD_FULL,
+                   .tol = 1e-5, .tol_elem = 1e-4});
+}
+
 /* ---- bad layouts fail on every rank, naming the numbers -------------------------- */
 
 typedef struct bad_case {
@@ -365,25 +429,15 @@ Test(megatron, bad_layouts_fail_on_every_rank_naming_the_numbers, .timeout = 60)
     run_env_ranks(2, bad_rank, NULL, &pp, 50);
 }
 
-/* use_distributed_optimizer: with tp 1 it is ZeRO-1 over every rank; with tp 2 and dp 2
- * it is refused on every rank (not supported yet) */
+/* use_distributed_optimizer with tp 1 is ZeRO-1 over every rank (at tp 2 x dp 2 it
+ * trains as one process: zero_trains_as_one_process below) */
 static int dist_opt_rank(int rank, int world, const char *dir, void *ctx)
 {
-    (void)dir, (void)ctx;
+    (void)dir, (void)ctx, (void)world;
     int rc = 0;
     CT_FRAME {
-        ct_megatron_lm_plugin p = {.tp_degree = world == 4 ? 2 : 1, .use_distributed_optimizer = true};
+        ct_megatron_lm_plugin p = {.tp_degree = 1, .use_distributed_optimizer = true};
         ct_accelerator *acc = ct_accelerator_new(&(ct_accelerator_config){.megatron_lm_plugin = &p});
-        if (world == 4) {
-            const char *want = "use_distributed_optimizer with tp_degree 2 and 2 data-parallel ranks is not supported";
-            if (acc || !strstr(ct_last_error(), want)) {
-                fprintf(stderr, "rank %d: %s; want an error naming '%s'\n", rank, acc ? "accepted" : ct_last_error(),
-                        want);
-                rc = 1;
-            }
-            ct_accelerator_free(acc);
-            continue; /* leaves the frame */
-        }
         ct_set_seed(3);
         ct_gpt *m = ct_gpt_new(&(ct_gpt_config){.vocab_size = 32, .block_size = 8, .n_layer = 1, .n_head = 2,
                                                 .n_embd = 16});
@@ -400,14 +454,23 @@ static int dist_opt_rank(int rank, int world, const char *dir, void *ctx)
         ct_accelerator_free(acc);
         ct_optimizer_free(opt);
         ct_module_free(&m->base);
+        /* SHARDED_STATE_DICT under tensor parallelism is refused: checkpoints hold the whole model */
+        const char *want = "tp_degree 2) with fsdp_plugin's SHARDED_STATE_DICT is not supported";
+        acc = ct_accelerator_new(&(ct_accelerator_config){
+            .megatron_lm_plugin = &(ct_megatron_lm_plugin){.tp_degree = 2},
+            .fsdp_plugin = &(ct_fsdp_plugin){.state_dict_type = "SHARDED_STATE_DICT"}});
+        if (acc || !strstr(ct_last_error(), want)) {
+            fprintf(stderr, "rank %d: %s; want an error naming '%s'\n", rank, acc ? "accepted" : ct_last_error(), want);
+            rc = 1;
+        }
+        ct_accelerator_free(acc);
     }
     return rc;
 }
 
-Test(megatron, the_distributed_optimizer_is_zero1_over_dp_or_refused, .timeout = 60)
+Test(megatron, the_distributed_optimizer_at_tp1_is_zero1_and_sharded_state_dicts_are_refused_at_tp2, .timeout = 60)
 {
     run_env_ranks(2, dist_opt_rank, NULL, NULL, 50);
-    run_env_ranks(4, dist_opt_rank, NULL, NULL, 50);
 }
 
 /* ---- the plugin's settings ------------------------------------------------------- */
@@ -481,9 +544,9 @@ Test(megatron, plugin_values_are_checked)
     ct_accelerator *acc = ct_accelerator_new(&(ct_accelerator_config){.megatron_lm_plugin = &(ct_megatron_lm_plugin){0}});
     cr_assert_not_null(acc, "%s", ct_last_error());
     ct_accelerator_free(acc);
-    /* with a sharding plugin too: refused, naming both */
+    /* with a sharding plugin too: the engine over the data-parallel axis */
     acc = ct_accelerator_new(&(ct_accelerator_config){.megatron_lm_plugin = &(ct_megatron_lm_plugin){.tp_degree = 1},
                                                       .fsdp_plugin = &(ct_fsdp_plugin){0}});
-    cr_assert_null(acc);
-    cr_assert(strstr(ct_last_error(), "together with fsdp_plugin is not supported yet"), "%s", ct_last_error());
+    cr_assert_not_null(acc, "%s", ct_last_error());
+    ct_accelerator_free(acc);
 }

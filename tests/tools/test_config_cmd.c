@@ -286,8 +286,15 @@ Test(config_cmd, megatron_lm_flags_on_the_command_line, .timeout = 60)
     cr_assert_eq(ctrain("launch --use_megatron_lm --megatron_lm_tp_degree 0 true"), 2, "%s", out);
     assert_has("--megatron_lm_tp_degree");
     assert_has("'0': expected a whole number from 1");
-    cr_assert_eq(ctrain("launch --use_megatron_lm --use_fsdp true"), 2, "%s", out);
-    assert_has("--use_fsdp and --use_megatron_lm were both given: choose one");
+    /* tensor parallelism with ZeRO over the data-parallel axis: both settings reach the ranks */
+    cr_assert_eq(ctrain("launch --num_processes 4 --main_process_port 0 --cpu --use_megatron_lm "
+                        "--megatron_lm_tp_degree 2 --use_deepspeed --zero_stage 2 " PRINT_ENV),
+                 0, "%s", out);
+    static const char *const both[] = {"CTRAIN_USE_MEGATRON_LM=1", "CTRAIN_MEGATRON_TP_DEGREE=2",
+                                       "CTRAIN_USE_DEEPSPEED=1", "CTRAIN_ZERO_STAGE=2", NULL};
+    assert_rank_lines(4, both);
+    cr_assert_eq(ctrain("launch --use_megatron_lm --use_fsdp --use_deepspeed true"), 2, "%s", out);
+    assert_has("--use_deepspeed and --use_fsdp were both given: choose one");
     cr_assert_eq(ctrain("launch --help"), 0, "%s", out);
     assert_has("--use_megatron_lm");
     assert_has("--megatron_lm_tp_degree N");
