@@ -50,6 +50,7 @@ typedef struct mcase {
     int zero;       /* 1..3: DeepSpeed's zero_stage over dp (deepspeed_plugin, or --use_deepspeed) */
     const char *fsdp; /* an FSDP sharding_strategy over dp (fsdp_plugin) */
     bool dist_opt;  /* use_distributed_optimizer */
+    int hybrid;     /* > 0: the engine's HYBRID over dp with shard groups of this many dp ranks */
     ct_shard_strategy want; /* the engine's strategy over dp (NO_SHARD: DDP) */
     double tol;      /* rms(got - want) / max(1, rms(want)) per tensor */
     double tol_elem; /* |got - want| / max(1, |want|) per element (tp_check.h's rel_err) */
@@ -204,13 +205,15 @@ static int train_rank(int rank, int world, const char *dir, void *ctx)
             .megatron_lm_plugin = c->from_env ? NULL : &p,
             .deepspeed_plugin = c->zero && !c->from_env ? &dsp : NULL,
             .fsdp_plugin = c->fsdp ? &fsdp : NULL,
+            .shard = {.strategy = c->hybrid ? CT_SHARD_HYBRID : CT_SHARD_NO_SHARD, .shard_group_size = c->hybrid},
             .gradient_accumulation_steps = c->from_env ? 0 : K,
             .mixed_precision = c->mp});
         ct_status st = acc ? ct_accelerator_prepare(acc, m, opt, l, NULL) : ct_last_status();
         /* the sharding engine over dp (2 ranks), or DDP: equal results either way, so
          * the strategy that ran is checked */
         const ct_shard *sh = acc ? ct_accelerator_shard(acc) : NULL;
-        if (!st && (c->want ? !sh || ct_shard_stats_get(sh).strategy != c->want || ct_shard_stats_get(sh).shard_world != dp
+        const int group = c->hybrid ? c->hybrid : dp;
+        if (!st && (c->want ? !sh || ct_shard_stats_get(sh).strategy != c->want || ct_shard_stats_get(sh).shard_world != group
                             : sh != NULL))
             st = ct_error_set(CT_ERR_INVALID, "the engine over dp is %s (shard group %d), want %s",
                               sh ? ct_shard_strategy_name(ct_shard_stats_get(sh).strategy) : "absent",
@@ -357,6 +360,13 @@ Test(megatron, gpt_w1_tp2_dp2_sequence_parallel_zero2_bf16_tracks_the_bf16_singl
 {
     run(4, (mcase){.tp = 2, .sp = true, .mp = "bf16", .B = 2, .zero = 2, .want = CT_SHARD_GRAD_OP, .tol = 5e-3,
                    .tol_elem = 3e-2});
+}
+
+/* tp 2 x dp 4, HYBRID: sharded over pairs of dp ranks, the pairs replicas of each other
+ * (the norm counts the first pair's slices only) */
+Test(megatron, gpt_w1_tp2_dp4_sequence_parallel_hybrid_trains_as_one_process, .timeout = 180)
+{
+    run(8, (mcase){.tp = 2, .sp = true, .B = 2, .hybrid = 2, .want = CT_SHARD_HYBRID, .tol = 1e-5, .tol_elem = 1e-4});
 }
 
 /* Megatron's distributed optimizer: ZeRO-1 over dp */
