@@ -352,9 +352,10 @@ ct_status ct_accelerator_prepare(ct_accelerator *acc, ct_module *model, ct_optim
                        : ct_loader_set_shard(loader, rank, world);
         if (!st) st = ct_loader_set_device(loader, acc->device);
     }
+    /* a ds_config's batch sizes count the data-parallel ranks (dp under tensor parallelism) */
     if (!st)
-        st = ct_sharding_settings_check_ds(&acc->sharding, acc->mesh ? acc->mesh->dp : world, ct_loader_batch_size(loader), acc->K, acc->auto_clip,
-                                           ct_accelerator_mixed_precision(acc));
+        st = ct_sharding_settings_check_ds(&acc->sharding, acc->mesh ? acc->mesh->dp : world, ct_loader_batch_size(loader),
+                                           acc->K, acc->auto_clip, ct_accelerator_mixed_precision(acc));
     acc->sched = sched;
     if (st) return ct_error_prefix("accelerator_prepare (rank %d of %d): ", rank, world);
     acc->prepared = true;

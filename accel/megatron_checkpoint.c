@@ -80,7 +80,7 @@ ct_tensor *cti_accel_megatron_gather_like(ct_accelerator *a, const ct_tensor *p,
     return out;
 }
 
-/* slice_like as dtype */
+/* cti_accel_megatron_slice_like, cast to dtype instead of p's */
 static ct_tensor *slice_as(const ct_accelerator *a, const ct_tensor *p, ct_tensor *whole, ct_dtype dtype)
 {
     ct_tp_shard s;
