@@ -200,7 +200,10 @@ static int train_rank(int rank, int world, const char *dir, void *ctx)
         }
         p.use_distributed_optimizer = c->dist_opt;
         ct_deepspeed_plugin dsp = {.zero_stage = c->zero};
-        ct_fsdp_plugin fsdp = {.sharding_strategy = c->fsdp};
+        /* one unit per decoder layer: each gathered for its forward and backward only */
+        ct_fsdp_plugin fsdp = {.sharding_strategy = c->fsdp,
+                               .auto_wrap_policy = "TRANSFORMER_BASED_WRAP",
+                               .transformer_cls_names_to_wrap = c->llama ? "LlamaDecoderLayer" : "Block"};
         ct_accelerator *acc = ct_accelerator_new(&(ct_accelerator_config){
             .megatron_lm_plugin = c->from_env ? NULL : &p,
             .deepspeed_plugin = c->zero && !c->from_env ? &dsp : NULL,
@@ -218,6 +221,8 @@ static int train_rank(int rank, int world, const char *dir, void *ctx)
             st = ct_error_set(CT_ERR_INVALID, "the engine over dp is %s (shard group %d), want %s",
                               sh ? ct_shard_strategy_name(ct_shard_stats_get(sh).strategy) : "absent",
                               sh ? ct_shard_stats_get(sh).shard_world : 0, ct_shard_strategy_name(c->want));
+        if (!st && c->fsdp && ct_shard_stats_get(sh).units < 5) /* the 4 layers and the rest */
+            st = ct_error_set(CT_ERR_INVALID, "%d units: the layers are not wrapped", ct_shard_stats_get(sh).units);
         /* the user's loop, unchanged */
         ct_tensor *x, *y;
         for (int i = 0; i < STEPS * K && !st; i++) CT_FRAME {
@@ -385,7 +390,8 @@ Test(megatron, llama_w1_tp2_dp2_sequence_parallel_zero2_from_the_launchers_varia
                    .tol = 1e-5, .tol_elem = 1e-4});
 }
 
-Test(megatron, llama_w1_tp2_dp2_sequence_parallel_fsdp_full_shard_trains_as_one_process, .timeout = 180)
+/* FSDP FULL_SHARD wrapping each decoder layer */
+Test(megatron, llama_w1_tp2_dp2_sequence_parallel_fsdp_full_shard_per_layer_trains_as_one_process, .timeout = 180)
 {
     run(4, (mcase){.llama = true, .tp = 2, .sp = true, .B = 2, .fsdp = "FULL_SHARD", .want = CT_SHARD_FULL,
                    .tol = 1e-5, .tol_elem = 1e-4});
