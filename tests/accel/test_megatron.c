@@ -193,9 +193,10 @@ static int train_rank(int rank, int world, const char *dir, void *ctx)
             setenv("CTRAIN_MEGATRON_SEQUENCE_PARALLELISM", c->sp ? "true" : "false", 1);
             snprintf(v, sizeof v, "%g", CLIP), setenv("CTRAIN_MEGATRON_GRADIENT_CLIPPING", v, 1);
             snprintf(v, sizeof v, "%d", K), setenv("CTRAIN_GRADIENT_ACCUMULATION_STEPS", v, 1);
-            if (c->zero) { /* --use_deepspeed --zero_stage N */
+            if (c->zero) { /* --use_deepspeed --zero_stage N --offload_optimizer_device cpu */
                 setenv("CTRAIN_USE_DEEPSPEED", "1", 1);
                 snprintf(v, sizeof v, "%d", c->zero), setenv("CTRAIN_ZERO_STAGE", v, 1);
+                setenv("CTRAIN_OFFLOAD_OPTIMIZER_DEVICE", "cpu", 1);
             }
         }
         p.use_distributed_optimizer = c->dist_opt;
@@ -226,6 +227,8 @@ static int train_rank(int rank, int world, const char *dir, void *ctx)
             st = ct_error_set(CT_ERR_INVALID, "the engine over dp is %s (shard group %d), want %s",
                               sh ? ct_shard_strategy_name(ct_shard_stats_get(sh).strategy) : "absent",
                               sh ? ct_shard_stats_get(sh).shard_world : 0, ct_shard_strategy_name(c->want));
+        if (!st && c->from_env && c->zero && !ct_shard_stats_get(sh).memory.master)
+            st = ct_error_set(CT_ERR_INVALID, "the optimizer is not offloaded: no master slices");
         if (!st && c->fsdp && ct_shard_stats_get(sh).units < 5) /* the 4 layers and the rest */
             st = ct_error_set(CT_ERR_INVALID, "%d units: the layers are not wrapped", ct_shard_stats_get(sh).units);
         /* the user's loop, unchanged */
@@ -417,8 +420,9 @@ Test(megatron, llama_w1_tp2_dp2_distributed_optimizer_trains_as_one_process, .ti
 }
 
 /* `ctrain launch --num_processes 4 --use_megatron_lm --megatron_lm_tp_degree 2
- *  --megatron_lm_sequence_parallelism true --use_deepspeed --zero_stage 2` */
-Test(megatron, llama_w1_tp2_dp2_sequence_parallel_zero2_from_the_launchers_variables_trains_as_one_process,
+ *  --megatron_lm_sequence_parallelism true --use_deepspeed --zero_stage 2
+ *  --offload_optimizer_device cpu` (the optimizer steps f32 master slices apart) */
+Test(megatron, llama_w1_tp2_dp2_sequence_parallel_zero2_offload_from_the_launchers_variables_trains_as_one_process,
      .timeout = 180)
 {
     run(4, (mcase){.llama = true, .tp = 2, .sp = true, .B = 2, .from_env = true, .zero = 2, .want = CT_SHARD_GRAD_OP,
