@@ -42,8 +42,7 @@
 
 ct_status cti_accel_megatron_zero_settings(ct_accelerator *a, const char *source)
 {
-    const bool sharded = a->sharding.source || a->cfg.shard.strategy != CT_SHARD_NO_SHARD;
-    if (sharded && a->sharding.sharded_state_dict && a->mlm.tp_degree > 1)
+    if (a->sharding.sharded_state_dict && a->mlm.tp_degree > 1)
         return ct_error_set(CT_ERR_UNSUPPORTED,
                             "accelerator: Megatron-LM (%s, tp_degree %d) with %s's SHARDED_STATE_DICT is not "
                             "supported: checkpoints under tensor parallelism hold the whole model; use "
@@ -51,7 +50,8 @@ ct_status cti_accel_megatron_zero_settings(ct_accelerator *a, const char *source
                             source, a->mlm.tp_degree, a->sharding.source ? a->sharding.source : "the sharding");
     /* Megatron's distributed optimizer is ZeRO-1 over the data-parallel axis; a
      * sharding strategy given beside it shards at least as much */
-    if (a->mlm.use_distributed_optimizer && !sharded) a->cfg.shard.strategy = CT_SHARD_OPTIMIZER;
+    if (a->mlm.use_distributed_optimizer && a->cfg.shard.strategy == CT_SHARD_NO_SHARD)
+        a->cfg.shard.strategy = CT_SHARD_OPTIMIZER;
     return CT_OK;
 }
 

@@ -9,7 +9,8 @@
 
 /* At ct_accelerator_new, once the Megatron-LM settings are resolved (source names
  * them for messages): use_distributed_optimizer becomes ZeRO-1 (OPTIMIZER) unless a
- * sharding strategy was given; refuses what cannot compose with tp (SHARDED_STATE_DICT). */
+ * sharding strategy (other than NO_SHARD) was given; refuses what cannot compose with
+ * tp (SHARDED_STATE_DICT). */
 ct_status cti_accel_megatron_zero_settings(ct_accelerator *a, const char *source);
 /* At prepare, after the model was sharded over tp, with dp > 1: the engine over
  * mesh->dp_group with the Accelerator's shard config (param_dtype from the mixed
