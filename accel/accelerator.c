@@ -353,9 +353,10 @@ ct_status ct_accelerator_prepare(ct_accelerator *acc, ct_module *model, ct_optim
                        : ct_loader_set_shard(loader, rank, world);
         if (!st) st = ct_loader_set_device(loader, acc->device);
     }
+    /* a ds_config's batch sizes count the data-parallel ranks (dp under tensor parallelism) */
     if (!st)
-        st = ct_sharding_settings_check_ds(&acc->sharding, world, ct_loader_batch_size(loader), acc->K, acc->auto_clip,
-                                           ct_accelerator_mixed_precision(acc));
+        st = ct_sharding_settings_check_ds(&acc->sharding, acc->mesh ? acc->mesh->dp : world, ct_loader_batch_size(loader),
+                                           acc->K, acc->auto_clip, ct_accelerator_mixed_precision(acc));
     acc->sched = sched;
     if (st) return ct_error_prefix("accelerator_prepare (rank %d of %d): ", rank, world);
     acc->prepared = true;
@@ -428,8 +429,8 @@ double ct_accelerator_clip_grad_norm(ct_accelerator *acc, double max_norm, doubl
     /* fp16: the norm and the clip are of the true gradients: unscale first, once */
     if (unscale_once(acc)) return NAN;
     if (acc->found_inf) return INFINITY; /* the step will be skipped; nothing to clip */
-    if (acc->shard) return ct_shard_clip_grad_norm(acc->shard, max_norm, norm_type);
     if (acc->mesh) return cti_accel_megatron_clip(acc, max_norm, norm_type);
+    if (acc->shard) return ct_shard_clip_grad_norm(acc->shard, max_norm, norm_type);
     /* DDP leaves the same averaged gradients on every rank, so the local norm is the
      * global one */
     return ct_clip_grad_norm(acc->params.n, acc->params.tensors, max_norm, norm_type);

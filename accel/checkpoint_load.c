@@ -144,11 +144,13 @@ static ct_status stage_optimizer(const ct_accelerator *a, const char *dir, stage
         const ct_tensor *p = ct_optimizer_param(opt, i);
         /* a parameter of another pipeline stage: that stage's optimizer steps it */
         s->param_step[i] = cti_accel_megatron_pp_holds(a, p) ? param_steps(&ck, name) : 0;
-        /* the whole parameter's shape: under tensor parallelism p is this rank's shard */
+        /* under the engine over dp (tp x ZeRO) p is elements [b, e) of the local parameter */
+        const ct_tensor *lp = a->mesh && a->shard ? full : p;
+        /* the whole parameter's shape: under tensor parallelism lp is this rank's shard */
         int fnd = full->ndim;
         int64_t fshape[CT_MAX_DIMS];
         memcpy(fshape, full->shape, (size_t)fnd * sizeof *fshape);
-        if (a->mesh) cti_accel_megatron_full_shape(a, p, &fnd, fshape);
+        if (a->mesh) cti_accel_megatron_full_shape(a, lp, &fnd, fshape);
         for (int k = 0; k < nk && !st && s->param_step[i] > 0; k++) {
             snprintf(tn, sizeof tn, "%s.%s", name, keys[k]);
             const ct_ckpt_entry *x = cti_ckpt_find(&ck, tn);
@@ -165,7 +167,10 @@ static ct_status stage_optimizer(const ct_accelerator *a, const char *dir, stage
                 ct_tensor *flat = w ? ct_tensor_view(w, 1, (const int64_t[]){ct_tensor_numel(w)}) : NULL;
                 ct_tensor *mine = NULL;
                 if (!flat || cti_ckpt_read(&ck, x, 0, ct_tensor_numel(w), flat) ||
-                    !(mine = cti_accel_megatron_slice_like(a, p, w)))
+                    !(mine = cti_accel_megatron_slice_like(a, lp, w)))
+                    st = ct_error_prefix("%s: ", tn);
+                else if (lp != p && !(mine = ct_tensor_contiguous(ct_tensor_narrow(
+                                          ct_tensor_view(mine, 1, (const int64_t[]){ct_tensor_numel(mine)}), 0, b, e - b))))
                     st = ct_error_prefix("%s: ", tn);
                 else s->state[k][i] = ct_tensor_retain(mine);
                 ct_frame_pop();

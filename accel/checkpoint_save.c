@@ -11,6 +11,7 @@
  */
 #include "accel/checkpoint_internal.h"
 #include "accel/megatron_checkpoint_internal.h"
+#include "accel/megatron_zero_internal.h"
 #include "accel/model_shards_internal.h"
 
 #include <errno.h>
@@ -129,15 +130,20 @@ static ct_status build_opt_parts(ct_accelerator *a, opt_parts *o)
         int64_t b, e;
         cti_ckpt_opt_param(a, i, name, sizeof name, &full, &b, &e);
         ct_tensor *p = ct_optimizer_param(opt, i);
+        /* under the engine over dp (tp x ZeRO) p is a slice of the local parameter */
+        const ct_tensor *lp = a->mesh && a->shard ? full : p;
+        const int64_t sb = b, se = e;
         int64_t step = ct_optimizer_param_step(opt, i);
+        if (a->mesh && a->shard && (step = cti_accel_megatron_zero_step(a, step)) < 0)
+            return ct_error_prefix("parameter '%s': ", name);
         if (a->mesh) {
             /* tensor (and pipeline) parallelism: the whole parameter and its whole
              * moments, as one process saves them (every tp rank gathers, the stage
              * that holds it sends it on, rank 0 writes) */
             ct_tensor *w = NULL;
-            bool held = cti_accel_megatron_pp_holds(a, p);
-            if (cti_accel_megatron_gather_any(a, p, held ? p : NULL, &w) || !w ||
-                cti_accel_megatron_share_i64(a, p, &step))
+            bool held = cti_accel_megatron_pp_holds(a, lp);
+            if (cti_accel_megatron_gather_any(a, lp, held ? (ct_tensor *)lp : NULL, &w) || !w ||
+                cti_accel_megatron_share_i64(a, lp, &step))
                 return ct_error_prefix("parameter '%s': ", name);
             full = w;
             b = 0, e = ct_tensor_numel(full);
@@ -154,7 +160,10 @@ static ct_status build_opt_parts(ct_accelerator *a, opt_parts *o)
             o->list[o->nlist++] = tn;
             if (b == e) continue;
             ct_tensor *s = ct_optimizer_state(opt, i, keys[k]);
-            if (a->mesh && (s || a->pp) && cti_accel_megatron_gather_any(a, p, s, &s))
+            if (a->mesh && a->shard) /* the slices over dp into the local shape first */
+                s = (s = cti_accel_megatron_zero_local(a, i, s, lp, sb, se)) ? cti_accel_megatron_gather_like(a, lp, s)
+                                                                              : NULL;
+            else if (a->mesh && (s || a->pp) && cti_accel_megatron_gather_any(a, p, s, &s))
                 return ct_error_prefix("optimizer state '%s': ", tn);
             ct_tensor *v = s ? ct_tensor_view(ct_tensor_contiguous(s), 1, (const int64_t[]){e - b})
                              : ct_tensor_zeros(p->dtype, 1, (const int64_t[]){e - b});
@@ -451,7 +460,9 @@ static ct_status save_sharded(ct_accelerator *a, const char *tmp, const char *fi
  * the world), the tp ranks of data-parallel index 0 gather the whole model and
  * optimizer state (collectives over their tp group), then rank 0 writes it as one
  * process would; every rank joins the agreement at the end. A rank that failed still
- * joins the tp collectives, so that none waits for it. */
+ * joins the tp collectives, so that none waits for it. Under the sharding engine over dp
+ * every rank first gathers its local parameters and moments over dp (every tp group
+ * then gathers over tp alike; only rank 0's copy is written). */
 static ct_status save_tp(ct_accelerator *a, const char *dir, char **final, char **tmp, bool *automatic)
 {
     const int rank = ct_pg_rank(a->pg);
@@ -460,10 +471,12 @@ static ct_status save_tp(ct_accelerator *a, const char *dir, char **final, char 
     ct_tensor *rng[3] = {0};
     ct_frame_push();
     ct_status st = cti_accel_megatron_rng_gather(a, rng);
-    if (a->mesh->dp_rank == 0) {
-        ct_status s = a->model ? cti_accel_megatron_model_tensors(a, &l) : CT_OK;
+    if (a->mesh->dp_rank == 0 || a->shard) {
+        ct_status s = a->shard ? ct_shard_gather_full(a->shard) : CT_OK;
+        if (!s && a->model) s = cti_accel_megatron_model_tensors(a, &l);
         if (!s && a->opt) s = build_opt_parts(a, &o);
-        if (s) ct_error_prefix("tensor parallelism (tp %d): ", a->mesh->tp);
+        ct_shard_release_full(a->shard);
+        if (s) ct_error_prefix("tensor parallelism (tp %d x dp %d): ", a->mesh->tp, a->mesh->dp);
         if (!st) st = s;
     }
     if (!st && rank == 0) {

@@ -3,7 +3,9 @@
  * The mesh is world = dp x tp (pp 1), tp innermost (parallel/mesh.h): the tp ranks of
  * one data-parallel index are neighbours. Per optimizer step, in this order:
  *   backward            the tp collectives run inside the model's forward and backward;
- *                       DDP allreduces (averages) the gradients over the dp group;
+ *                       DDP allreduces (averages) the gradients over the dp group, or
+ *                       the sharding engine (ZeRO, FSDP, the distributed optimizer)
+ *                       reduce-scatters them over it (accel/megatron_zero.c);
  *   tp sync             sequence parallelism leaves the replicated parameters' gradients
  *                       as partial sums over the sequence chunks: summed over tp
  *                       (ct_*_tp_sync_grads). Both reductions are linear, so their
@@ -14,6 +16,7 @@
  */
 #include "accel/accelerator_internal.h"
 #include "accel/megatron_checkpoint_internal.h"
+#include "accel/megatron_zero_internal.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -43,29 +46,20 @@ ct_status cti_accel_megatron_settings(ct_accelerator *a)
     int world = a->env.world_size > 0 ? a->env.world_size : 1;
     if (ct_megatron_lm_plugin_resolve(p, world, &a->mlm)) return ct_error_prefix("accelerator (%s): ", source);
     a->megatron = true;
-    if (a->sharding.source || a->cfg.shard.strategy != CT_SHARD_NO_SHARD)
+    /* ZeRO, FSDP and the distributed optimizer shard over the data-parallel axis
+     * (accel/megatron_zero.c) */
+    if (cti_accel_megatron_zero_settings(a, source)) return ct_last_status();
+    const int dp = world / (a->mlm.tp_degree * a->mlm.pp_degree);
+    if (a->mlm.pp_degree > 1 && dp > 1 && a->cfg.shard.strategy != CT_SHARD_NO_SHARD)
         return ct_error_set(CT_ERR_UNSUPPORTED,
-                            "accelerator: Megatron-LM (%s) together with %s is not supported yet: tensor parallelism "
-                            "runs with DDP over the data-parallel axis (use_distributed_optimizer shards the optimizer "
-                            "state when tp_degree is 1)",
-                            source, a->sharding.source ? a->sharding.source : ct_shard_strategy_name(a->cfg.shard.strategy));
-    int dp = world / (a->mlm.tp_degree * a->mlm.pp_degree);
-    if (a->mlm.use_distributed_optimizer) {
-        /* with tp 1 the distributed optimizer is ZeRO-1 over the whole world */
-        if (a->mlm.tp_degree == 1 && a->mlm.pp_degree == 1) a->cfg.shard.strategy = CT_SHARD_OPTIMIZER;
-        else if (a->mlm.pp_degree > 1 && dp > 1)
-            return ct_error_set(CT_ERR_UNSUPPORTED,
-                                "accelerator (%s): use_distributed_optimizer with pp_degree %d and %d data-parallel "
-                                "ranks is not supported yet (the optimizer state would be sharded over dp inside "
-                                "each pipeline stage); leave it off",
-                                source, a->mlm.pp_degree, dp);
-        else if (dp > 1)
-            return ct_error_set(CT_ERR_UNSUPPORTED,
-                                "accelerator (%s): use_distributed_optimizer with tp_degree %d and %d data-parallel "
-                                "ranks is not supported yet (the optimizer state would be sharded over dp inside "
-                                "tensor parallelism); leave it off, or use tp_degree 1",
-                                source, a->mlm.tp_degree, dp);
-    }
+                            "accelerator (%s): %s over the data-parallel axis of a pipeline (pp_degree %d, %d "
+                            "data-parallel ranks) is not supported yet: the stages' gradients are averaged over dp; "
+                            "leave it off",
+                            source,
+                            a->sharding.source ? a->sharding.source
+                                               : a->mlm.use_distributed_optimizer ? "use_distributed_optimizer"
+                                                                                   : ct_shard_strategy_name(a->cfg.shard.strategy),
+                            a->mlm.pp_degree, dp);
     if (a->mlm.gradient_clipping > 0) a->auto_clip = a->mlm.gradient_clipping;
     return CT_OK;
 }
@@ -175,10 +169,13 @@ ct_status cti_accel_megatron_prepare(ct_accelerator *a, ct_module *model, ct_opt
     }
     if (!st && opt) st = ct_optimizer_replace_params(opt, nopt, repl);
     /* pipeline: the stage's gradients are averaged over dp once per step (megatron_pp.c);
-     * else DDP over dp, buckets reduced while backward runs */
-    if (!st && mc.pp > 1) st = cti_accel_megatron_pp_prepare(a, model);
-    else if (!st && a->mesh->dp > 1 && !(a->ddp = ct_ddp_new(a->mesh->dp_group, model, &a->cfg.ddp)))
-        st = ct_last_status();
+     * else the sharding engine (megatron_zero.c) or DDP over dp, reducing while backward runs */
+    if (!st && mc.pp > 1) {
+        st = cti_accel_megatron_pp_prepare(a, model);
+    } else if (!st && a->mesh->dp > 1) {
+        if (a->cfg.shard.strategy != CT_SHARD_NO_SHARD) st = cti_accel_megatron_zero_prepare(a, model);
+        else if (!(a->ddp = ct_ddp_new(a->mesh->dp_group, model, &a->cfg.ddp))) st = ct_last_status();
+    }
     ct_param_list_free(&before);
     free(idx);
     free(repl);
@@ -188,8 +185,9 @@ ct_status cti_accel_megatron_prepare(ct_accelerator *a, ct_module *model, ct_opt
 ct_status cti_accel_megatron_sync(ct_accelerator *a)
 {
     /* a pipeline syncs with its other reductions (cti_accel_megatron_pp_reduce) */
-    if (!a->mesh || a->tp_synced || a->pp || a->mesh->tp == 1) return CT_OK;
-    ct_status st = !strcmp(a->model->type, "GPT") ? ct_gpt_tp_sync_grads((ct_gpt *)a->model)
+    if (!a->mesh || a->tp_synced || a->pp) return CT_OK;
+    ct_status st = a->shard                        ? cti_accel_megatron_zero_sync(a)
+                   : !strcmp(a->model->type, "GPT") ? ct_gpt_tp_sync_grads((ct_gpt *)a->model)
                                                    : ct_llama_tp_sync_grads((ct_llama *)a->model);
     if (!st) a->tp_synced = true;
     return st ? ct_error_prefix("accelerator: tensor-parallel gradient sync: ") : CT_OK;
@@ -207,6 +205,7 @@ double cti_accel_megatron_clip(ct_accelerator *a, double max_norm, double norm_t
         return ct_pipeline_model_clip_grad_norm(a->pp, max_norm);
     }
     if (cti_accel_megatron_sync(a)) return NAN;
+    if (a->shard) return cti_accel_megatron_zero_clip(a, max_norm, norm_type);
     if (!strcmp(a->model->type, "GPT")) {
         if (norm_type != 2.0) {
             ct_error_set(CT_ERR_UNSUPPORTED, "accelerator_clip_grad_norm: norm_type %g under tensor parallelism of a "
@@ -244,8 +243,11 @@ ct_module *cti_accel_megatron_full_model(ct_accelerator *a)
     ct_param_list whole = {0}, mine = {0};
     ct_status st = CT_OK;
     ct_frame_push();
-    if (!full || cti_accel_megatron_model_tensors(a, &whole) || ct_module_named_tensors(full, true, &mine))
+    /* under the engine over dp: the local parameters whole (f32 masters) first */
+    if (!full || (a->shard && ct_shard_gather_full(a->shard)) || cti_accel_megatron_model_tensors(a, &whole) ||
+        ct_module_named_tensors(full, true, &mine))
         st = ct_last_status();
+    ct_shard_release_full(a->shard);
     if (!st && whole.n != mine.n)
         st = ct_error_set(CT_ERR_INTERNAL, "%d tensors sharded, %d in the whole model", whole.n, mine.n);
     for (int i = 0; i < whole.n && !st; i++) {

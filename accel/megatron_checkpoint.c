@@ -15,6 +15,7 @@
  */
 #include "accel/accelerator_internal.h"
 #include "accel/megatron_checkpoint_internal.h"
+#include "accel/megatron_zero_internal.h"
 #include "accel/model_shards_internal.h"
 
 #include <stdlib.h>
@@ -87,11 +88,12 @@ ct_tensor *cti_accel_megatron_gather_like(ct_accelerator *a, const ct_tensor *p,
     return out;
 }
 
-ct_tensor *cti_accel_megatron_slice_like(const ct_accelerator *a, const ct_tensor *p, ct_tensor *whole)
+/* cti_accel_megatron_slice_like, cast to dtype instead of p's */
+static ct_tensor *slice_as(const ct_accelerator *a, const ct_tensor *p, ct_tensor *whole, ct_dtype dtype)
 {
     ct_tp_shard s;
     int parts;
-    if (!record_of(a, p, &s, &parts)) return ct_tensor_contiguous(ct_tensor_cast(whole, p->dtype));
+    if (!record_of(a, p, &s, &parts)) return ct_tensor_contiguous(ct_tensor_cast(whole, dtype));
     const int64_t len = s.end - s.start;
     ct_tensor *pieces[8] = {0};
     int np = 0;
@@ -109,7 +111,12 @@ ct_tensor *cti_accel_megatron_slice_like(const ct_accelerator *a, const ct_tenso
     }
     ct_tensor *out = np == 1 ? ct_tensor_clone(pieces[0]) : ct_concat(np, pieces, s.dim);
     ct_grad_set_enabled(grad);
-    return out ? ct_tensor_contiguous(ct_tensor_cast(out, p->dtype)) : NULL;
+    return out ? ct_tensor_contiguous(ct_tensor_cast(out, dtype)) : NULL;
+}
+
+ct_tensor *cti_accel_megatron_slice_like(const ct_accelerator *a, const ct_tensor *p, ct_tensor *whole)
+{
+    return slice_as(a, p, whole, p->dtype);
 }
 
 /* t (contiguous, the same shape on every stage) from stage `owner` of the pipeline. */
@@ -217,9 +224,12 @@ ct_status cti_accel_megatron_load_model(ct_accelerator *a, const char *path)
     for (int i = 0; i < all.n && !st; i++) {
         if (!cti_accel_megatron_pp_holds(a, all.tensors[i])) continue; /* another pipeline stage's */
         ct_tensor *w = cti_ckpt_read_whole(&ck, cti_ckpt_find(&ck, all.names[i]));
-        if (!w || !(got[i] = cti_accel_megatron_slice_like(a, all.tensors[i], w))) st = ct_error_prefix("'%s': ", all.names[i]);
+        /* the engine's parameters may be 16-bit beside f32 masters: it takes the file's dtype */
+        if (!w || !(got[i] = slice_as(a, all.tensors[i], w, a->shard ? w->dtype : all.tensors[i]->dtype)))
+            st = ct_error_prefix("'%s': ", all.names[i]);
     }
-    for (int i = 0; i < all.n && !st; i++)
+    if (!st && a->shard) st = cti_accel_megatron_zero_load(a, &all, got); /* tp x ZeRO: through the engine */
+    for (int i = 0; i < all.n && !st && !a->shard; i++)
         if (got[i] && ct_tensor_copy_(all.tensors[i], got[i])) st = ct_error_prefix("'%s': ", all.names[i]);
     ct_frame_pop();
     free(got);

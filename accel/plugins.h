@@ -59,7 +59,12 @@
  *   num_micro_batches                micro-batches per batch (pp_degree > 1 only; it
  *                                    must divide the batch size)
  *   sequence_parallelism             activations split along the sequence over tp
- *   use_distributed_optimizer        the optimizer state sharded over dp (ZeRO-1)
+ *   use_distributed_optimizer        the optimizer state sharded over dp (ZeRO-1; a
+ *                                    DeepSpeed or FSDP strategy beside it replaces it)
+ *   with a DeepSpeed or FSDP plugin  that strategy over the data-parallel axis instead of
+ *   (or their launcher flags)        DDP: the engine over the mesh's dp group
+ *                                    (accel/megatron_zero.c); SHARDED_STATE_DICT is refused
+ *                                    with tp_degree > 1 (checkpoints hold the whole model)
  *   gradient_clipping > 0            clip the global norm over every axis before each step
  *
  * From the launcher (--use_megatron_lm): CTRAIN_USE_MEGATRON_LM=1 with
@@ -138,7 +143,8 @@ typedef struct ct_megatron_lm_plugin {
     int pp_degree;                  /* pipeline stages; 0 = 1 */
     int num_micro_batches;          /* 0 = 1; pipelines only */
     bool sequence_parallelism;      /* needs tp_degree > 1 */
-    bool use_distributed_optimizer; /* the optimizer state sharded over the data-parallel axis */
+    bool use_distributed_optimizer; /* the optimizer state sharded over the data-parallel axis
+                                     * (ZeRO-1 over the mesh's dp group) */
     double gradient_clipping;       /* > 0: clip to it before every step; 0 none */
 } ct_megatron_lm_plugin;
 

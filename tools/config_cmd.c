@@ -256,10 +256,13 @@ static const char *strategy_text(const ct_cluster_config *c, char *buf, size_t n
                  c->fsdp.offload_params ? "on" : "off", c->fsdp.state_dict_type);
         break;
     case CT_DIST_MEGATRON_LM:
-        snprintf(buf, n, "Megatron-LM: tensor parallel %d x pipeline %d, data parallel over the rest; sequence "
+        snprintf(buf, n, "Megatron-LM: tensor parallel %d x pipeline %d, data parallel over the rest%s; sequence "
                          "parallelism %s, distributed optimizer %s",
-                 c->megatron.tp_degree, c->megatron.pp_degree, c->megatron.sequence_parallelism ? "on" : "off",
-                 c->megatron.use_distributed_optimizer ? "on" : "off");
+                 c->megatron.tp_degree, c->megatron.pp_degree,
+                 c->has_deepspeed_config ? " (sharded by deepspeed_config)"
+                 : c->has_fsdp_config    ? " (sharded by fsdp_config)"
+                                         : "",
+                 c->megatron.sequence_parallelism ? "on" : "off", c->megatron.use_distributed_optimizer ? "on" : "off");
         break;
     default:
         snprintf(buf, n, "%s", c->num_processes > 1 ? "data parallel (DDP): every process holds the whole model"

@@ -385,6 +385,9 @@ static ct_status read_value(reader *r, const yaml_node_t *n, const section *s, c
         if (n->type != YAML_MAPPING_NODE)
             return ct_error_set(CT_ERR_INVALID, "%s:%d: %s: expected a mapping of %s keys, found %s", r->path,
                                 line_of(n), k->name, k->name, kind_name(n));
+        const bool keys = n->data.mapping.pairs.top > n->data.mapping.pairs.start;
+        if (keys && !strcmp(k->name, "deepspeed_config")) r->c->has_deepspeed_config = true;
+        if (keys && !strcmp(k->name, "fsdp_config")) r->c->has_fsdp_config = true;
         return read_section(r, n, k->sub);
     }
     if (n->type != YAML_SCALAR_NODE)

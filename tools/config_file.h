@@ -98,6 +98,11 @@ typedef struct ct_cluster_config {
         double gradient_clipping;         /* < 0 = not set */
         bool recompute_activations;
     } megatron;
+    /* Set by ct_cluster_config_read: the file's deepspeed_config / fsdp_config mapping
+     * has keys. With distributed_type MEGATRON_LM that strategy then shards over the
+     * data-parallel axis of the tensor-parallel model (a ctrain extension; Accelerate's
+     * files carry empty mappings there, which do not count). */
+    bool has_deepspeed_config, has_fsdp_config;
 
     /* Set by ct_cluster_config_read: the keys of the file that Accelerate writes and
      * ctrain accepts without using (tpu_*, dynamo_config, ...), comma-separated, those

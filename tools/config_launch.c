@@ -16,7 +16,10 @@
  *   FSDP                                            --use_fsdp and --fsdp_* from fsdp_config
  *   MEGATRON_LM                                     --use_megatron_lm and --megatron_lm_tp_degree,
  *                                                   --megatron_lm_pp_degree, ... from megatron_lm_config
- *                                                   (recompute_activations is kept, not passed)
+ *                                                   (recompute_activations is kept, not passed);
+ *                                                   with a deepspeed_config or fsdp_config that has
+ *                                                   keys, also that strategy's flags (it shards the
+ *                                                   data-parallel axis)
  */
 #include "tools/config_file.h"
 
@@ -65,6 +68,45 @@ static ct_status add_clip(ct_cluster_launch_args *a, const char *flag, double v)
     return addv(a, flag, "%s", t);
 }
 
+/* --use_deepspeed and its flags from deepspeed_config */
+static ct_status deepspeed_args(const ct_cluster_config *c, ct_cluster_launch_args *a)
+{
+    const __typeof__(c->deepspeed) *d = &c->deepspeed;
+    ct_status s = add(a, "--use_deepspeed");
+    if (d->deepspeed_config_file[0]) {
+        if (!s) s = addv(a, "--deepspeed_config_file", "%s", d->deepspeed_config_file);
+        return s;
+    }
+    if (!s) s = addv(a, "--zero_stage", "%d", d->zero_stage);
+    if (!s && d->offload_optimizer_device[0])
+        s = addv(a, "--offload_optimizer_device", "%s", d->offload_optimizer_device);
+    if (!s && d->offload_param_device[0]) s = addv(a, "--offload_param_device", "%s", d->offload_param_device);
+    if (!s && d->gradient_accumulation_steps > 0)
+        s = addv(a, "--gradient_accumulation_steps", "%d", d->gradient_accumulation_steps);
+    if (!s && d->gradient_clipping >= 0) s = add_clip(a, "--gradient_clipping", d->gradient_clipping);
+    return s;
+}
+
+/* --use_fsdp and its flags from fsdp_config */
+static ct_status fsdp_args(const ct_cluster_config *c, ct_cluster_launch_args *a)
+{
+    const __typeof__(c->fsdp) *f = &c->fsdp;
+    ct_status s = add(a, "--use_fsdp");
+    if (!s) s = addv(a, "--fsdp_sharding_strategy", "%s", f->sharding_strategy);
+    if (!s && f->auto_wrap_policy[0]) s = addv(a, "--fsdp_auto_wrap_policy", "%s", f->auto_wrap_policy);
+    if (!s && f->transformer_layer_cls_to_wrap[0])
+        s = addv(a, "--fsdp_transformer_layer_cls_to_wrap", "%s", f->transformer_layer_cls_to_wrap);
+    if (!s && f->min_num_params > 0) s = addv(a, "--fsdp_min_num_params", "%ld", f->min_num_params);
+    if (!s) s = addv(a, "--fsdp_offload_params", "%s", tf(f->offload_params));
+    if (!s) s = addv(a, "--fsdp_backward_prefetch", "%s", f->backward_prefetch);
+    if (!s) s = addv(a, "--fsdp_forward_prefetch", "%s", tf(f->forward_prefetch));
+    /* passed only when off: on, the strategy decides (SHARD_GRAD_OP keeps parameters) */
+    if (!s && !f->reshard_after_forward) s = addv(a, "--fsdp_reshard_after_forward", "false");
+    if (!s) s = addv(a, "--fsdp_state_dict_type", "%s", f->state_dict_type);
+    if (!s) s = addv(a, "--fsdp_sync_module_states", "%s", tf(f->sync_module_states));
+    return s;
+}
+
 ct_status ct_cluster_config_launch_args(const ct_cluster_config *c, bool with_sharding, ct_cluster_launch_args *a)
 {
     a->argc = 0;
@@ -90,22 +132,7 @@ ct_status ct_cluster_config_launch_args(const ct_cluster_config *c, bool with_sh
     }
     if (s || !with_sharding) return s;
 
-    if (c->distributed_type == CT_DIST_DEEPSPEED) {
-        const __typeof__(c->deepspeed) *d = &c->deepspeed;
-        s = add(a, "--use_deepspeed");
-        if (d->deepspeed_config_file[0]) {
-            if (!s) s = addv(a, "--deepspeed_config_file", "%s", d->deepspeed_config_file);
-            return s;
-        }
-        if (!s) s = addv(a, "--zero_stage", "%d", d->zero_stage);
-        if (!s && d->offload_optimizer_device[0])
-            s = addv(a, "--offload_optimizer_device", "%s", d->offload_optimizer_device);
-        if (!s && d->offload_param_device[0]) s = addv(a, "--offload_param_device", "%s", d->offload_param_device);
-        if (!s && d->gradient_accumulation_steps > 0)
-            s = addv(a, "--gradient_accumulation_steps", "%d", d->gradient_accumulation_steps);
-        if (!s && d->gradient_clipping >= 0) s = add_clip(a, "--gradient_clipping", d->gradient_clipping);
-        return s;
-    }
+    if (c->distributed_type == CT_DIST_DEEPSPEED) return deepspeed_args(c, a);
     if (c->distributed_type == CT_DIST_MEGATRON_LM) {
         const __typeof__(c->megatron) *m = &c->megatron;
         s = add(a, "--use_megatron_lm");
@@ -115,23 +142,14 @@ ct_status ct_cluster_config_launch_args(const ct_cluster_config *c, bool with_sh
         if (!s) s = addv(a, "--megatron_lm_sequence_parallelism", "%s", tf(m->sequence_parallelism));
         if (!s) s = addv(a, "--megatron_lm_use_distributed_optimizer", "%s", tf(m->use_distributed_optimizer));
         if (!s && m->gradient_clipping >= 0) s = add_clip(a, "--megatron_lm_gradient_clipping", m->gradient_clipping);
+        /* ZeRO or FSDP over the data-parallel axis, when the file gives that section too */
+        if (!s && c->has_deepspeed_config && c->has_fsdp_config)
+            s = ct_error_set(CT_ERR_INVALID, "config: distributed_type MEGATRON_LM with both a deepspeed_config and "
+                                             "an fsdp_config: at most one shards the data-parallel axis");
+        if (!s && c->has_deepspeed_config) s = deepspeed_args(c, a);
+        if (!s && c->has_fsdp_config) s = fsdp_args(c, a);
         return s;
     }
-    if (c->distributed_type == CT_DIST_FSDP) {
-        const __typeof__(c->fsdp) *f = &c->fsdp;
-        s = add(a, "--use_fsdp");
-        if (!s) s = addv(a, "--fsdp_sharding_strategy", "%s", f->sharding_strategy);
-        if (!s && f->auto_wrap_policy[0]) s = addv(a, "--fsdp_auto_wrap_policy", "%s", f->auto_wrap_policy);
-        if (!s && f->transformer_layer_cls_to_wrap[0])
-            s = addv(a, "--fsdp_transformer_layer_cls_to_wrap", "%s", f->transformer_layer_cls_to_wrap);
-        if (!s && f->min_num_params > 0) s = addv(a, "--fsdp_min_num_params", "%ld", f->min_num_params);
-        if (!s) s = addv(a, "--fsdp_offload_params", "%s", tf(f->offload_params));
-        if (!s) s = addv(a, "--fsdp_backward_prefetch", "%s", f->backward_prefetch);
-        if (!s) s = addv(a, "--fsdp_forward_prefetch", "%s", tf(f->forward_prefetch));
-        /* passed only when off: on, the strategy decides (SHARD_GRAD_OP keeps parameters) */
-        if (!s && !f->reshard_after_forward) s = addv(a, "--fsdp_reshard_after_forward", "false");
-        if (!s) s = addv(a, "--fsdp_state_dict_type", "%s", f->state_dict_type);
-        if (!s) s = addv(a, "--fsdp_sync_module_states", "%s", tf(f->sync_module_states));
-    }
+    if (c->distributed_type == CT_DIST_FSDP) s = fsdp_args(c, a);
     return s;
 }

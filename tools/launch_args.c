@@ -193,12 +193,9 @@ static int sharding_int(const ct_launch_opts *o, const char *name)
 
 static ct_status sharding_check(const ct_launch_opts *o)
 {
-    if (o->use_deepspeed + o->use_fsdp + o->use_megatron_lm > 1)
-        return ct_error_set(CT_ERR_INVALID, "%s were both given: choose one (tensor parallelism with ZeRO or FSDP "
-                                            "over the data-parallel axis is not supported yet)",
-                            o->use_deepspeed && o->use_fsdp ? "--use_deepspeed and --use_fsdp"
-                            : o->use_deepspeed             ? "--use_deepspeed and --use_megatron_lm"
-                                                           : "--use_fsdp and --use_megatron_lm");
+    /* --use_megatron_lm composes with either: ZeRO or FSDP over the data-parallel axis */
+    if (o->use_deepspeed && o->use_fsdp)
+        return ct_error_set(CT_ERR_INVALID, "--use_deepspeed and --use_fsdp were both given: choose one");
     for (int i = 0; i < NSHARDING; i++) {
         if (!o->sharding[i]) continue;
         bool on = (bool[]){o->use_deepspeed, o->use_fsdp, o->use_megatron_lm}[SHARDING_FLAGS[i].needs];
@@ -288,7 +285,8 @@ void ct_launch_usage(FILE *f)
           "  --fsdp_state_dict_type FULL_STATE_DICT|SHARDED_STATE_DICT\n"
           "  --fsdp_sync_module_states true|false\n"
           "  --use_megatron_lm            Megatron-LM tensor and pipeline parallelism (world =\n"
-          "                               dp x tp x pp):\n"
+          "                               dp x tp x pp; with --use_deepspeed or --use_fsdp those\n"
+          "                               shard over dp):\n"
           "  --megatron_lm_tp_degree N    tensor-parallel ranks (default 1); N x pp must divide\n"
           "                               --num_processes\n"
           "  --megatron_lm_pp_degree N    pipeline stages (default 1): the model's layers cut\n"

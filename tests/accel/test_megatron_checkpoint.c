@@ -45,6 +45,7 @@ typedef struct ck_run {
     int tp;           /* 1 with pp 1: no Megatron-LM (one process) */
     int pp;           /* pipeline stages (0 = 1), 2 micro-batches each step */
     int world;        /* 0: tp x pp (dp 1); else tp x pp x dp, every dp rank training on the same batches */
+    int zero;         /* 1..3: DeepSpeed's zero_stage over dp (tp > 1, world > tp) */
     bool resume;      /* false: 3 steps, save_state(ckpt), 2 steps; true: load_state(ckpt), 2 steps */
     uint64_t seed;    /* the model's initialisation */
     char ckpt[128];   /* the checkpoint directory */
@@ -120,10 +121,14 @@ static int ck_rank(int rank, int world, const char *dir, void *ctx)
         ct_param_list_free(&pl);
         ct_megatron_lm_plugin p = {.tp_degree = c->tp, .pp_degree = c->pp, .num_micro_batches = c->pp > 1 ? 2 : 1,
                                    .sequence_parallelism = c->sp};
+        ct_deepspeed_plugin ds = {.zero_stage = c->zero};
         bool mlm = c->tp > 1 || c->pp > 1;
-        ct_accelerator *acc = ct_accelerator_new(
-            &(ct_accelerator_config){.megatron_lm_plugin = mlm ? &p : NULL, .mixed_precision = c->mp});
+        ct_accelerator *acc = ct_accelerator_new(&(ct_accelerator_config){.megatron_lm_plugin = mlm ? &p : NULL,
+                                                                          .deepspeed_plugin = c->zero ? &ds : NULL,
+                                                                          .mixed_precision = c->mp});
         ct_status st = acc ? ct_accelerator_prepare(acc, m, opt, NULL, NULL) : ct_last_status();
+        if (!st && c->zero && !ct_accelerator_shard(acc))
+            st = ct_error_set(CT_ERR_INVALID, "zero_stage %d at tp %d: no sharding engine over dp", c->zero, c->tp);
         if (st) rc = fail(rank, "prepare");
         if (!rc && !c->resume) {
             if (train(acc, c, m, opt, 0, 3, NULL)) rc = fail(rank, "3 steps");
@@ -387,4 +392,24 @@ Test(megatron_checkpoint, gpt_w1_tp2_fp8_resumes_bitwise, .timeout = 120)
     ct_checkpoint_info info;
     cr_assert_eq(ct_checkpoint_inspect(at("ck"), true, &info, NULL), CT_OK, "%s", ct_last_error());
     cr_assert_str_eq(info.mixed_precision, "fp8");
+}
+
+/* tp 2 x ZeRO-2 over dp 2: the checkpoint holds the whole model and the whole moments
+ * (the slices gathered over dp, then over tp), so one process resumes it, and so does
+ * tp 2 x ZeRO-3 (each rank's slices cut from the whole tensors) */
+Test(megatron_checkpoint, gpt_w1_tp2_zero2_resumes_in_one_process_and_at_tp2_zero3, .timeout = 150)
+{
+    ck_run r = run_of(false, true, 2, false, 7, "ckz", "contz.safetensors");
+    r.world = 4, r.zero = 2;
+    go(r);
+    ct_checkpoint_info info;
+    cr_assert_eq(ct_checkpoint_inspect(at("ckz"), true, &info, NULL), CT_OK, "%s", ct_last_error());
+    cr_assert(info.world_size == 4 && info.tp_degree == 2 && info.dp_degree == 2 && info.step == 3,
+              "world %d, tp %d, dp %d, step %lld", info.world_size, info.tp_degree, info.dp_degree, (long long)info.step);
+    go(run_of(false, false, 1, true, 99, "ckz", "z1.safetensors"));
+    compare(at("z1.safetensors"), at("contz.safetensors"), TOL, TOL_ELEM);
+    r = run_of(false, true, 2, true, 99, "ckz", "z3.safetensors");
+    r.world = 4, r.zero = 3;
+    go(r);
+    compare(at("z3.safetensors"), at("contz.safetensors"), TOL, TOL_ELEM);
 }

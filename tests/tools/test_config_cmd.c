@@ -249,6 +249,24 @@ Test(config_cmd, megatron_lm_config_becomes_the_megatron_flags, .timeout = 60)
     /* the command line's flags win over the file's */
     cr_assert_eq(ctrain("launch --config_file mlm.yaml --megatron_lm_tp_degree 4 " PRINT_ENV), 0, "%s", out);
     assert_has("[rank3] CTRAIN_MEGATRON_TP_DEGREE=4\n");
+    /* Accelerate's empty strategy mappings shard nothing; a deepspeed_config with keys
+     * shards the data-parallel axis of the tensor-parallel model */
+    write_file("mlm_empty.yaml", "distributed_type: MEGATRON_LM\nnum_processes: 4\nmain_process_port: 0\nuse_cpu: true\n"
+                                 "deepspeed_config: {}\nfsdp_config: {}\n"
+                                 "megatron_lm_config:\n  megatron_lm_tp_degree: 2\n");
+    cr_assert_eq(ctrain("launch --config_file mlm_empty.yaml " PRINT_ENV), 0, "%s", out);
+    assert_has("[rank3] CTRAIN_USE_MEGATRON_LM=1\n");
+    assert_lacks("DEEPSPEED");
+    assert_lacks("CTRAIN_USE_FSDP");
+    write_file("mlm_zero.yaml", "distributed_type: MEGATRON_LM\nnum_processes: 4\nmain_process_port: 0\nuse_cpu: true\n"
+                                "deepspeed_config:\n  zero_stage: 3\n"
+                                "megatron_lm_config:\n  megatron_lm_tp_degree: 2\n");
+    cr_assert_eq(ctrain("launch --config_file mlm_zero.yaml " PRINT_ENV), 0, "%s", out);
+    static const char *const zero[] = {"CTRAIN_USE_MEGATRON_LM=1", "CTRAIN_MEGATRON_TP_DEGREE=2",
+                                       "CTRAIN_USE_DEEPSPEED=1", "CTRAIN_ZERO_STAGE=3", NULL};
+    assert_rank_lines(4, zero);
+    cr_assert_eq(ctrain("config show mlm_zero.yaml"), 0, "%s", out);
+    assert_has("data parallel over the rest (sharded by deepspeed_config)");
 }
 
 Test(config_cmd, megatron_lm_layouts_that_do_not_divide_the_world_start_nothing, .timeout = 30)
@@ -286,8 +304,15 @@ Test(config_cmd, megatron_lm_flags_on_the_command_line, .timeout = 60)
     cr_assert_eq(ctrain("launch --use_megatron_lm --megatron_lm_tp_degree 0 true"), 2, "%s", out);
     assert_has("--megatron_lm_tp_degree");
     assert_has("'0': expected a whole number from 1");
-    cr_assert_eq(ctrain("launch --use_megatron_lm --use_fsdp true"), 2, "%s", out);
-    assert_has("--use_fsdp and --use_megatron_lm were both given: choose one");
+    /* tensor parallelism with ZeRO over the data-parallel axis: both settings reach the ranks */
+    cr_assert_eq(ctrain("launch --num_processes 4 --main_process_port 0 --cpu --use_megatron_lm "
+                        "--megatron_lm_tp_degree 2 --use_deepspeed --zero_stage 2 " PRINT_ENV),
+                 0, "%s", out);
+    static const char *const both[] = {"CTRAIN_USE_MEGATRON_LM=1", "CTRAIN_MEGATRON_TP_DEGREE=2",
+                                       "CTRAIN_USE_DEEPSPEED=1", "CTRAIN_ZERO_STAGE=2", NULL};
+    assert_rank_lines(4, both);
+    cr_assert_eq(ctrain("launch --use_megatron_lm --use_fsdp --use_deepspeed true"), 2, "%s", out);
+    assert_has("--use_deepspeed and --use_fsdp were both given: choose one");
     cr_assert_eq(ctrain("launch --help"), 0, "%s", out);
     assert_has("--use_megatron_lm");
     assert_has("--megatron_lm_tp_degree N");
