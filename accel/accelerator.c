@@ -248,7 +248,7 @@ static ct_status hook_before_step(ct_optimizer *o, void *data, bool *skip)
     }
     a->tp_synced = a->pp_reduced = false; /* the next step's gradients are reduced anew */
     /* the scales of the next step, from this step's amaxes on every rank */
-    if (!st && a->fp8) st = cti_accel_fp8_sync(a->fp8, a->pg);
+    if (!st && a->fp8) st = cti_accel_fp8_sync(a->fp8, cti_accel_fp8_group(a));
     return st;
 }
 

@@ -57,6 +57,7 @@ struct ct_accelerator {
     bool pp_reduced;           /* this step's gradient reductions ran */
     const ct_tensor *pp_loss;  /* the runner's last loss (not a reference: only compared) */
     double pp_reduce_s;        /* seconds in cti_accel_megatron_pp_reduce so far */
+    ct_pg *pp_stage;           /* the dp x tp ranks of this rank's stage (owned): fp8's amaxes */
 };
 
 /* accel/megatron.c. At ct_accelerator_new, after the other settings: the plugin's (or
@@ -91,5 +92,8 @@ int cti_accel_megatron_pp_owner(const ct_accelerator *a, const ct_tensor *p);
 bool cti_accel_megatron_pp_holds(const ct_accelerator *a, const ct_tensor *p);
 /* Frees the stage and removes the loss runner. */
 void cti_accel_megatron_pp_free(ct_accelerator *a);
+/* The group fp8's amaxes are all-reduced over: the world, or under a pipeline the ranks
+ * of this rank's stage (the others hold other weights). */
+ct_pg *cti_accel_fp8_group(const ct_accelerator *a);
 
 #endif

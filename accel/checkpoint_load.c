@@ -203,6 +203,8 @@ static ct_status stage_optimizer(const ct_accelerator *a, const char *dir, stage
 
 /* ---- the rest ------------------------------------------------------------------------------ */
 
+static void note(const ct_accelerator *a, const char *dir, const char *what);
+
 static ct_status stage_fp8(const ct_accelerator *a, const char *dir, staged *s)
 {
     char path[4200];
@@ -219,6 +221,21 @@ static ct_status stage_fp8(const ct_accelerator *a, const char *dir, staged *s)
     }
     ct_frame_pop();
     ct_safetensors_close(f);
+    /* a pipeline: this stage's rows of the whole model's (accel/megatron_pp_fp8.c) */
+    int64_t begin = 0, count = 0;
+    const char *why = NULL;
+    if (!st && a->pp && s->fp8[0]->ndim >= 1 &&
+        !(st = cti_accel_megatron_fp8_rows(a, s->fp8[0]->shape[0], &begin, &count, &why))) {
+        for (int t = 0; t < 4 && !why && !st; t++) CT_FRAME {
+                ct_tensor *x = ct_tensor_clone(ct_tensor_narrow(s->fp8[t], 0, begin, count));
+                if (!x) st = ct_error_prefix("%s: ", path);
+                else ct_tensor_release(s->fp8[t]), s->fp8[t] = ct_tensor_retain(x);
+            }
+        if (why) {
+            note(a, dir, why);
+            for (int t = 0; t < 4; t++) ct_tensor_release(s->fp8[t]), s->fp8[t] = NULL;
+        }
+    }
     if (!st && s->ts.fp8_history != ct_fp8_state_recipe(a->fp8)->amax_history_len)
         st = ct_error_set(CT_ERR_INVALID, "%s: amax history of %" PRId64 " steps, this run's recipe keeps %d", path,
                           s->ts.fp8_history, ct_fp8_state_recipe(a->fp8)->amax_history_len);

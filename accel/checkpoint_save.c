@@ -230,7 +230,7 @@ static cti_rank_state my_rank_state(const ct_accelerator *a)
 /* trainer_state.json, fp8_state.safetensors and custom_<name>.safetensors, described
  * into files[*n...]. */
 static ct_status write_rank0_files(const ct_accelerator *a, const char *dir, const cti_rank_state *ranks, int nranks,
-                                   bool lockstep, cti_ckpt_file *files, int *n)
+                                   bool lockstep, ct_tensor *const *fp8, cti_ckpt_file *files, int *n)
 {
     cti_trainer_state ts = {
         .step = a->opt ? ct_optimizer_step_count(a->opt) : 0,
@@ -258,7 +258,7 @@ static ct_status write_rank0_files(const ct_accelerator *a, const char *dir, con
         .ranks = (cti_rank_state *)ranks,
         .has_fp8 = a->fp8 != NULL,
         .fp8_history = a->fp8 ? ct_fp8_state_recipe(a->fp8)->amax_history_len : 0,
-        .fp8_slots = ct_fp8_state_weights(a->fp8),
+        .fp8_slots = fp8 && fp8[0] ? fp8[0]->shape[0] : ct_fp8_state_weights(a->fp8),
         .ncustom = a->nobjects,
     };
     ts.custom = calloc((size_t)a->nobjects + 1, sizeof *ts.custom);
@@ -271,7 +271,8 @@ static ct_status write_rank0_files(const ct_accelerator *a, const char *dir, con
     if (!st && a->fp8) CT_FRAME {
             ct_tensor *t[4];
             static const char *const names[4] = {"scale", "pending", "history", "counters"};
-            st = ct_fp8_state_export(a->fp8, t);
+            if (fp8 && fp8[0]) memcpy(t, fp8, sizeof t); /* gathered by the caller (every stage's) */
+            else st = ct_fp8_state_export(a->fp8, t);
             if (!st) st = cti_ckpt_save_tensors(dir, CT_CKPT_FP8, 4, names, t, &files[(*n)++]);
             if (!st) cti_ckpt_fault_point();
         }
@@ -376,12 +377,21 @@ static ct_status target(ct_accelerator *a, const char *dir, char **final, char *
     return st;
 }
 
+/* What a Megatron-LM save gathers besides the model and the optimizer state. */
+typedef struct tp_extras {
+    ct_tensor *rng[3];       /* the GPT's dropout generators (seed, offset, layout), or NULL */
+    cti_rank_state *ranks;   /* a pipeline: every rank's process generator (NULL: rank 0's, in lockstep) */
+    int nranks;
+    ct_tensor *fp8[4];       /* a pipeline: every stage's fp8 metas in stage order (NULL: this rank's) */
+} tp_extras;
+
 /* Replicated: rank 0 writes everything. Under tensor parallelism the whole model
- * (model, already gathered), the whole optimizer state (opt) and the GPT's dropout
- * generators (tp_rng: seed, offset, layout; NULL none) come from the caller. */
+ * (model, already gathered), the whole optimizer state (opt) and the extras (x; NULL
+ * none) come from the caller. */
 static ct_status save_replicated(ct_accelerator *a, const char *tmp, const char *final, const ct_param_list *model,
-                                 const opt_parts *opt, ct_tensor *const *tp_rng)
+                                 const opt_parts *opt, const tp_extras *x)
 {
+    ct_tensor *const *tp_rng = x ? x->rng : NULL;
     cti_ckpt_file files[8 + 64];
     int n = 0;
     if (a->nobjects > 64) return ct_error_set(CT_ERR_UNSUPPORTED, "more than 64 registered objects");
@@ -405,7 +415,9 @@ static ct_status save_replicated(ct_accelerator *a, const char *tmp, const char 
         if (!st) cti_ckpt_fault_point();
     }
     const cti_rank_state me = my_rank_state(a);
-    if (!st) st = write_rank0_files(a, tmp, &me, 1, true, files, &n);
+    if (!st)
+        st = x && x->ranks ? write_rank0_files(a, tmp, x->ranks, x->nranks, false, x->fp8, files, &n)
+                           : write_rank0_files(a, tmp, &me, 1, true, x ? x->fp8 : NULL, files, &n);
     if (!st) st = finish(a, tmp, final, files, n);
     return st;
 }
@@ -450,10 +462,32 @@ static ct_status save_sharded(ct_accelerator *a, const char *tmp, const char *fi
         states[r] = all[r].state;
         for (int k = 0; k < all[r].nfiles && k < 2; k++) files[n++] = all[r].files[k];
     }
-    if (!st && rank == 0) st = write_rank0_files(a, tmp, states, world, false, files, &n);
+    if (!st && rank == 0) st = write_rank0_files(a, tmp, states, world, false, NULL, files, &n);
     if (!st && rank == 0) st = finish(a, tmp, final, files, n);
     free(all), free(states), free(files);
     return cti_ckpt_agree(a, st);
+}
+
+/* Every rank's process generator and loader position on every rank (an all-gather over
+ * the world); *out owned by the caller. */
+static ct_status gather_rank_states(ct_accelerator *a, cti_rank_state **out, int *n)
+{
+    const int world = ct_pg_size(a->pg);
+    const cti_rank_state me = my_rank_state(a);
+    int64_t v[4] = {(int64_t)me.rng_seed, (int64_t)me.rng_offset, me.epoch, me.position};
+    ct_status st = CT_OK;
+    *out = calloc((size_t)world, sizeof **out);
+    if (!*out) return ct_error_set(CT_ERR_NOMEM, "out of memory");
+    *n = world;
+    CT_FRAME {
+        ct_tensor *in = ct_tensor_from_data(CT_DTYPE_I64, CT_SHAPE(1, 4), v);
+        ct_tensor *all = in ? ct_tensor_empty(CT_DTYPE_I64, CT_SHAPE(world, 4)) : NULL;
+        st = all ? ct_work_run(ct_pg_allgather(a->pg, all, in)) : ct_last_status();
+        const int64_t *p = st ? NULL : ct_tensor_data(all);
+        for (int r = 0; p && r < world; r++)
+            (*out)[r] = (cti_rank_state){(uint64_t)p[4 * r], (uint64_t)p[4 * r + 1], p[4 * r + 2], p[4 * r + 3]};
+    }
+    return st ? ct_error_prefix("gathering the ranks' generators: ") : CT_OK;
 }
 
 /* Tensor parallelism: every rank's dropout generator is gathered (a collective over
@@ -468,9 +502,13 @@ static ct_status save_tp(ct_accelerator *a, const char *dir, char **final, char 
     const int rank = ct_pg_rank(a->pg);
     ct_param_list l = {0};
     opt_parts o = {0};
-    ct_tensor *rng[3] = {0};
+    tp_extras x = {0};
     ct_frame_push();
-    ct_status st = cti_accel_megatron_rng_gather(a, rng);
+    ct_status st = cti_accel_megatron_rng_gather(a, x.rng);
+    /* a pipeline: the stages draw from their own process generators (not in lockstep),
+     * and each stage's fp8 state holds its own layers' rows */
+    if (!st && a->pp) st = gather_rank_states(a, &x.ranks, &x.nranks);
+    if (!st && a->pp && a->fp8) st = cti_accel_megatron_fp8_export(a, x.fp8);
     if (a->mesh->dp_rank == 0 || a->shard) {
         ct_status s = a->shard ? ct_shard_gather_full(a->shard) : CT_OK;
         if (!s && a->model) s = cti_accel_megatron_model_tensors(a, &l);
@@ -481,10 +519,11 @@ static ct_status save_tp(ct_accelerator *a, const char *dir, char **final, char 
     }
     if (!st && rank == 0) {
         st = target(a, dir, final, tmp, automatic);
-        if (!st) st = save_replicated(a, *tmp, *final, a->model ? &l : NULL, a->opt ? &o : NULL, rng);
+        if (!st) st = save_replicated(a, *tmp, *final, a->model ? &l : NULL, a->opt ? &o : NULL, &x);
         if (st && *tmp) cti_ckpt_remove_tree(*tmp);
     }
     ct_frame_pop();
+    free(x.ranks);
     ct_param_list_free(&l);
     opt_parts_free(&o);
     return cti_ckpt_agree(a, st);

@@ -121,9 +121,6 @@ ct_status cti_accel_megatron_prepare(ct_accelerator *a, ct_module *model, ct_opt
     model_kind kind = MODEL_GPT;
     ct_status st = model_kind_of(model, &kind);
     if (st) return st;
-    if (a->fp8 && a->mlm.pp_degree > 1)
-        return ct_error_set(CT_ERR_UNSUPPORTED, "Megatron-LM pipeline parallelism with mixed_precision fp8 is not "
-                                                "supported (bf16 is)");
     /* every check before the first collective: a rank that refuses never leaves the
      * others waiting (and every rank sees the same settings and model, so all refuse) */
     int world = ct_pg_size(a->pg);

@@ -53,6 +53,15 @@ ct_status cti_accel_megatron_rng_gather(ct_accelerator *a, ct_tensor *out[3]);
  * rank draws that one stream). No collective. */
 ct_status cti_accel_megatron_rng_stage(const ct_accelerator *a, const char *dir, bool *found, ct_rng *out,
                                        const char **why);
+/* fp8's scaling state as one process holds it (accel/megatron_pp_fp8.c): this rank's
+ * exported metas (ct_fp8_state_export), or under a pipeline every stage's rows in stage
+ * order (a collective over the pp group; current frame). */
+ct_status cti_accel_megatron_fp8_export(ct_accelerator *a, ct_tensor *out[4]);
+/* The rows [*begin, *begin + *count) of a saved fp8 state of n rows that are this
+ * rank's stage's (all without a pipeline); *why set (and nothing to take) when the rows
+ * do not fit the model's layers. No collective. */
+ct_status cti_accel_megatron_fp8_rows(const ct_accelerator *a, int64_t n, int64_t *begin, int64_t *count,
+                                      const char **why);
 /* Puts a staged generator into the model. */
 void cti_accel_megatron_rng_commit(ct_accelerator *a, const ct_rng *r);
 

@@ -89,6 +89,22 @@ ct_status cti_accel_megatron_pp_prepare(ct_accelerator *a, ct_module *model)
         a->params.tensors[i] = mine->tensors[i];
         a->params.n = i + 1;
     }
+    /* the ranks of each stage, a group per stage made by every rank in stage order (a
+     * subgroup is collective over its parent): fp8's amaxes are the stage's weights' */
+    const int per_stage = me->dp * me->tp;
+    int *ranks = malloc(sizeof *ranks * (size_t)per_stage);
+    if (!ranks) return ct_error_set(CT_ERR_NOMEM, "out of memory");
+    for (int s = 0; s < me->pp; s++) {
+        for (int i = 0; i < per_stage; i++) ranks[i] = s * per_stage + i; /* pp outermost (parallel/mesh.h) */
+        ct_pg *g = ct_pg_new_subgroup(a->pg, ranks, per_stage);
+        if (s == me->pp_rank) a->pp_stage = g;
+        else ct_pg_free(g);
+        if (!g && s == me->pp_rank) {
+            free(ranks);
+            return ct_error_prefix("the group of pipeline stage %d: ", s);
+        }
+    }
+    free(ranks);
     /* who holds what, for checkpoints */
     ct_status st = ct_module_named_tensors(model, true, &a->pp_all);
     if (!st && !(a->pp_owner = malloc(sizeof *a->pp_owner * (size_t)(a->pp_all.n ? a->pp_all.n : 1))))
@@ -171,8 +187,12 @@ bool cti_accel_megatron_pp_holds(const ct_accelerator *a, const ct_tensor *p)
     return cti_accel_megatron_pp_owner(a, p) < 0; /* a buffer: every stage has it */
 }
 
+ct_pg *cti_accel_fp8_group(const ct_accelerator *a) { return a->pp_stage ? a->pp_stage : a->pg; }
+
 void cti_accel_megatron_pp_free(ct_accelerator *a)
 {
+    ct_pg_free(a->pp_stage);
+    a->pp_stage = NULL;
     if (a->pp && a->model) ct_module_set_loss_runner(a->model, NULL);
     ct_pipeline_model_free(a->pp);
     a->pp = NULL;

@@ -184,6 +184,21 @@ ct_tensor *ct_gpt_block_forward(ct_gpt_block *m, ct_tensor *x)
     return ct_module_forward_end(&m->base, ct_add(x, ct_gpt_mlp_forward(m->mlp, ct_layernorm_layer_forward(m->ln_2, x))));
 }
 
+/* The tied lm head of an unsharded model: x (B, T, C) after ln_f @ wte^T (C, V) -> f32
+ * logits; in bf16 under fp8 unless the recipe puts the embedding's matrix into fp8 too. */
+static ct_tensor *head_logits(ct_gpt *m, ct_tensor *x)
+{
+    if (!x) return NULL;
+    ct_fp8_state *fp8 = ct_autocast_enabled() ? ct_autocast_fp8_state() : NULL;
+    ct_tensor *logits = fp8 && ct_fp8_state_recipe(fp8)->fp8_embedding_and_head && m->wte->weight->requires_grad
+                            ? ct_fp8_linear(fp8, x, m->wte->weight, NULL, true)
+                            : ct_matmul_t(x, m->wte->weight, false, true);
+    /* under autocast the head computes in 16 bits; the model's output is f32 */
+    if (logits && logits->dtype != CT_DTYPE_F32 && ct_dtype_is_float(logits->dtype) && logits->dtype != CT_DTYPE_F64)
+        logits = ct_cast(logits, CT_DTYPE_F32);
+    return logits;
+}
+
 ct_tensor *ct_gpt_forward(ct_gpt *m, ct_tensor *idx)
 {
     if (!m || !idx) return NULL;
@@ -200,16 +215,7 @@ ct_tensor *ct_gpt_forward(ct_gpt *m, ct_tensor *idx)
     ct_tensor *x = ct_add(ct_embedding_layer_forward(m->wte, idx), ct_embedding_layer_forward(m->wpe, pos));
     x = ct_dropout_layer_forward(m->drop, x);
     for (int64_t i = 0; i < m->cfg.n_layer; i++) x = ct_gpt_block_forward(m->blocks[i], x);
-    x = ct_layernorm_layer_forward(m->ln_f, x);
-    /* tied lm head: (B, T, C) @ wte^T (C, V); in bf16 under fp8 unless the recipe
-     * puts the embedding's matrix into fp8 too */
-    ct_fp8_state *fp8 = ct_autocast_enabled() ? ct_autocast_fp8_state() : NULL;
-    ct_tensor *logits = fp8 && ct_fp8_state_recipe(fp8)->fp8_embedding_and_head && m->wte->weight->requires_grad
-                            ? ct_fp8_linear(fp8, x, m->wte->weight, NULL, true)
-                            : ct_matmul_t(x, m->wte->weight, false, true);
-    /* under autocast the head computes in 16 bits; the model's output is f32 */
-    if (logits && logits->dtype != CT_DTYPE_F32 && ct_dtype_is_float(logits->dtype) && logits->dtype != CT_DTYPE_F64)
-        logits = ct_cast(logits, CT_DTYPE_F32);
+    ct_tensor *logits = head_logits(m, ct_layernorm_layer_forward(m->ln_f, x));
     if (!logits) ct_error_prefix("gpt_forward: ");
     return ct_module_forward_end(&m->base, logits);
 }
@@ -244,9 +250,7 @@ ct_tensor *ct_gpt_forward_layers(ct_gpt *m, ct_tensor *x, int first, int count, 
     if (head && x && m->tp) {
         x = cti_gpt_tp_head(m, x);
     } else if (head && x) {
-        x = ct_matmul_t(ct_layernorm_layer_forward(m->ln_f, x), m->wte->weight, false, true);
-        /* under autocast the head computes in 16 bits; the output is f32 */
-        if (x && x->dtype != CT_DTYPE_F32 && x->dtype != CT_DTYPE_F64) x = ct_cast(x, CT_DTYPE_F32);
+        x = head_logits(m, ct_layernorm_layer_forward(m->ln_f, x));
     }
     if (!x) ct_error_prefix("gpt_forward_layers: ");
     return x;

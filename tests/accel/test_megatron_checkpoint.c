@@ -394,6 +394,34 @@ Test(megatron_checkpoint, gpt_w1_tp2_fp8_resumes_bitwise, .timeout = 120)
     cr_assert_str_eq(info.mixed_precision, "fp8");
 }
 
+/* fp8 under a pipeline: the stages' scaling states, one after the other, are one
+ * process's (its rows in the order of the forward), so tp 2 x pp 2 resumes bitwise,
+ * and one process resumes it with the saved scales (fp8's rounding of other sums:
+ * the fp8 tests' bounds) */
+Test(megatron_checkpoint, gpt_w1_tp2_pp2_fp8_resumes_bitwise_and_in_one_process, .timeout = 150)
+{
+    ck_run r = run_of(false, true, 2, false, 7, "ckf", "cont.safetensors");
+    r.mp = "fp8", r.pp = 2;
+    go(r);
+    r = run_of(false, true, 2, true, 99, "ckf", "same.safetensors");
+    r.mp = "fp8", r.pp = 2;
+    go(r);
+    compare(at("same.safetensors"), at("cont.safetensors"), 0, 0);
+    r = run_of(false, false, 1, true, 99, "ckf", "one.safetensors");
+    r.mp = "fp8";
+    go(r);
+    compare(at("one.safetensors"), at("cont.safetensors"), 5e-3, 3e-2);
+    ct_safetensors *f = ct_safetensors_open(at("ckf/fp8_state.safetensors"));
+    cr_assert_not_null(f, "%s", ct_last_error());
+    int nd;
+    int64_t shape[CT_MAX_DIMS];
+    ct_dtype dt;
+    cr_assert(ct_safetensors_info(f, "scale", &dt, &nd, shape), "%s", ct_last_error());
+    cr_assert(nd == 2 && shape[0] == 16 && shape[1] == 3, "scale [%lld, %lld]: 4 layers x 4 linears", (long long)shape[0],
+              (long long)shape[1]);
+    ct_safetensors_close(f);
+}
+
 /* tp 2 x ZeRO-2 over dp 2: the checkpoint holds the whole model and the whole moments
  * (the slices gathered over dp, then over tp), so one process resumes it, and so does
  * tp 2 x ZeRO-3 (each rank's slices cut from the whole tensors) */
