@@ -357,15 +357,16 @@ static void losses_of(const char *out, double losses[2])
  * run starts from another seed, so its generators differ until the load. */
 Test(megatron_checkpoint, gpt_w1_tp2_dropout_resumes_bitwise_with_and_without_sequence_parallelism, .timeout = 150)
 {
-    /* tp 2, tp 2 with sequence parallelism, and that inside 2 pipeline stages (each
-     * stage's ranks draw their own streams) */
-    for (int k = 0; k < 3; k++) {
-        const int sp = k > 0, pp = k == 2 ? 2 : 1;
-        const char *dir = k == 0 ? "ck" : k == 1 ? "cks" : "ckp";
-        ck_run r = run_of(false, sp, 2, false, 7, dir, "cont.safetensors");
+    /* tp 2, tp 2 with sequence parallelism, that inside 2 pipeline stages (each stage's
+     * ranks draw their own streams), and 2 stages alone (the process generators, which
+     * the stages draw from unevenly: each rank's saved) */
+    for (int k = 0; k < 4; k++) {
+        const int sp = k == 1 || k == 2, pp = k >= 2 ? 2 : 1, tp = k == 3 ? 1 : 2;
+        const char *dir = k == 0 ? "ck" : k == 1 ? "cks" : k == 2 ? "ckp" : "ckp1";
+        ck_run r = run_of(false, sp, tp, false, 7, dir, "cont.safetensors");
         r.dropout = 0.1, r.pp = pp;
         go(r);
-        r = run_of(false, sp, 2, true, 99, dir, "tp2.safetensors");
+        r = run_of(false, sp, tp, true, 99, dir, "tp2.safetensors");
         r.dropout = 0.1, r.pp = pp;
         go(r);
         compare(at("tp2.safetensors"), at("cont.safetensors"), 0, 0);
