@@ -20,9 +20,10 @@
 #               replicated across the 2 groups); also zero2_offload, zero3_offload
 #   LISTs are comma-separated; default all of them (the offload variants left out).
 # Then the model-parallel layouts, per config one more `ctrain bench` on 4 ranks in f32
-# (--layouts LIST, default ddp,tp2dp2,tp2sp,pp2dp2,tp4,pp4; --layouts none skips them;
+# (--layouts LIST, default ddp,tp2dp2,tp2sp,pp2dp2,tp2pp2,tp4,pp4; --layouts none skips them;
 # --micro_batches M for the pipelines, default 4): Megatron-LM tensor parallelism
-# (tp2sp: with sequence parallelism) and 1F1B pipelines, dp = 4 / (tp pp) replicas,
+# (tp2sp: with sequence parallelism), 1F1B pipelines and both (tp2pp2), all through the
+# Accelerator, dp = 4 / (tp pp) replicas,
 # with the bytes sent per axis and the pipeline bubble beside (pp-1)/(M+pp-1); about 3
 # more minutes on 2 cores.
 # Steps (per rank, per step: B rows of T tokens; the same random tokens and initial
@@ -48,7 +49,7 @@ configs=w1,wide
 ranks=2,4
 precisions=f32,bf16
 strategies=ddp,zero1,zero2,zero3,hybrid
-layouts=ddp,tp2dp2,tp2sp,pp2dp2,tp4,pp4
+layouts=ddp,tp2dp2,tp2sp,pp2dp2,tp2pp2,tp4,pp4
 micro=4
 while [ $# -gt 0 ]; do
     case "$1" in
