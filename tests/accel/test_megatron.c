@@ -712,6 +712,16 @@ static int pp_zero_rank(int rank, int world, const char *dir, void *ctx)
         }
         ct_accelerator_free(acc);
     }
+    /* checkpoints of a pipeline hold the whole model */
+    const char *sharded = "pp_degree 2) with fsdp_plugin's SHARDED_STATE_DICT is not supported";
+    ct_accelerator *acc = ct_accelerator_new(&(ct_accelerator_config){
+        .megatron_lm_plugin = &(ct_megatron_lm_plugin){.pp_degree = 2},
+        .fsdp_plugin = &(ct_fsdp_plugin){.state_dict_type = "SHARDED_STATE_DICT"}});
+    if (acc || !strstr(ct_last_error(), sharded)) {
+        fprintf(stderr, "rank %d: %s; want an error naming '%s'\n", rank, acc ? "accepted" : ct_last_error(), sharded);
+        rc = 1;
+    }
+    ct_accelerator_free(acc);
     return rc;
 }
 
