@@ -37,8 +37,11 @@ void cti_ckpt_opt_param(const ct_accelerator *a, int i, char *buf, size_t cap, c
     if (a->shard) {
         const char *name = NULL;
         ct_shard_slice_part(a->shard, i, &name, full, b, e);
-        snprintf(buf, cap, "%s", name);
-        return;
+        if (name) {
+            snprintf(buf, cap, "%s", name);
+            return;
+        }
+        /* a parameter the engine leaves alone: another pipeline stage's */
     }
     *full = p, *b = 0, *e = ct_tensor_numel(p);
     for (int k = 0; k < a->params.n; k++)
@@ -136,12 +139,12 @@ static ct_status build_opt_parts(ct_accelerator *a, opt_parts *o)
         int64_t step = ct_optimizer_param_step(opt, i);
         if (a->mesh && a->shard && (step = cti_accel_megatron_zero_step(a, step)) < 0)
             return ct_error_prefix("parameter '%s': ", name);
+        const bool held = cti_accel_megatron_pp_holds(a, lp);
         if (a->mesh) {
             /* tensor (and pipeline) parallelism: the whole parameter and its whole
              * moments, as one process saves them (every tp rank gathers, the stage
              * that holds it sends it on, rank 0 writes) */
             ct_tensor *w = NULL;
-            bool held = cti_accel_megatron_pp_holds(a, lp);
             if (cti_accel_megatron_gather_any(a, lp, held ? (ct_tensor *)lp : NULL, &w) || !w ||
                 cti_accel_megatron_share_i64(a, lp, &step))
                 return ct_error_prefix("parameter '%s': ", name);
@@ -160,7 +163,12 @@ static ct_status build_opt_parts(ct_accelerator *a, opt_parts *o)
             o->list[o->nlist++] = tn;
             if (b == e) continue;
             ct_tensor *s = ct_optimizer_state(opt, i, keys[k]);
-            if (a->mesh && a->shard) /* the slices over dp into the local shape first */
+            if (a->mesh && a->shard && a->pp) { /* the slices over dp, then from the stage that holds it */
+                ct_tensor *loc = NULL;
+                if ((held && !(loc = cti_accel_megatron_zero_local(a, i, s, lp, sb, se))) ||
+                    cti_accel_megatron_gather_any(a, lp, loc, &s))
+                    return ct_error_prefix("optimizer state '%s': ", tn);
+            } else if (a->mesh && a->shard) /* the slices over dp into the local shape first */
                 s = (s = cti_accel_megatron_zero_local(a, i, s, lp, sb, se)) ? cti_accel_megatron_gather_like(a, lp, s)
                                                                               : NULL;
             else if (a->mesh && (s || a->pp) && cti_accel_megatron_gather_any(a, p, s, &s))

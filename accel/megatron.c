@@ -50,16 +50,18 @@ ct_status cti_accel_megatron_settings(ct_accelerator *a)
      * (accel/megatron_zero.c) */
     if (cti_accel_megatron_zero_settings(a, source)) return ct_last_status();
     const int dp = world / (a->mlm.tp_degree * a->mlm.pp_degree);
-    if (a->mlm.pp_degree > 1 && dp > 1 && a->cfg.shard.strategy != CT_SHARD_NO_SHARD)
+    /* a pipeline's stages run M micro-batch backwards per step: ZeRO-1 reduces once, at
+     * the step; ZeRO-2 would reduce-scatter per micro-batch, ZeRO-3 gather per
+     * micro-batch. DeepSpeed's pipeline engine allows stage 1 only, and so does this */
+    const ct_shard_strategy sst = a->cfg.shard.strategy;
+    if (a->mlm.pp_degree > 1 && dp > 1 && sst != CT_SHARD_NO_SHARD && sst != CT_SHARD_OPTIMIZER)
         return ct_error_set(CT_ERR_UNSUPPORTED,
-                            "accelerator (%s): %s over the data-parallel axis of a pipeline (pp_degree %d, %d "
-                            "data-parallel ranks) is not supported yet: the stages' gradients are averaged over dp; "
-                            "leave it off",
-                            source,
-                            a->sharding.source ? a->sharding.source
-                                               : a->mlm.use_distributed_optimizer ? "use_distributed_optimizer"
-                                                                                   : ct_shard_strategy_name(a->cfg.shard.strategy),
-                            a->mlm.pp_degree, dp);
+                            "accelerator (%s): %s (%s) over the data-parallel axis of a pipeline (pp_degree %d, %d "
+                            "data-parallel ranks) is not supported: as in DeepSpeed, whose pipeline engine refuses "
+                            "ZeRO stages 2 and 3, a pipeline shards only the optimizer's state over dp; use ZeRO-1 "
+                            "(zero_stage 1, strategy OPTIMIZER) or Megatron-LM's use_distributed_optimizer",
+                            source, a->sharding.source ? a->sharding.source : "the sharding strategy",
+                            ct_shard_strategy_name(sst), a->mlm.pp_degree, dp);
     if (a->mlm.gradient_clipping > 0) a->auto_clip = a->mlm.gradient_clipping;
     return CT_OK;
 }
@@ -169,6 +171,9 @@ ct_status cti_accel_megatron_prepare(ct_accelerator *a, ct_module *model, ct_opt
      * else the sharding engine (megatron_zero.c) or DDP over dp, reducing while backward runs */
     if (!st && mc.pp > 1) {
         st = cti_accel_megatron_pp_prepare(a, model);
+        /* ZeRO-1 over the stage's dp ranks (accel/megatron_zero.c), reducing at the step */
+        if (!st && a->mesh->dp > 1 && a->cfg.shard.strategy != CT_SHARD_NO_SHARD)
+            st = cti_accel_megatron_zero_prepare(a, model);
     } else if (!st && a->mesh->dp > 1) {
         if (a->cfg.shard.strategy != CT_SHARD_NO_SHARD) st = cti_accel_megatron_zero_prepare(a, model);
         else if (!(a->ddp = ct_ddp_new(a->mesh->dp_group, model, &a->cfg.ddp))) st = ct_last_status();
@@ -199,7 +204,8 @@ double cti_accel_megatron_clip(ct_accelerator *a, double max_norm, double norm_t
             return NAN;
         }
         if (cti_accel_megatron_pp_reduce(a)) return NAN;
-        return ct_pipeline_model_clip_grad_norm(a->pp, max_norm);
+        return a->shard ? cti_accel_megatron_zero_clip(a, max_norm, norm_type)
+                        : ct_pipeline_model_clip_grad_norm(a->pp, max_norm);
     }
     if (cti_accel_megatron_sync(a)) return NAN;
     if (a->shard) return cti_accel_megatron_zero_clip(a, max_norm, norm_type);

@@ -21,6 +21,13 @@
  *                 same values), and under HYBRID only on the first shard group (the
  *                 other groups hold copies); summed (max for INFINITY) over the world.
  *
+ * Under a pipeline (accel/megatron_pp.c; ZeRO-1 only, as DeepSpeed's pipeline engine)
+ * each stage's engine holds that stage's parameters (ct_shard_config.params) and is
+ * synchronised once per step: the micro-batches accumulate full gradients, the tied
+ * and tp sums run on them, then the reduce-scatter over dp. The tp sync of the slices
+ * above is then not needed, and the clip counts the tied embedding on its stage (the
+ * first) only.
+ *
  * Checkpoints stay whole-model files (accel/megatron_checkpoint.c): a moment slice is
  * put back into the local parameter's shape by a sum over dp of each rank's part
  * (zeros elsewhere, exact), then gathered over tp as without the engine.
@@ -42,12 +49,13 @@
 
 ct_status cti_accel_megatron_zero_settings(ct_accelerator *a, const char *source)
 {
-    if (a->sharding.sharded_state_dict && a->mlm.tp_degree > 1)
+    if (a->sharding.sharded_state_dict && (a->mlm.tp_degree > 1 || a->mlm.pp_degree > 1))
         return ct_error_set(CT_ERR_UNSUPPORTED,
-                            "accelerator: Megatron-LM (%s, tp_degree %d) with %s's SHARDED_STATE_DICT is not "
-                            "supported: checkpoints under tensor parallelism hold the whole model; use "
-                            "FULL_STATE_DICT",
-                            source, a->mlm.tp_degree, a->sharding.source ? a->sharding.source : "the sharding");
+                            "accelerator: Megatron-LM (%s, tp_degree %d, pp_degree %d) with %s's SHARDED_STATE_DICT "
+                            "is not supported: checkpoints under tensor and pipeline parallelism hold the whole "
+                            "model; use FULL_STATE_DICT",
+                            source, a->mlm.tp_degree, a->mlm.pp_degree,
+                            a->sharding.source ? a->sharding.source : "the sharding");
     /* Megatron's distributed optimizer is ZeRO-1 over the data-parallel axis; a
      * sharding strategy given beside it shards at least as much */
     if (a->mlm.use_distributed_optimizer && a->cfg.shard.strategy == CT_SHARD_NO_SHARD)
@@ -59,6 +67,9 @@ ct_status cti_accel_megatron_zero_prepare(ct_accelerator *a, ct_module *model)
 {
     ct_shard_config sc = a->cfg.shard;
     if (!sc.param_dtype) sc.param_dtype = a->mp;
+    /* a pipeline stage shards its own parameters; the plan is the same on every dp rank
+     * of the stage (they hold the same stage) */
+    if (a->pp) sc.params = ct_pipeline_model_params(a->pp);
     /* HYBRID's default shard group: the data-parallel ranks of one machine (the tp
      * ranks of a dp index are neighbours, so a machine holds LOCAL_WORLD_SIZE / tp) */
     if (sc.strategy == CT_SHARD_HYBRID && !sc.shard_group_size) {
@@ -149,7 +160,10 @@ double cti_accel_megatron_zero_clip(ct_accelerator *a, double max_norm, double n
         if (st || !sl[i]->grad) continue;
         all[na++] = sl[i];
         tp_kind(a, param, &sharded);
-        if (writer && (sharded || a->mesh->tp_rank == 0)) mine[nm++] = sl[i];
+        /* a pipeline's tied embedding once, on the stage that owns it (the first) */
+        const int owner = cti_accel_megatron_pp_owner(a, param);
+        if (writer && (sharded || a->mesh->tp_rank == 0) && (owner < 0 || owner == a->mesh->pp_rank))
+            mine[nm++] = sl[i];
     }
     /* every rank reaches the allreduce, also after a local error (NaN then spreads) */
     if (!st) ct_error_clear(); /* a NaN with an error is bad input; without, a NaN gradient */
@@ -166,7 +180,7 @@ double cti_accel_megatron_zero_clip(ct_accelerator *a, double max_norm, double n
     if (!failed && isfinite(total) && ct_grad_scale(na, all, ct_clip_coef(total, max_norm))) failed = true;
     free(mine), free(all);
     if (failed) {
-        ct_error_prefix("accelerator_clip_grad_norm (tp %d x dp %d, %s): ", a->mesh->tp, a->mesh->dp,
+        ct_error_prefix("accelerator_clip_grad_norm (tp %d x pp %d x dp %d, %s): ", a->mesh->tp, a->mesh->pp, a->mesh->dp,
                         ct_shard_strategy_name(ct_shard_stats_get(a->shard).strategy));
         return NAN;
     }

@@ -60,11 +60,16 @@
  *                                    must divide the batch size)
  *   sequence_parallelism             activations split along the sequence over tp
  *   use_distributed_optimizer        the optimizer state sharded over dp (ZeRO-1; a
- *                                    DeepSpeed or FSDP strategy beside it replaces it)
+ *                                    DeepSpeed or FSDP strategy beside it replaces it);
+ *                                    under a pipeline, each stage's over its dp ranks
  *   with a DeepSpeed or FSDP plugin  that strategy over the data-parallel axis instead of
  *   (or their launcher flags)        DDP: the engine over the mesh's dp group
  *                                    (accel/megatron_zero.c); SHARDED_STATE_DICT is refused
- *                                    with tp_degree > 1 (checkpoints hold the whole model)
+ *                                    with tp_degree or pp_degree > 1 (checkpoints hold the
+ *                                    whole model). Under a pipeline with dp > 1 only ZeRO-1
+ *                                    (stage 1, OPTIMIZER) is allowed: ZeRO-2/3 and FSDP's
+ *                                    sharding are refused, as DeepSpeed's pipeline engine
+ *                                    refuses stages 2 and 3
  *   gradient_clipping > 0            clip the global norm over every axis before each step
  *
  * From the launcher (--use_megatron_lm): CTRAIN_USE_MEGATRON_LM=1 with

@@ -157,6 +157,12 @@ static ct_status broadcast_state(ct_shard *s)
     /* named tensors list the parameters (each in its unit, sent above) before the buffers */
     int64_t nparams = 0;
     for (int i = 0; i < s->plan.nunits; i++) nparams += s->plan.units[i].nparams;
+    if (!st && s->subset) { /* the parameters left alone are neither sent nor read */
+        ct_param_list p = {0};
+        st = ct_module_named_tensors(s->model, false, &p);
+        nparams = p.n;
+        ct_param_list_free(&p);
+    }
     if (!st) st = ct_module_named_tensors(s->model, true, &all);
     if (!st) st = cti_dist_broadcast_tensors(s->pg, &all, (int)nparams, "shard");
     ct_param_list_free(&all);
@@ -279,7 +285,9 @@ ct_shard *ct_shard_new(ct_pg *pg, ct_module *model, const ct_shard_config *cfg)
     s->replicas = world / s->sworld;
     /* a shard group of one holds everything: nothing to free between uses */
     if (s->sworld == 1) s->free_params = false;
-    if ((st = ct_shard_plan_build(model, &c.wrap, s->sworld, &s->plan))) goto fail;
+    if ((st = ct_shard_plan_build_subset(model, &c.wrap, s->sworld, c.params, &s->plan))) goto fail;
+    s->subset = c.params != NULL;
+    s->cfg.params = NULL; /* borrowed for the call only */
     if (!(s->units = calloc((size_t)s->plan.nunits, sizeof *s->units)) ||
         !(s->order = calloc((size_t)s->plan.nunits, sizeof *s->order)) ||
         !(s->reduce_order = calloc((size_t)s->plan.nunits, sizeof *s->reduce_order))) {
@@ -329,6 +337,16 @@ fail:
 
 /* ---- the optimizer's slices ---------------------------------------------------------- */
 
+static bool is_model_param(const ct_shard *s, const ct_tensor *p)
+{
+    ct_param_list l = {0};
+    bool found = false;
+    if (ct_module_named_tensors(s->model, false, &l)) return false;
+    for (int i = 0; i < l.n && !found; i++) found = l.tensors[i] == p;
+    ct_param_list_free(&l);
+    return found;
+}
+
 static bool find_param(const ct_shard *s, const ct_tensor *p, int *unit, const ct_shard_param **sp)
 {
     for (int i = 0; i < s->plan.nunits; i++)
@@ -356,7 +374,13 @@ ct_status ct_shard_prepare_optimizer(ct_shard *s, ct_optimizer *opt)
         const ct_shard_param *sp = NULL;
         int ui = -1;
         char d[200];
-        if (!find_param(s, p, &ui, &sp)) {
+        if (!find_param(s, p, &ui, &sp) && s->subset && is_model_param(s, p)) {
+            /* left alone (ct_shard_config.params): it stays as it is, with no part */
+            if (!(slices[i] = ct_tensor_retain((ct_tensor *)p))) st = ct_last_status();
+            unit[i] = -1;
+            continue;
+        }
+        if (!sp) {
             st = ct_error_set(CT_ERR_INVALID,
                               "optimizer parameter %d (%s%s%s%s) is not a parameter of the prepared model: the %s "
                               "strategy shards only what the model holds; register it in the model "
@@ -407,8 +431,9 @@ ct_status ct_shard_slice_part(const ct_shard *s, int i, const char **name, const
     if (!s || !s->slices || i < 0 || i >= s->nslices)
         return ct_error_set(CT_ERR_INVALID, "shard_slice_part: slice %d of %d (prepare an optimizer first)", i,
                             s ? s->nslices : 0);
-    if (name) *name = s->slice_param[i]->name;
-    if (param) *param = s->slice_param[i]->param;
+    /* a parameter left alone (ct_shard_config.params) is its own slice */
+    if (name) *name = s->slice_param[i] ? s->slice_param[i]->name : NULL;
+    if (param) *param = s->slice_param[i] ? s->slice_param[i]->param : s->slices[i];
     if (begin) *begin = s->slice_range[2 * i];
     if (end) *end = s->slice_range[2 * i + 1];
     return CT_OK;

@@ -179,6 +179,13 @@ typedef struct ct_shard_config {
     int64_t persistence_threshold;   /* FULL, HYBRID: a unit of fewer elements is never freed
                                       * (stage3_param_persistence_threshold): it is all-gathered
                                       * after each step, as under GRAD_OP */
+    const ct_param_list *params;     /* the model's parameters to shard (borrowed for the call;
+                                      * NULL: all of them). The others are left alone: never
+                                      * flattened, hooked, broadcast or read (a pipeline stage
+                                      * shards its own, parallel/pipeline_model.h; the other
+                                      * stages' are released). An optimizer parameter among them
+                                      * stays in the optimizer as it is, a slice of its own with
+                                      * no part (ct_shard_slice_part: *name NULL) */
 } ct_shard_config;
 
 /* Bytes this rank holds, by what they are for (the engine's accounting). */
@@ -245,7 +252,9 @@ CT_API ct_status ct_shard_after_step(ct_shard *s);
 CT_API ct_tensor *const *ct_shard_slices(const ct_shard *s, int *n);
 /* What optimizer slice i holds: elements [*begin, *end) of the flattened parameter
  * *name (borrowed from the plan; *param is the model's parameter, its full shape);
- * begin == end when this rank's slices miss it. Any out pointer may be NULL. */
+ * begin == end when this rank's slices miss it. A parameter the engine leaves alone
+ * (ct_shard_config.params): *name NULL, *param the parameter, begin == end == 0. Any
+ * out pointer may be NULL. */
 CT_API ct_status ct_shard_slice_part(const ct_shard *s, int i, const char **name, const ct_tensor **param,
                                      int64_t *begin, int64_t *end);
 /* True on the ranks whose parts make up one copy of the state: every rank, except

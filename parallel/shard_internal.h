@@ -71,6 +71,7 @@ struct ct_shard {
     ct_dtype low;       /* param_dtype when it is 16-bit (the parameters then are); else 0 */
     bool full_f32;      /* param_dtype: the model points at the full32 buffers */
     bool sync;
+    bool subset;        /* ct_shard_config.params: the plan holds some of the model's parameters */
 
     /* units in the order their forwards begin, learnt in the first step */
     int *order;

@@ -28,7 +28,15 @@ typedef struct builder {
     int ne, cap_e;
     node *n;
     int nn, cap_n;
+    const ct_param_list *only; /* NULL: every parameter */
 } builder;
+
+static bool listed(const ct_param_list *l, const ct_tensor *t)
+{
+    for (int i = 0; i < l->n; i++)
+        if (l->tensors[i] == t) return true;
+    return false;
+}
 
 static char *join_name(const char *prefix, const char *name)
 {
@@ -53,7 +61,7 @@ static ct_status collect(builder *b, const ct_module *m, const char *name, int p
         ct_tensor *t = m->params[i].tensor;
         bool seen = false;
         for (int j = 0; j < b->ne && !seen; j++) seen = b->e[j].t == t;
-        if (seen) continue;
+        if (seen || (b->only && !listed(b->only, t))) continue;
         if (b->ne == b->cap_e) {
             int c = b->cap_e ? 2 * b->cap_e : 32;
             entry *ne = realloc(b->e, (size_t)c * sizeof *ne);
@@ -119,6 +127,12 @@ static int unit_of(const builder *b, int k, int root_unit)
 
 ct_status ct_shard_plan_build(const ct_module *root, const ct_wrap_config *wrap, int world, ct_shard_plan *out)
 {
+    return ct_shard_plan_build_subset(root, wrap, world, NULL, out);
+}
+
+ct_status ct_shard_plan_build_subset(const ct_module *root, const ct_wrap_config *wrap, int world,
+                                     const ct_param_list *only, ct_shard_plan *out)
+{
     *out = (ct_shard_plan){0};
     if (!root || !wrap) return ct_error_set(CT_ERR_INVALID, "shard_plan: the model and the wrap policy are required");
     if (world < 1) return ct_error_set(CT_ERR_INVALID, "shard_plan: world size %d is not >= 1", world);
@@ -131,7 +145,7 @@ ct_status ct_shard_plan_build(const ct_module *root, const ct_wrap_config *wrap,
     if (wrap->policy != CT_WRAP_NONE && wrap->policy != CT_WRAP_TRANSFORMER && wrap->policy != CT_WRAP_SIZE)
         return ct_error_set(CT_ERR_INVALID, "shard_plan: unknown wrap policy %d", (int)wrap->policy);
 
-    builder b = {0};
+    builder b = {.only = only};
     ct_status st = collect(&b, root, "", -1);
     if (!st && b.ne == 0) st = ct_error_set(CT_ERR_INVALID, "shard_plan: the model has no parameters to shard");
     for (int j = 0; !st && j < b.ne; j++) {

@@ -70,6 +70,12 @@ typedef struct ct_shard_plan {
  * have (a typo would otherwise make one unit silently), min_num_params < 1, a model
  * without parameters, a parameter that is not floating point. */
 CT_API ct_status ct_shard_plan_build(const ct_module *root, const ct_wrap_config *wrap, int world, ct_shard_plan *out);
+/* The same over the parameters of root listed in only (NULL: all of them); the others
+ * belong to no unit (a pipeline stage's plan leaves out the other stages' parameters,
+ * whose memory is released). The units and the layout are those of the full plan with
+ * the unlisted parameters removed. */
+CT_API ct_status ct_shard_plan_build_subset(const ct_module *root, const ct_wrap_config *wrap, int world,
+                                            const ct_param_list *only, ct_shard_plan *out);
 /* Frees a plan ct_shard_plan_build made; NULL is fine. */
 CT_API void ct_shard_plan_free(ct_shard_plan *p);
 

@@ -684,7 +684,7 @@ static int dist_opt_rank(int rank, int world, const char *dir, void *ctx)
         ct_optimizer_free(opt);
         ct_module_free(&m->base);
         /* SHARDED_STATE_DICT under tensor parallelism is refused: checkpoints hold the whole model */
-        const char *want = "tp_degree 2) with fsdp_plugin's SHARDED_STATE_DICT is not supported";
+        const char *want = "tp_degree 2, pp_degree 1) with fsdp_plugin's SHARDED_STATE_DICT is not supported";
         acc = ct_accelerator_new(&(ct_accelerator_config){
             .megatron_lm_plugin = &(ct_megatron_lm_plugin){.tp_degree = 2},
             .fsdp_plugin = &(ct_fsdp_plugin){.state_dict_type = "SHARDED_STATE_DICT"}});
@@ -702,106 +702,81 @@ Test(megatron, the_distributed_optimizer_at_tp1_is_zero1_and_sharded_state_dicts
     run_env_ranks(2, dist_opt_rank, NULL, NULL, 50);
 }
 
-/* A pipeline averages its stages' gradients over dp itself: ZeRO or the distributed
- * optimizer over the dp axis of pp 2 x dp 2 is refused on every rank, naming why. */
+/* Over the dp axis of a pipeline only the optimizer's state shards (ZeRO-1, the
+ * distributed optimizer: zero1_over_a_pipelines_dp_axis below); ZeRO-2 and FSDP's
+ * FULL_SHARD are refused on every rank, naming the combination and DeepSpeed's rule. */
 static int pp_zero_rank(int rank, int world, const char *dir, void *ctx)
 {
     (void)dir, (void)ctx, (void)world;
     int rc = 0;
-    const char *want = "over the data-parallel axis of a pipeline (pp_degree 2, 2 data-parallel ranks)";
-    for (int k = 0; k < 2; k++) {
-        ct_megatron_lm_plugin p = {.pp_degree = 2, .use_distributed_optimizer = k == 1};
+    const char *want = "over the data-parallel axis of a pipeline (pp_degree 2, 2 data-parallel ranks) is not "
+                       "supported: as in DeepSpeed, whose pipeline engine refuses ZeRO stages 2 and 3";
+    for (int k = 0; k < 3; k++) {
+        ct_megatron_lm_plugin p = {.pp_degree = 2, .use_distributed_optimizer = k == 2};
         ct_accelerator *acc = ct_accelerator_new(&(ct_accelerator_config){
-            .megatron_lm_plugin = &p, .deepspeed_plugin = k == 0 ? &(ct_deepspeed_plugin){.zero_stage = 2} : NULL});
-        if (acc || !strstr(ct_last_error(), want) || !strstr(ct_last_error(), k ? "use_distributed_optimizer" : "deepspeed")) {
-            fprintf(stderr, "rank %d, case %d: %s; want an error naming '%s'\n", rank, k,
-                    acc ? "accepted" : ct_last_error(), want);
+            .megatron_lm_plugin = &p,
+            .deepspeed_plugin = k != 1 ? &(ct_deepspeed_plugin){.zero_stage = k == 0 ? 2 : 3} : NULL,
+            .fsdp_plugin = k == 1 ? &(ct_fsdp_plugin){.sharding_strategy = "FULL_SHARD"} : NULL});
+        const char *what = k == 0 ? "deepspeed_plugin (GRAD_OP)" : k == 1 ? "fsdp_plugin (FULL)" : "deepspeed_plugin (FULL)";
+        if (acc || !strstr(ct_last_error(), want) || !strstr(ct_last_error(), what) ||
+            !strstr(ct_last_error(), "use ZeRO-1 (zero_stage 1, strategy OPTIMIZER) or Megatron-LM's "
+                                     "use_distributed_optimizer")) {
+            fprintf(stderr, "rank %d, case %d: %s; want an error naming '%s' and '%s'\n", rank, k,
+                    acc ? "accepted" : ct_last_error(), what, want);
             rc = 1;
         }
         ct_accelerator_free(acc);
     }
+    /* checkpoints of a pipeline hold the whole model */
+    const char *sharded = "pp_degree 2) with fsdp_plugin's SHARDED_STATE_DICT is not supported";
+    ct_accelerator *acc = ct_accelerator_new(&(ct_accelerator_config){
+        .megatron_lm_plugin = &(ct_megatron_lm_plugin){.pp_degree = 2},
+        .fsdp_plugin = &(ct_fsdp_plugin){.state_dict_type = "SHARDED_STATE_DICT"}});
+    if (acc || !strstr(ct_last_error(), sharded)) {
+        fprintf(stderr, "rank %d: %s; want an error naming '%s'\n", rank, acc ? "accepted" : ct_last_error(), sharded);
+        rc = 1;
+    }
+    ct_accelerator_free(acc);
     return rc;
 }
 
-Test(megatron, zero_over_the_data_parallel_axis_of_a_pipeline_is_refused, .timeout = 60)
+Test(megatron, zero2_and_zero3_over_the_data_parallel_axis_of_a_pipeline_are_refused, .timeout = 60)
 {
     run_env_ranks(4, pp_zero_rank, NULL, NULL, 50);
 }
 
-/* ---- the plugin's settings ------------------------------------------------------- */
-
-static const char *const VARS[] = {"CTRAIN_USE_MEGATRON_LM", "CTRAIN_MEGATRON_TP_DEGREE", "CTRAIN_MEGATRON_PP_DEGREE",
-                                   "CTRAIN_MEGATRON_NUM_MICRO_BATCHES", "CTRAIN_MEGATRON_SEQUENCE_PARALLELISM",
-                                   "CTRAIN_MEGATRON_USE_DISTRIBUTED_OPTIMIZER", "CTRAIN_MEGATRON_GRADIENT_CLIPPING"};
-
-static void clear_vars(void)
+/* ZeRO-1 over the dp axis of a pipeline (accel/megatron_zero.c): each stage's engine
+ * shards its own parameters over its dp ranks, reducing once per step */
+Test(megatron, gpt_w1_pp2_dp2_distributed_optimizer_trains_as_one_process, .timeout = 180)
 {
-    for (size_t i = 0; i < sizeof VARS / sizeof *VARS; i++) unsetenv(VARS[i]);
+    run(4, (mcase){.pp = 2, .M = 2, .tp = 1, .B = 2, .dist_opt = true, .want = CT_SHARD_OPTIMIZER, .tol = 1e-5,
+                   .tol_elem = 1e-4});
 }
 
-static void want_error(ct_status st, const char *part)
+/* every axis at once: tp 2 x pp 2 x dp 2, sequence parallel (the tied embedding's
+ * vocabulary shards counted once over the stages, on every tp rank) */
+Test(megatron, gpt_w1_tp2_pp2_dp2_sequence_parallel_distributed_optimizer_trains_as_one_process, .timeout = 180)
 {
-    cr_assert_neq(st, CT_OK, "expected an error naming '%s'", part);
-    cr_assert(strstr(ct_last_error(), part), "error '%s' should name '%s'", ct_last_error(), part);
+    run(8, (mcase){.pp = 2, .M = 2, .tp = 2, .sp = true, .B = 2, .dist_opt = true,
+                   .want = CT_SHARD_OPTIMIZER, .tol = 1e-5, .tol_elem = 1e-4});
 }
 
-Test(megatron, the_launchers_variables_are_read_and_checked)
+/* bf16: the engine's 16-bit parameters (f32 master slices) run through the stages */
+Test(megatron, gpt_w1_pp2_dp2_distributed_optimizer_bf16_tracks_the_bf16_single_process, .timeout = 180)
 {
-    clear_vars();
-    bool on = true;
-    ct_megatron_lm_plugin p;
-    cr_assert_eq(ct_megatron_lm_plugin_from_env(&on, &p), CT_OK, "%s", ct_last_error());
-    cr_assert(!on);
-    setenv("CTRAIN_USE_MEGATRON_LM", "1", 1);
-    setenv("CTRAIN_MEGATRON_TP_DEGREE", "4", 1);
-    setenv("CTRAIN_MEGATRON_SEQUENCE_PARALLELISM", "true", 1);
-    setenv("CTRAIN_MEGATRON_GRADIENT_CLIPPING", "0.25", 1);
-    cr_assert_eq(ct_megatron_lm_plugin_from_env(&on, &p), CT_OK, "%s", ct_last_error());
-    cr_assert(on);
-    cr_assert_eq(p.tp_degree, 4);
-    cr_assert_eq(p.pp_degree, 1);
-    cr_assert_eq(p.num_micro_batches, 1);
-    cr_assert(p.sequence_parallelism && !p.use_distributed_optimizer);
-    cr_assert_eq(p.gradient_clipping, 0.25);
-    setenv("CTRAIN_MEGATRON_TP_DEGREE", "two", 1);
-    want_error(ct_megatron_lm_plugin_from_env(&on, &p), "CTRAIN_MEGATRON_TP_DEGREE='two' is not an integer >= 1");
-    setenv("CTRAIN_MEGATRON_TP_DEGREE", "2", 1);
-    setenv("CTRAIN_MEGATRON_SEQUENCE_PARALLELISM", "maybe", 1);
-    want_error(ct_megatron_lm_plugin_from_env(&on, &p),
-               "CTRAIN_MEGATRON_SEQUENCE_PARALLELISM='maybe'; allowed: true, false");
-    setenv("CTRAIN_MEGATRON_SEQUENCE_PARALLELISM", "0", 1);
-    setenv("CTRAIN_MEGATRON_GRADIENT_CLIPPING", "-1", 1);
-    want_error(ct_megatron_lm_plugin_from_env(&on, &p),
-               "CTRAIN_MEGATRON_GRADIENT_CLIPPING='-1'; expected a number >= 0");
-    /* the Accelerator refuses a bad variable, naming it */
-    setenv("CTRAIN_MEGATRON_GRADIENT_CLIPPING", "1", 1);
-    setenv("CTRAIN_MEGATRON_PP_DEGREE", "0", 1);
-    cr_assert_null(ct_accelerator_new(NULL));
-    cr_assert(strstr(ct_last_error(), "CTRAIN_MEGATRON_PP_DEGREE='0'"), "%s", ct_last_error());
-    clear_vars();
+    run(4, (mcase){.pp = 2, .M = 2, .tp = 1, .B = 2, .mp = "bf16", .dist_opt = true, .want = CT_SHARD_OPTIMIZER, .tol = 5e-3,
+                   .tol_elem = 3e-2});
 }
 
-Test(megatron, plugin_values_are_checked)
+/* fp16: each rank sees its slices only; the overflow check is agreed over the world */
+Test(megatron, gpt_w1_pp2_dp2_zero1_fp16_ranks_skip_the_same_steps, .timeout = 180)
 {
-    ct_megatron_lm_plugin r;
-    cr_assert_eq(ct_megatron_lm_plugin_resolve(&(ct_megatron_lm_plugin){0}, 5, &r), CT_OK, "%s", ct_last_error());
-    cr_assert(r.tp_degree == 1 && r.pp_degree == 1 && r.num_micro_batches == 1);
-    want_error(ct_megatron_lm_plugin_resolve(&(ct_megatron_lm_plugin){.tp_degree = -2}, 4, &r),
-               "tp_degree = -2; expected >= 1");
-    want_error(ct_megatron_lm_plugin_resolve(&(ct_megatron_lm_plugin){.tp_degree = 2, .pp_degree = 2}, 6, &r),
-               "world size 6 is not divisible by tp_degree 2 x pp_degree 2 = 4");
-    want_error(ct_megatron_lm_plugin_resolve(&(ct_megatron_lm_plugin){.sequence_parallelism = true}, 2, &r),
-               "sequence_parallelism needs tp_degree > 1");
-    want_error(ct_megatron_lm_plugin_resolve(&(ct_megatron_lm_plugin){.gradient_clipping = NAN}, 2, &r),
-               "gradient_clipping = nan");
-    /* one process, tp 1: nothing to shard, the plain loop runs */
-    clear_vars();
-    ct_accelerator *acc = ct_accelerator_new(&(ct_accelerator_config){.megatron_lm_plugin = &(ct_megatron_lm_plugin){0}});
-    cr_assert_not_null(acc, "%s", ct_last_error());
-    ct_accelerator_free(acc);
-    /* with a sharding plugin too: the engine over the data-parallel axis */
-    acc = ct_accelerator_new(&(ct_accelerator_config){.megatron_lm_plugin = &(ct_megatron_lm_plugin){.tp_degree = 1},
-                                                      .fsdp_plugin = &(ct_fsdp_plugin){0}});
-    cr_assert_not_null(acc, "%s", ct_last_error());
-    ct_accelerator_free(acc);
+    run(4, (mcase){.pp = 2, .M = 2, .tp = 1, .B = 2, .mp = "fp16", .zero = 1, .want = CT_SHARD_OPTIMIZER, .tol = 1e-2,
+                   .tol_elem = 1e-1});
+}
+
+Test(megatron, llama_w1_pp2_dp2_zero1_offload_from_the_launchers_variables_trains_as_one_process, .timeout = 180)
+{
+    run(4, (mcase){.llama = true, .pp = 2, .M = 2, .tp = 1, .B = 2, .from_env = true, .zero = 1,
+                   .want = CT_SHARD_OPTIMIZER, .tol = 1e-5, .tol_elem = 1e-4});
 }

@@ -46,6 +46,7 @@ typedef struct ck_run {
     int pp;           /* pipeline stages (0 = 1), 2 micro-batches each step */
     int world;        /* 0: tp x pp (dp 1); else tp x pp x dp, every dp rank training on the same batches */
     int zero;         /* 1..3: DeepSpeed's zero_stage over dp (tp > 1, world > tp) */
+    bool dist_opt;    /* Megatron-LM's use_distributed_optimizer (ZeRO-1 over dp) */
     bool resume;      /* false: 3 steps, save_state(ckpt), 2 steps; true: load_state(ckpt), 2 steps */
     uint64_t seed;    /* the model's initialisation */
     char ckpt[128];   /* the checkpoint directory */
@@ -120,14 +121,14 @@ static int ck_rank(int rank, int world, const char *dir, void *ctx)
         ct_optimizer *opt = ct_adamw_new(pl.n, pl.tensors, &(ct_adamw_config){.lr = LR, .weight_decay = 0.1});
         ct_param_list_free(&pl);
         ct_megatron_lm_plugin p = {.tp_degree = c->tp, .pp_degree = c->pp, .num_micro_batches = c->pp > 1 ? 2 : 1,
-                                   .sequence_parallelism = c->sp};
+                                   .sequence_parallelism = c->sp, .use_distributed_optimizer = c->dist_opt};
         ct_deepspeed_plugin ds = {.zero_stage = c->zero};
         bool mlm = c->tp > 1 || c->pp > 1;
         ct_accelerator *acc = ct_accelerator_new(&(ct_accelerator_config){.megatron_lm_plugin = mlm ? &p : NULL,
                                                                           .deepspeed_plugin = c->zero ? &ds : NULL,
                                                                           .mixed_precision = c->mp});
         ct_status st = acc ? ct_accelerator_prepare(acc, m, opt, NULL, NULL) : ct_last_status();
-        if (!st && c->zero && !ct_accelerator_shard(acc))
+        if (!st && (c->zero || c->dist_opt) && !ct_accelerator_shard(acc))
             st = ct_error_set(CT_ERR_INVALID, "zero_stage %d at tp %d: no sharding engine over dp", c->zero, c->tp);
         if (st) rc = fail(rank, "prepare");
         if (!rc && !c->resume) {
@@ -441,4 +442,25 @@ Test(megatron_checkpoint, gpt_w1_tp2_zero2_resumes_in_one_process_and_at_tp2_zer
     r.world = 4, r.zero = 3;
     go(r);
     compare(at("z3.safetensors"), at("contz.safetensors"), TOL, TOL_ELEM);
+}
+
+/* pp 2 x dp 2 with the distributed optimizer (ZeRO-1 in each stage): the checkpoint
+ * holds the whole model and moments (each stage's slices put together over dp, then
+ * sent from the stage that holds them), so it resumes bitwise at the same layout and
+ * in one process */
+Test(megatron_checkpoint, gpt_w1_pp2_dp2_distributed_optimizer_resumes_bitwise_and_in_one_process, .timeout = 150)
+{
+    ck_run r = run_of(false, false, 1, false, 7, "ckd", "contd.safetensors");
+    r.pp = 2, r.world = 4, r.dist_opt = true;
+    go(r);
+    ct_checkpoint_info info;
+    cr_assert_eq(ct_checkpoint_inspect(at("ckd"), true, &info, NULL), CT_OK, "%s", ct_last_error());
+    cr_assert(info.world_size == 4 && info.pp_degree == 2 && info.dp_degree == 2 && info.step == 3,
+              "world %d, pp %d, dp %d, step %lld", info.world_size, info.pp_degree, info.dp_degree, (long long)info.step);
+    r = run_of(false, false, 1, true, 99, "ckd", "d2.safetensors");
+    r.pp = 2, r.world = 4, r.dist_opt = true;
+    go(r);
+    compare(at("d2.safetensors"), at("contd.safetensors"), 0, 0);
+    go(run_of(false, false, 1, true, 99, "ckd", "d1.safetensors"));
+    compare(at("d1.safetensors"), at("contd.safetensors"), TOL, TOL_ELEM);
 }

@@ -3,6 +3,7 @@
  * written out from the GPT's structure (wte, wpe, h.{i}.*, ln_f) and its sizes
  * computed by hand from the config. */
 #include <criterion/criterion.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/frame.h"
@@ -106,6 +107,39 @@ Test(parallel_shard_plan, no_wrap_is_one_unit_in_registration_order)
         check_layout(&p, &m->base);
         ct_shard_plan_free(&p);
     }
+    ct_module_free(&m->base);
+}
+
+/* A subset (a pipeline stage's parameters): only the listed ones, in registration
+ * order; a wrapped module whose parameters are all left out makes no unit. */
+Test(parallel_shard_plan, a_subset_plans_only_the_listed_parameters)
+{
+    ct_gpt *m = small_gpt();
+    ct_param_list l, only = {0};
+    cr_assert_eq(ct_module_named_tensors(&m->base, false, &l), CT_OK);
+    only.tensors = calloc((size_t)l.n, sizeof *only.tensors);
+    cr_assert_not_null(only.tensors);
+    for (int i = 0; i < l.n; i++) /* the first block's parameters */
+        if (!strncmp(l.names[i], "h.0.", 4)) only.tensors[only.n++] = l.tensors[i];
+    cr_assert_gt(only.n, 0);
+    const char *cls[] = {"Block"};
+    ct_shard_plan p;
+    cr_assert_eq(ct_shard_plan_build_subset(&m->base,
+                                            &(ct_wrap_config){.policy = CT_WRAP_TRANSFORMER, .classes = cls, .nclasses = 1},
+                                            2, &only, &p),
+                 CT_OK, "%s", ct_last_error());
+    cr_assert_eq(p.nunits, 1, "%d units: the other blocks' must make none", p.nunits);
+    cr_assert_eq(p.units[0].nparams, only.n);
+    int64_t numel = 0;
+    for (int i = 0; i < only.n; i++) {
+        cr_expect_eq(p.units[0].params[i].param, only.tensors[i]);
+        cr_expect_eq(p.units[0].params[i].offset, numel);
+        numel += ct_tensor_numel(only.tensors[i]);
+    }
+    cr_expect_eq(p.numel, numel);
+    ct_shard_plan_free(&p);
+    free(only.tensors);
+    ct_param_list_free(&l);
     ct_module_free(&m->base);
 }
 
