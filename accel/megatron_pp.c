@@ -155,10 +155,7 @@ static ct_status average_over_dp(ct_accelerator *a)
         else if (!(w[nw++] = ct_pg_allreduce(a->mesh->dp_group, g, CT_REDUCE_MEAN)))
             st = ct_last_status() ? ct_last_status() : CT_ERR_INTERNAL;
     }
-    for (int i = 0; i < nw; i++) {
-        ct_status s = w[i] ? ct_work_run(w[i]) : CT_OK;
-        if (!st) st = s;
-    }
+    st = ct_work_run_all(w, nw, st);
     free(w);
     return st ? ct_error_prefix("averaging the stage's gradients over dp %d: ", a->mesh->dp) : CT_OK;
 }

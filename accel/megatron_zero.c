@@ -42,6 +42,7 @@
 
 #include "core/frame.h"
 #include "dist/env.h"
+#include "dist/work.h"
 #include "nn/gpt.h"
 #include "nn/llama.h"
 #include "optim/clip.h"
@@ -130,10 +131,7 @@ ct_status cti_accel_megatron_zero_sync(ct_accelerator *a)
         else if (!(w[nw++] = ct_pg_allreduce(a->mesh->tp_group, g, CT_REDUCE_SUM)))
             st = ct_last_status() ? ct_last_status() : CT_ERR_INTERNAL;
     }
-    for (int i = 0; i < nw; i++) {
-        ct_status s = w[i] ? ct_work_run(w[i]) : CT_OK;
-        if (!st) st = s;
-    }
+    st = ct_work_run_all(w, nw, st);
     free(w);
     return st ? ct_error_prefix("summing the sequence-parallel gradient slices over tp %d: ", a->mesh->tp) : CT_OK;
 }

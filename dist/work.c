@@ -96,6 +96,15 @@ ct_status ct_work_run(ct_work *w)
     return st;
 }
 
+ct_status ct_work_run_all(ct_work **w, int n, ct_status st)
+{
+    for (int i = 0; i < n; i++) {
+        ct_status s = w[i] ? ct_work_run(w[i]) : CT_OK;
+        if (!st) st = s;
+    }
+    return st;
+}
+
 ct_status ct_work_wait_timeout(ct_work *w, double seconds)
 {
     if (!w) return ct_error_set(CT_ERR_INVALID, "ct_work_wait_timeout: NULL work");

@@ -33,6 +33,12 @@ CT_API ct_status ct_work_wait(ct_work *w);
  * ct_work_wait's, or the submit's failure. */
 CT_API ct_status ct_work_run(ct_work *w);
 
+/* ct_work_run of each of w[0..n-1] (NULL entries, submits that failed, are skipped:
+ * the caller noted their error), in order: every work is waited for and freed even
+ * after a failure. Returns st when it is an error (the caller's, e.g. a failed
+ * submit), else the first work's failure, else CT_OK. */
+CT_API ct_status ct_work_run_all(ct_work **w, int n, ct_status st);
+
 /* As ct_work_wait, but gives up after seconds (>= 0): CT_ERR_TIMEOUT if the work is
  * still running, which it keeps doing (wait again, test or free it later). */
 CT_API ct_status ct_work_wait_timeout(ct_work *w, double seconds);

@@ -9,6 +9,7 @@
 #include "autograd/autograd.h"
 #include "autograd/ops.h"
 #include "core/frame.h"
+#include "dist/work.h"
 #include "nn/llama_internal.h"
 #include "nn/tp_internal.h"
 #include "nn/tp_ops.h"
@@ -296,10 +297,7 @@ ct_status ct_llama_tp_sync_grads(ct_llama *m)
         else if (!(w[nw++] = ct_pg_allreduce(kv ? tp->kv_group : tp->group, g, CT_REDUCE_SUM)))
             st = ct_last_status() ? ct_last_status() : CT_ERR_INTERNAL;
     }
-    for (int i = 0; i < nw; i++) {
-        ct_status s = w[i] ? ct_work_run(w[i]) : CT_OK;
-        if (!st) st = s;
-    }
+    st = ct_work_run_all(w, nw, st);
     free(w);
     if (st) ct_error_prefix("%s (rank %d of tp %d): ", op, tp->r, tp->n);
     return st;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "accel/accelerator.h"
+#include "tests/env_vars.h"
 
 /* ---- the plugin's settings ------------------------------------------------------- */
 
@@ -15,16 +16,7 @@ static const char *const VARS[] = {"CTRAIN_USE_MEGATRON_LM", "CTRAIN_MEGATRON_TP
                                    "CTRAIN_MEGATRON_NUM_MICRO_BATCHES", "CTRAIN_MEGATRON_SEQUENCE_PARALLELISM",
                                    "CTRAIN_MEGATRON_USE_DISTRIBUTED_OPTIMIZER", "CTRAIN_MEGATRON_GRADIENT_CLIPPING"};
 
-static void clear_vars(void)
-{
-    for (size_t i = 0; i < sizeof VARS / sizeof *VARS; i++) unsetenv(VARS[i]);
-}
-
-static void want_error(ct_status st, const char *part)
-{
-    cr_assert_neq(st, CT_OK, "expected an error naming '%s'", part);
-    cr_assert(strstr(ct_last_error(), part), "error '%s' should name '%s'", ct_last_error(), part);
-}
+static void clear_vars(void) { env_vars_clear(VARS, sizeof VARS / sizeof *VARS); }
 
 Test(megatron, the_launchers_variables_are_read_and_checked)
 {
@@ -45,14 +37,14 @@ Test(megatron, the_launchers_variables_are_read_and_checked)
     cr_assert(p.sequence_parallelism && !p.use_distributed_optimizer);
     cr_assert_eq(p.gradient_clipping, 0.25);
     setenv("CTRAIN_MEGATRON_TP_DEGREE", "two", 1);
-    want_error(ct_megatron_lm_plugin_from_env(&on, &p), "CTRAIN_MEGATRON_TP_DEGREE='two' is not an integer >= 1");
+    expect_error_naming(ct_megatron_lm_plugin_from_env(&on, &p), "CTRAIN_MEGATRON_TP_DEGREE='two' is not an integer >= 1");
     setenv("CTRAIN_MEGATRON_TP_DEGREE", "2", 1);
     setenv("CTRAIN_MEGATRON_SEQUENCE_PARALLELISM", "maybe", 1);
-    want_error(ct_megatron_lm_plugin_from_env(&on, &p),
+    expect_error_naming(ct_megatron_lm_plugin_from_env(&on, &p),
                "CTRAIN_MEGATRON_SEQUENCE_PARALLELISM='maybe'; allowed: true, false");
     setenv("CTRAIN_MEGATRON_SEQUENCE_PARALLELISM", "0", 1);
     setenv("CTRAIN_MEGATRON_GRADIENT_CLIPPING", "-1", 1);
-    want_error(ct_megatron_lm_plugin_from_env(&on, &p),
+    expect_error_naming(ct_megatron_lm_plugin_from_env(&on, &p),
                "CTRAIN_MEGATRON_GRADIENT_CLIPPING='-1'; expected a number >= 0");
     /* the Accelerator refuses a bad variable, naming it */
     setenv("CTRAIN_MEGATRON_GRADIENT_CLIPPING", "1", 1);
@@ -67,13 +59,13 @@ Test(megatron, plugin_values_are_checked)
     ct_megatron_lm_plugin r;
     cr_assert_eq(ct_megatron_lm_plugin_resolve(&(ct_megatron_lm_plugin){0}, 5, &r), CT_OK, "%s", ct_last_error());
     cr_assert(r.tp_degree == 1 && r.pp_degree == 1 && r.num_micro_batches == 1);
-    want_error(ct_megatron_lm_plugin_resolve(&(ct_megatron_lm_plugin){.tp_degree = -2}, 4, &r),
+    expect_error_naming(ct_megatron_lm_plugin_resolve(&(ct_megatron_lm_plugin){.tp_degree = -2}, 4, &r),
                "tp_degree = -2; expected >= 1");
-    want_error(ct_megatron_lm_plugin_resolve(&(ct_megatron_lm_plugin){.tp_degree = 2, .pp_degree = 2}, 6, &r),
+    expect_error_naming(ct_megatron_lm_plugin_resolve(&(ct_megatron_lm_plugin){.tp_degree = 2, .pp_degree = 2}, 6, &r),
                "world size 6 is not divisible by tp_degree 2 x pp_degree 2 = 4");
-    want_error(ct_megatron_lm_plugin_resolve(&(ct_megatron_lm_plugin){.sequence_parallelism = true}, 2, &r),
+    expect_error_naming(ct_megatron_lm_plugin_resolve(&(ct_megatron_lm_plugin){.sequence_parallelism = true}, 2, &r),
                "sequence_parallelism needs tp_degree > 1");
-    want_error(ct_megatron_lm_plugin_resolve(&(ct_megatron_lm_plugin){.gradient_clipping = NAN}, 2, &r),
+    expect_error_naming(ct_megatron_lm_plugin_resolve(&(ct_megatron_lm_plugin){.gradient_clipping = NAN}, 2, &r),
                "gradient_clipping = nan");
     /* one process, tp 1: nothing to shard, the plain loop runs */
     clear_vars();

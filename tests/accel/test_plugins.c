@@ -8,6 +8,7 @@
 
 #include "accel/accelerator.h"
 #include "accel/plugins.h"
+#include "tests/env_vars.h"
 #include "tests/tmpdir.h"
 
 static const char *const launcher_vars[] = {
@@ -18,16 +19,7 @@ static const char *const launcher_vars[] = {
     "CTRAIN_FSDP_BACKWARD_PREFETCH", "CTRAIN_FSDP_FORWARD_PREFETCH", "CTRAIN_FSDP_RESHARD_AFTER_FORWARD",
     "CTRAIN_FSDP_STATE_DICT_TYPE", "CTRAIN_FSDP_SYNC_MODULE_STATES", "CTRAIN_MIXED_PRECISION", "RANK", "WORLD_SIZE"};
 
-static void clear_vars(void)
-{
-    for (size_t i = 0; i < sizeof launcher_vars / sizeof *launcher_vars; i++) unsetenv(launcher_vars[i]);
-}
-
-static void expect_error(ct_status st, const char *want)
-{
-    cr_assert_neq(st, CT_OK, "expected an error containing '%s'", want);
-    cr_assert(strstr(ct_last_error(), want), "error '%s' should contain '%s'", ct_last_error(), want);
-}
+static void clear_vars(void) { env_vars_clear(launcher_vars, sizeof launcher_vars / sizeof *launcher_vars); }
 
 Test(plugins, nothing_set_is_replicated)
 {
@@ -62,13 +54,13 @@ Test(plugins, fsdp_plugin_fields)
     cr_assert_eq(s.shard.backward_prefetch, CT_PREFETCH_BACKWARD_POST);
     cr_assert_eq(ct_sharding_settings_resolve(NULL, &(ct_fsdp_plugin){.reduce_dtype = "BF16"}, true, &s), CT_OK);
     cr_assert_eq(s.shard.reduce_dtype, CT_DTYPE_BF16);
-    expect_error(ct_sharding_settings_resolve(NULL, &(ct_fsdp_plugin){.reduce_dtype = "int8"}, true, &s),
+    expect_error_naming(ct_sharding_settings_resolve(NULL, &(ct_fsdp_plugin){.reduce_dtype = "int8"}, true, &s),
                  "reduce_dtype 'int8'; allowed: fp32, bf16, fp16");
     cr_assert_eq(ct_sharding_settings_resolve(NULL, &(ct_fsdp_plugin){.param_dtype = "fp16"}, true, &s), CT_OK);
     cr_assert_eq(s.shard.param_dtype, CT_DTYPE_F16);
     cr_assert_eq(ct_sharding_settings_resolve(NULL, &(ct_fsdp_plugin){.param_dtype = "fp32"}, true, &s), CT_OK);
     cr_assert_eq(s.shard.param_dtype, CT_DTYPE_F32, "fp32 given: kept f32 whatever the mixed precision");
-    expect_error(ct_sharding_settings_resolve(NULL, &(ct_fsdp_plugin){.param_dtype = "fp8"}, true, &s),
+    expect_error_naming(ct_sharding_settings_resolve(NULL, &(ct_fsdp_plugin){.param_dtype = "fp8"}, true, &s),
                  "param_dtype 'fp8'; allowed: fp32, bf16, fp16");
     /* defaults: FULL_SHARD, no_wrap, BACKWARD_PRE, reshard, sync; accelerate's numbers */
     cr_assert_eq(ct_sharding_settings_resolve(NULL, &(ct_fsdp_plugin){0}, true, &s), CT_OK);
@@ -107,39 +99,39 @@ Test(plugins, bad_values_name_the_setting_the_value_and_what_is_allowed)
 {
     clear_vars();
     ct_sharding_settings s;
-    expect_error(ct_sharding_settings_resolve(NULL, &(ct_fsdp_plugin){.sharding_strategy = "ZERO3"}, true, &s),
+    expect_error_naming(ct_sharding_settings_resolve(NULL, &(ct_fsdp_plugin){.sharding_strategy = "ZERO3"}, true, &s),
                  "fsdp_plugin: sharding_strategy 'ZERO3'; allowed: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD");
-    expect_error(ct_sharding_settings_resolve(NULL, &(ct_fsdp_plugin){.auto_wrap_policy = "LAYER"}, true, &s),
+    expect_error_naming(ct_sharding_settings_resolve(NULL, &(ct_fsdp_plugin){.auto_wrap_policy = "LAYER"}, true, &s),
                  "auto_wrap_policy 'LAYER'; allowed: NO_WRAP, TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP");
-    expect_error(ct_sharding_settings_resolve(NULL, &(ct_fsdp_plugin){.auto_wrap_policy = "TRANSFORMER_BASED_WRAP"},
+    expect_error_naming(ct_sharding_settings_resolve(NULL, &(ct_fsdp_plugin){.auto_wrap_policy = "TRANSFORMER_BASED_WRAP"},
                                               true, &s),
                  "needs transformer_cls_names_to_wrap");
-    expect_error(ct_sharding_settings_resolve(NULL, &(ct_fsdp_plugin){.backward_prefetch = "EARLY"}, true, &s),
+    expect_error_naming(ct_sharding_settings_resolve(NULL, &(ct_fsdp_plugin){.backward_prefetch = "EARLY"}, true, &s),
                  "backward_prefetch 'EARLY'; allowed: BACKWARD_PRE, BACKWARD_POST, NO_PREFETCH");
-    expect_error(ct_sharding_settings_resolve(NULL, &(ct_fsdp_plugin){.state_dict_type = "LOCAL"}, true, &s),
+    expect_error_naming(ct_sharding_settings_resolve(NULL, &(ct_fsdp_plugin){.state_dict_type = "LOCAL"}, true, &s),
                  "state_dict_type 'LOCAL'; allowed: FULL_STATE_DICT, SHARDED_STATE_DICT");
-    expect_error(ct_sharding_settings_resolve(NULL, &(ct_fsdp_plugin){.min_num_params = -5}, true, &s),
+    expect_error_naming(ct_sharding_settings_resolve(NULL, &(ct_fsdp_plugin){.min_num_params = -5}, true, &s),
                  "min_num_params -5");
-    expect_error(ct_sharding_settings_resolve(NULL, &(ct_fsdp_plugin){.sharding_strategy = "NO_SHARD",
+    expect_error_naming(ct_sharding_settings_resolve(NULL, &(ct_fsdp_plugin){.sharding_strategy = "NO_SHARD",
                                                                       .cpu_offload = true},
                                               true, &s),
                  "cpu_offload needs a sharded strategy");
-    expect_error(ct_sharding_settings_resolve(&(ct_deepspeed_plugin){.zero_stage = 5}, NULL, true, &s),
+    expect_error_naming(ct_sharding_settings_resolve(&(ct_deepspeed_plugin){.zero_stage = 5}, NULL, true, &s),
                  "deepspeed_plugin: zero_stage 5; allowed: 0, 1, 2, 3");
-    expect_error(ct_sharding_settings_resolve(&(ct_deepspeed_plugin){.zero_stage = 2, .offload_param_device = "cpu"},
+    expect_error_naming(ct_sharding_settings_resolve(&(ct_deepspeed_plugin){.zero_stage = 2, .offload_param_device = "cpu"},
                                               NULL, true, &s),
                  "offload_param_device cpu needs ZeRO stage 3 (stage is 2)");
-    expect_error(ct_sharding_settings_resolve(&(ct_deepspeed_plugin){.offload_optimizer_device = "nvme"}, NULL, true,
+    expect_error_naming(ct_sharding_settings_resolve(&(ct_deepspeed_plugin){.offload_optimizer_device = "nvme"}, NULL, true,
                                               &s),
                  "offload_optimizer_device: offload device 'nvme'; allowed: none, cpu");
-    expect_error(ct_sharding_settings_resolve(&(ct_deepspeed_plugin){.offload_optimizer_device = "cpu"}, NULL, true,
+    expect_error_naming(ct_sharding_settings_resolve(&(ct_deepspeed_plugin){.offload_optimizer_device = "cpu"}, NULL, true,
                                               &s),
                  "needs ZeRO stage 1, 2 or 3");
-    expect_error(ct_sharding_settings_resolve(&(ct_deepspeed_plugin){.gradient_clipping = -1}, NULL, true, &s),
+    expect_error_naming(ct_sharding_settings_resolve(&(ct_deepspeed_plugin){.gradient_clipping = -1}, NULL, true, &s),
                  "gradient_clipping -1");
-    expect_error(ct_sharding_settings_resolve(&(ct_deepspeed_plugin){0}, &(ct_fsdp_plugin){0}, true, &s),
+    expect_error_naming(ct_sharding_settings_resolve(&(ct_deepspeed_plugin){0}, &(ct_fsdp_plugin){0}, true, &s),
                  "both a deepspeed_plugin and an fsdp_plugin");
-    expect_error(ct_sharding_settings_resolve(&(ct_deepspeed_plugin){.config_file = "/nonexistent/ds.json"}, NULL,
+    expect_error_naming(ct_sharding_settings_resolve(&(ct_deepspeed_plugin){.config_file = "/nonexistent/ds.json"}, NULL,
                                               true, &s),
                  "/nonexistent/ds.json");
 }
@@ -209,20 +201,20 @@ Test(plugins, a_ds_config_file_sets_stage_offload_precision_and_steps)
     cr_assert(strstr(s.source, "ds.json"), "%s", s.source);
     /* prepare's check: 24 = micro 4 x 3 x 2 ranks holds, micro 5 does not */
     cr_assert_eq(ct_sharding_settings_check_ds(&s, 2, 4, 3, 0.5, "bf16"), CT_OK, "%s", ct_last_error());
-    expect_error(ct_sharding_settings_check_ds(&s, 2, 5, 3, 0.5, "bf16"), "does not multiply out");
+    expect_error_naming(ct_sharding_settings_check_ds(&s, 2, 5, 3, 0.5, "bf16"), "does not multiply out");
     /* "auto" without a loader to take it from */
-    expect_error(ct_sharding_settings_check_ds(&s, 2, 0, 3, 0.5, "bf16"), "\"auto\"");
+    expect_error_naming(ct_sharding_settings_check_ds(&s, 2, 0, 3, 0.5, "bf16"), "\"auto\"");
     /* a plugin value beside the file must agree with it */
-    expect_error(ct_sharding_settings_resolve(&(ct_deepspeed_plugin){.zero_stage = 3, .config_file = path}, NULL,
+    expect_error_naming(ct_sharding_settings_resolve(&(ct_deepspeed_plugin){.zero_stage = 3, .config_file = path}, NULL,
                                               true, &s),
                  "zero_stage 3 given, but ds_config");
-    expect_error(ct_sharding_settings_resolve(&(ct_deepspeed_plugin){.gradient_accumulation_steps = 2,
+    expect_error_naming(ct_sharding_settings_resolve(&(ct_deepspeed_plugin){.gradient_accumulation_steps = 2,
                                                                      .config_file = path},
                                               NULL, true, &s),
                  "gradient_accumulation_steps 2 given, but ds_config");
     /* a malformed file names itself and the problem */
     const char *bad = write_text("bad.json", "{\"zero_optimization\": {\"stage\": \"three\"}}");
-    expect_error(ct_sharding_settings_resolve(&(ct_deepspeed_plugin){.config_file = bad}, NULL, true, &s),
+    expect_error_naming(ct_sharding_settings_resolve(&(ct_deepspeed_plugin){.config_file = bad}, NULL, true, &s),
                  "bad.json");
     remove_tmpdir();
 }
@@ -244,16 +236,16 @@ Test(plugins, the_launchers_variables)
     cr_assert(s.shard.no_reshard_after_forward);
     cr_assert_eq(s.shard.backward_prefetch, CT_PREFETCH_NONE);
     setenv("CTRAIN_FSDP_OFFLOAD_PARAMS", "perhaps", 1);
-    expect_error(ct_sharding_settings_resolve(NULL, NULL, true, &s), "CTRAIN_FSDP_OFFLOAD_PARAMS: boolean 'perhaps'");
+    expect_error_naming(ct_sharding_settings_resolve(NULL, NULL, true, &s), "CTRAIN_FSDP_OFFLOAD_PARAMS: boolean 'perhaps'");
     clear_vars();
     setenv("CTRAIN_USE_DEEPSPEED", "1", 1);
     setenv("CTRAIN_ZERO_STAGE", "1", 1);
     cr_assert_eq(ct_sharding_settings_resolve(NULL, NULL, true, &s), CT_OK, "%s", ct_last_error());
     cr_assert_eq(s.shard.strategy, CT_SHARD_OPTIMIZER);
     setenv("CTRAIN_ZERO_STAGE", "7", 1);
-    expect_error(ct_sharding_settings_resolve(NULL, NULL, true, &s), "CTRAIN_ZERO_STAGE='7'");
+    expect_error_naming(ct_sharding_settings_resolve(NULL, NULL, true, &s), "CTRAIN_ZERO_STAGE='7'");
     setenv("CTRAIN_USE_FSDP", "1", 1);
-    expect_error(ct_sharding_settings_resolve(NULL, NULL, true, &s), "both set");
+    expect_error_naming(ct_sharding_settings_resolve(NULL, NULL, true, &s), "both set");
     clear_vars();
 }
 
