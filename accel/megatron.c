@@ -49,19 +49,6 @@ ct_status cti_accel_megatron_settings(ct_accelerator *a)
     /* ZeRO, FSDP and the distributed optimizer shard over the data-parallel axis
      * (accel/megatron_zero.c) */
     if (cti_accel_megatron_zero_settings(a, source)) return ct_last_status();
-    const int dp = world / (a->mlm.tp_degree * a->mlm.pp_degree);
-    /* a pipeline's stages run M micro-batch backwards per step: ZeRO-1 reduces once, at
-     * the step; ZeRO-2 would reduce-scatter per micro-batch, ZeRO-3 gather per
-     * micro-batch. DeepSpeed's pipeline engine allows stage 1 only, and so does this */
-    const ct_shard_strategy sst = a->cfg.shard.strategy;
-    if (a->mlm.pp_degree > 1 && dp > 1 && sst != CT_SHARD_NO_SHARD && sst != CT_SHARD_OPTIMIZER)
-        return ct_error_set(CT_ERR_UNSUPPORTED,
-                            "accelerator (%s): %s (%s) over the data-parallel axis of a pipeline (pp_degree %d, %d "
-                            "data-parallel ranks) is not supported: as in DeepSpeed, whose pipeline engine refuses "
-                            "ZeRO stages 2 and 3, a pipeline shards only the optimizer's state over dp; use ZeRO-1 "
-                            "(zero_stage 1, strategy OPTIMIZER) or Megatron-LM's use_distributed_optimizer",
-                            source, a->sharding.source ? a->sharding.source : "the sharding strategy",
-                            ct_shard_strategy_name(sst), a->mlm.pp_degree, dp);
     if (a->mlm.gradient_clipping > 0) a->auto_clip = a->mlm.gradient_clipping;
     return CT_OK;
 }

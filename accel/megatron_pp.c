@@ -20,11 +20,15 @@
  *                                        last stage, sequence parallelism's partial
  *                                        sums over tp; clipping by the global norm.
  *
- * ZeRO-1 or Megatron's distributed optimizer over dp (accel/megatron_zero.c): the
- * sharding engine holds the stage's parameters only (the others are released), with
- * its synchronisation off while the micro-batches run. At the step the tied and tp
- * sums run on the full gradients, then the engine reduce-scatters them (mean) over dp,
- * each rank steps its slice and the engine all-gathers the updated parameters.
+ * ZeRO-1/2/3, FSDP's strategies (hybrid too) or Megatron's distributed optimizer over
+ * dp (accel/megatron_zero.c): the sharding engine holds the stage's parameters only
+ * (the others are released), with its synchronisation off while the micro-batches run,
+ * so they accumulate full gradients (as under FSDP's no_sync; ZeRO-3 still gathers
+ * each unit's parameters for its forward and backward and frees them after). At the
+ * step the tied and tp sums run on the full gradients, then the engine reduce-scatters
+ * them (mean) over dp, each rank steps its slice and the engine all-gathers the updated
+ * parameters (ZeRO-3: at the next forward). DeepSpeed's pipeline engine refuses ZeRO
+ * stages 2 and 3; here they work, at the cost of full gradients until the step.
  *
  * The last stage seeds backward with (loss scale / k) / M per micro-batch, k the
  * accumulation steps and the loss scale fp16's (else 1): what ct_accelerator_backward
@@ -64,7 +68,7 @@ static ct_tensor *pp_loss(ct_module *m, ct_tensor *idx, ct_tensor *targets, void
     } else {
         /* what ct_accelerator_backward multiplies an ordinary loss by */
         double factor = (a->scaling ? ct_loss_scaler_scale(&a->scaler) : 1.0) / a->K;
-        /* ZeRO-1 over dp: the micro-batches accumulate full gradients, reduced at the step */
+        /* the engine over dp: the micro-batches accumulate full gradients, reduced at the step */
         if (a->shard) ct_shard_set_sync(a->shard, false);
         st = ct_pipeline_set_grad_scale(ct_pipeline_model_engine(a->pp), factor);
         if (!st) st = ct_pipeline_model_step(a->pp, idx, targets, micro_batches(a, idx, false), &loss);
@@ -168,7 +172,7 @@ ct_status cti_accel_megatron_pp_reduce(ct_accelerator *a)
     const double t0 = now_s();
     ct_status st = CT_OK;
     if (a->shard) {
-        /* ZeRO-1 (accel/megatron_zero.c): the tied and tp sums on the full gradients, then
+        /* the engine (accel/megatron_zero.c): the tied and tp sums on the full gradients, then
          * the engine's reduce-scatter (mean) over dp into each rank's slices */
         st = ct_pipeline_model_sync_grads(a->pp);
         ct_shard_set_sync(a->shard, true);

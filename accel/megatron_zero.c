@@ -21,8 +21,7 @@
  *                 same values), and under HYBRID only on the first shard group (the
  *                 other groups hold copies); summed (max for INFINITY) over the world.
  *
- * Under a pipeline (accel/megatron_pp.c; ZeRO-1 only, as DeepSpeed's pipeline engine)
- * each stage's engine holds that stage's parameters (ct_shard_config.params) and is
+ * Under a pipeline (accel/megatron_pp.c; every strategy) each stage's engine holds that stage's parameters (ct_shard_config.params) and is
  * synchronised once per step: the micro-batches accumulate full gradients, the tied
  * and tp sums run on them, then the reduce-scatter over dp. The tp sync of the slices
  * above is then not needed, and the clip counts the tied embedding on its stage (the

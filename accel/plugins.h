@@ -66,10 +66,9 @@
  *   (or their launcher flags)        DDP: the engine over the mesh's dp group
  *                                    (accel/megatron_zero.c); SHARDED_STATE_DICT is refused
  *                                    with tp_degree or pp_degree > 1 (checkpoints hold the
- *                                    whole model). Under a pipeline with dp > 1 only ZeRO-1
- *                                    (stage 1, OPTIMIZER) is allowed: ZeRO-2/3 and FSDP's
- *                                    sharding are refused, as DeepSpeed's pipeline engine
- *                                    refuses stages 2 and 3
+ *                                    whole model). Under a pipeline each stage's engine
+ *                                    shards that stage over its dp ranks, reducing once
+ *                                    per step (accel/megatron_pp.c)
  *   gradient_clipping > 0            clip the global norm over every axis before each step
  *
  * From the launcher (--use_megatron_lm): CTRAIN_USE_MEGATRON_LM=1 with

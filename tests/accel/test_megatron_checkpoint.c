@@ -464,3 +464,21 @@ Test(megatron_checkpoint, gpt_w1_pp2_dp2_distributed_optimizer_resumes_bitwise_a
     go(run_of(false, false, 1, true, 99, "ckd", "d1.safetensors"));
     compare(at("d1.safetensors"), at("contd.safetensors"), TOL, TOL_ELEM);
 }
+
+/* pp 2 x dp 2 under ZeRO-3 (each stage's parameters and moments sharded over dp): the
+ * same whole-model checkpoint, resumed bitwise at the same layout and at pp 2 x dp 2
+ * with the distributed optimizer within rounding */
+Test(megatron_checkpoint, gpt_w1_pp2_dp2_zero3_resumes_bitwise_and_under_the_distributed_optimizer, .timeout = 150)
+{
+    ck_run r = run_of(false, false, 1, false, 7, "ck3", "cont3.safetensors");
+    r.pp = 2, r.world = 4, r.zero = 3;
+    go(r);
+    r = run_of(false, false, 1, true, 99, "ck3", "z3.safetensors");
+    r.pp = 2, r.world = 4, r.zero = 3;
+    go(r);
+    compare(at("z3.safetensors"), at("cont3.safetensors"), 0, 0);
+    r = run_of(false, false, 1, true, 99, "ck3", "d.safetensors");
+    r.pp = 2, r.world = 4, r.dist_opt = true;
+    go(r);
+    compare(at("d.safetensors"), at("cont3.safetensors"), TOL, TOL_ELEM);
+}
