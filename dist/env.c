@@ -8,8 +8,11 @@
 #include <limits.h>
 #include <math.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "dist/store.h"
 
 #define LOOPBACK "127.0.0.1"
 
@@ -355,4 +358,12 @@ const char *ct_dist_job_id(void)
         id[0] = '\0';
     }
     return id;
+}
+
+const char *ct_dist_store_token(void)
+{
+    static _Thread_local char token[CT_STORE_MAX_TOKEN + 2];
+    const char *v = getenv("CTRAIN_STORE_TOKEN");
+    snprintf(token, sizeof token, "%s", v ? v : "");
+    return token;
 }

@@ -63,4 +63,9 @@ CT_API ct_status ct_dist_env_int(const char *var, int dflt, int min, int *out);
  * Static storage, valid until the next call. */
 CT_API const char *ct_dist_job_id(void);
 
+/* The token this job's store and transports admit (dist/store.h): CTRAIN_STORE_TOKEN,
+ * set by ctrain launch; "" when unset (no token required). Static storage, valid until
+ * the next call; a value longer than CT_STORE_MAX_TOKEN is refused by ct_store_new. */
+CT_API const char *ct_dist_store_token(void);
+
 #endif

@@ -42,6 +42,7 @@ struct ct_store {
     int world_size, rank;
     double timeout_s;
     ct_store_server *srv; /* the serving handle's server, else NULL */
+    char token[CT_STORE_MAX_TOKEN + 1];
 
     uv_mutex_t mu; /* guards everything below */
     int fd;
@@ -93,14 +94,18 @@ static int try_connect(const struct addrinfo *ai, double deadline, char *why, si
     return fd;
 }
 
+static ct_status store_hello(ct_store *s, double deadline, char *why, size_t cap, bool *refused);
+
 /* Ranks start in any order: refused or unreachable attempts are retried, with
- * backoff, until the timeout. */
+ * backoff, until the timeout; so is a store that refuses the token, which may be a
+ * previous job's still holding the port. */
 static ct_status store_connect(ct_store *s)
 {
     double start = cti_dist_now(), deadline = start + s->timeout_s, backoff = 0.01;
-    char port[8], why[256] = "no attempt";
+    char port[8], why[1024] = "no attempt", refusal[1024] = "";
     snprintf(port, sizeof port, "%d", s->port);
     for (;;) {
+        bool refused = false;
         struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res;
         int rc = getaddrinfo(s->host, port, &hints, &res);
         if (rc) {
@@ -111,9 +116,19 @@ static ct_status store_connect(ct_store *s)
                 if (s->fd >= 0) break;
             }
             freeaddrinfo(res);
-            if (s->fd >= 0) return CT_OK;
+            if (s->fd >= 0) {
+                /* a lost connection or a refusal may pass (a previous job's store going
+                 * away); another service's bytes will not */
+                ct_status st = store_hello(s, deadline, why, sizeof why, &refused);
+                if (!st) return CT_OK;
+                if (refused) snprintf(refusal, sizeof refusal, "%s", why);
+                if (st != CT_ERR_PEER && st != CT_ERR_TIMEOUT) return ct_error_set(st, "%s", why);
+            }
         }
         double left = deadline - cti_dist_now();
+        if (left <= 0 && refusal[0])
+            return ct_error_set(CT_ERR_PEER, "store: the master at %s:%d refused this rank for %g s: %s", s->host,
+                                s->port, s->timeout_s, refusal);
         if (left <= 0)
             return ct_error_set(CT_ERR_TIMEOUT,
                                 "store: cannot reach the master at %s:%d within %g s (last attempt: %s); check "
@@ -204,10 +219,46 @@ typedef struct reply {
     size_t len;
 } reply;
 
+static ct_status roundtrip_until(ct_store *s, uint8_t op, const char *const *keys, int nkeys, const void *val,
+                                 size_t vlen, double deadline, reply *out);
+
 /* Sends one request and reads its reply. wait_s >= 0: a get or wait the server may
  * hold for wait_s. The caller holds s->mu. */
 static ct_status roundtrip(ct_store *s, uint8_t op, const char *const *keys, int nkeys, const void *val,
                            size_t vlen, double wait_s, reply *out)
+{
+    double deadline = cti_dist_now() + (wait_s >= 0 ? wait_s + REPLY_GRACE_S : s->timeout_s);
+    return roundtrip_until(s, op, keys, nkeys, val, vlen, deadline, out);
+}
+
+/* Presents the token on the fresh connection s->fd. On failure the fd is closed,
+ * why says what happened, and *refused tells a refusal from a broken connection. */
+static ct_status store_hello(ct_store *s, double deadline, char *why, size_t cap, bool *refused)
+{
+    reply r = {0};
+    ct_status st = roundtrip_until(s, CT_WIRE_HELLO, NULL, 0, s->token, strlen(s->token), deadline, &r);
+    if (st) {
+        /* a connection that broke during the handshake is retried like a refused connect */
+        snprintf(why, cap, "%s", ct_last_error());
+        s->broken = CT_OK;
+        if (s->fd >= 0) close(s->fd);
+        s->fd = -1;
+        return st;
+    }
+    if (r.status == CT_WIRE_OK) {
+        free(r.body);
+        return CT_OK;
+    }
+    *refused = true;
+    snprintf(why, cap, "%s", r.status == CT_WIRE_ERROR ? (const char *)r.body : "a malformed reply to the token");
+    free(r.body);
+    close(s->fd);
+    s->fd = -1;
+    return CT_ERR_PEER;
+}
+
+static ct_status roundtrip_until(ct_store *s, uint8_t op, const char *const *keys, int nkeys, const void *val,
+                                 size_t vlen, double deadline, reply *out)
 {
     if (s->broken) return ct_error_set(s->broken, "%s", s->broken_msg);
     size_t head = CT_WIRE_HEADER;
@@ -223,7 +274,6 @@ static ct_status roundtrip(ct_store *s, uint8_t op, const char *const *keys, int
         p += 4 + k;
     }
     struct iovec iov[2] = {{h, head}, {(void *)val, vlen}};
-    double deadline = cti_dist_now() + (wait_s >= 0 ? wait_s + REPLY_GRACE_S : s->timeout_s);
     ct_status st = send_all(s, iov, vlen ? 2 : 1, deadline);
     free(h);
     if (st) return st;
@@ -310,12 +360,20 @@ ct_store *ct_store_new(const ct_store_config *cfg)
     s->rank = cfg->rank;
     s->timeout_s = cfg->timeout_s > 0 ? cfg->timeout_s : CT_STORE_DEFAULT_TIMEOUT_S;
     s->fd = -1;
+    const char *token = cfg->token ? cfg->token : ct_dist_store_token();
+    if (strlen(token) > CT_STORE_MAX_TOKEN) {
+        ct_error_set(CT_ERR_INVALID, "ct_store_new: the store token (CTRAIN_STORE_TOKEN) is %zu bytes; at most %d",
+                     strlen(token), CT_STORE_MAX_TOKEN);
+        free(s);
+        return NULL;
+    }
+    snprintf(s->token, sizeof s->token, "%s", token);
     if (uv_mutex_init(&s->mu)) {
         ct_error_set(CT_ERR_INTERNAL, "ct_store_new: uv_mutex_init failed");
         free(s);
         return NULL;
     }
-    if (cfg->serve && !(s->srv = cti_store_server_start(cfg->host, cfg->port, &s->port))) {
+    if (cfg->serve && !(s->srv = cti_store_server_start(cfg->host, cfg->port, s->token, &s->port))) {
         uv_mutex_destroy(&s->mu);
         free(s);
         return NULL;
@@ -334,6 +392,8 @@ ct_store *ct_store_new(const ct_store_config *cfg)
 }
 
 int ct_store_port(const ct_store *s) { return s ? s->port : -1; }
+
+const char *cti_store_token(const ct_store *s) { return s->token; }
 
 /* The serving handle records the job's id; every handle checks it (see store.h). */
 static ct_status check_job(ct_store *s, const char *job)

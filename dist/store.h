@@ -27,6 +27,15 @@
  * clearly, and the job that owns the store is not disturbed. Jobs without an id on
  * either side are not told apart.
  *
+ * Tokens. Every connection first presents the job's token (ct_store_config.token, else
+ * CTRAIN_STORE_TOKEN, which ctrain launch sets to a random one per job); the server
+ * admits a connection only when the token equals its own ("" on both sides when no
+ * token is set: ranks started by hand need none). A connection that sends anything
+ * else first, or another token, is closed and logged on stderr ("ctrain: store on
+ * port 29500: refused a connection from 10.0.0.7:51234: wrong token"); the server
+ * serves on. A handle whose token is refused keeps retrying until its timeout (a
+ * previous job's store may still hold the port), then fails with CT_ERR_PEER.
+ *
  * Failures, all bounded in time:
  *   - the master cannot be reached within the timeout: CT_ERR_TIMEOUT naming
  *     host:port (clients retry connecting until then, so ranks may start in any order);
@@ -56,6 +65,7 @@
 #define CT_STORE_MAX_VALUE (64u * 1024 * 1024) /* bytes */
 #define CT_STORE_MAX_WAIT_KEYS 4096            /* keys in one ct_store_wait */
 #define CT_STORE_DEFAULT_TIMEOUT_S 300.0
+#define CT_STORE_MAX_TOKEN 256 /* bytes */
 
 typedef struct ct_store ct_store;
 
@@ -68,6 +78,7 @@ typedef struct ct_store_config {
     int rank;         /* this handle's rank in barriers, 0 .. world_size - 1 */
     double timeout_s; /* connect and default wait timeout; <= 0: 300 s */
     const char *job;  /* this job's id; NULL: ct_dist_job_id() (dist/env.h) */
+    const char *token; /* this job's token, 0..CT_STORE_MAX_TOKEN bytes; NULL: ct_dist_store_token() */
 } ct_store_config;
 
 /* Starts the server when cfg->serve (binding cfg->host: an IP address is bound as

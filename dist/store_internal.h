@@ -11,6 +11,9 @@
  *   6      2     nkeys                         0
  *   8      4     body_len                      body_len
  *   12     ...   nkeys x {u32 len, key bytes}, then the value (the rest of the body)
+ *
+ * A connection's first frame is a HELLO carrying the job's token (see store.h); the
+ * server answers OK, or ERROR and closes, before it reads anything else.
  */
 #ifndef CT_DIST_STORE_INTERNAL_H
 #define CT_DIST_STORE_INTERNAL_H
@@ -31,6 +34,7 @@ enum {
     CT_WIRE_GET = 2,  /* 1 key; value = u64 timeout in ms. Reply: the value */
     CT_WIRE_ADD = 3,  /* 1 key; value = i64 delta. Reply: i64 new value */
     CT_WIRE_WAIT = 4, /* 1..CT_STORE_MAX_WAIT_KEYS keys; value = u64 timeout in ms */
+    CT_WIRE_HELLO = 5, /* 0 keys; value = the token, 0..CT_STORE_MAX_TOKEN bytes; first and only once */
 };
 
 /* reply statuses */
@@ -115,10 +119,24 @@ void cti_store_table_free(ct_store_table *t);
 
 typedef struct ct_store_server ct_store_server;
 
-/* Binds host:port (port 0: any free port), then serves on a thread of its own.
+/* Binds host:port (port 0: any free port), then serves on a thread of its own,
+ * to clients whose HELLO carries token (a copy is kept; "" admits only empty tokens).
  * *bound_port = the port bound. NULL on failure with the error set. */
-ct_store_server *cti_store_server_start(const char *host, int port, int *bound_port);
+ct_store_server *cti_store_server_start(const char *host, int port, const char *token, int *bound_port);
 /* Stops the loop, closes every connection, frees everything. NULL is a no-op. */
 void cti_store_server_stop(ct_store_server *srv);
+
+/* The token this handle presents (its config's, else CTRAIN_STORE_TOKEN); the
+ * transports' hellos carry it too. Borrowed, valid while the handle lives. */
+const char *cti_store_token(const ct_store *s);
+
+/* Whether two tokens are equal, in a time that does not depend on where they differ. */
+static inline bool cti_token_equal(const uint8_t *a, size_t na, const char *b)
+{
+    size_t nb = strlen(b);
+    uint8_t diff = (uint8_t)(na != nb);
+    for (size_t i = 0; i < na && i < nb; i++) diff |= (uint8_t)(a[i] ^ (uint8_t)b[i]);
+    return !diff;
+}
 
 #endif

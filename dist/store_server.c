@@ -10,6 +10,11 @@
  * answers it or its timer fires; frames after it wait. Reading goes on while
  * parked so that a client that hangs up is noticed at once and its request dropped.
  * Anything that is not a well-formed frame closes that connection only.
+ *
+ * Admission. A connection's first frame must be a HELLO with the server's token;
+ * until then nothing else is parsed. A stranger (bytes that are not a HELLO, a wrong
+ * token) is logged with its address on stderr and closed, after an ERROR reply when
+ * it spoke the protocol, so that a rank of another job learns why.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -41,8 +46,11 @@ typedef struct conn {
     struct conn *prev, *next; /* every open connection */
     struct conn *resume_next; /* unparked, with frames possibly waiting behind */
     bool queued, closing;
-    bool refused; /* spoke another protocol version: told so, its bytes are ignored until it hangs up */
+    bool refused; /* a stranger (store.h, Tokens): its bytes are ignored until the connection closes */
+    bool admitted; /* presented the token */
     int open_handles;
+    uv_shutdown_t shutdown; /* a refused stranger: closed once the ERROR reply is sent */
+    char peer[80];          /* "ip:port", for the log */
 
     uint8_t *buf;
     size_t off, len, cap;
@@ -66,6 +74,8 @@ struct ct_store_server {
     ct_store_table kv;
     conn *conns;
     conn *resume;
+    int port;
+    char token[CT_STORE_MAX_TOKEN + 1];
 };
 
 typedef struct wreq {
@@ -142,6 +152,43 @@ static void reply_error(conn *c, const char *fmt, const uint8_t *key, uint32_t k
     char msg[CT_STORE_MAX_KEY + 256];
     int n = snprintf(msg, sizeof msg, fmt, (int)klen, (const char *)key);
     reply_bytes(c, CT_WIRE_ERROR, msg, n < 0 ? 0 : (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1);
+}
+
+/* ---- admission ----------------------------------------------------------------- */
+
+static void on_shutdown(uv_shutdown_t *req, int status)
+{
+    (void)status;
+    conn_close(req->data);
+}
+
+/* A stranger: one line on stderr, an ERROR reply when reply is set, then the
+ * connection is closed (after the reply is flushed); its further bytes are ignored. */
+static void refuse(conn *c, const char *why, const char *reply)
+{
+    fprintf(stderr, "ctrain: store on port %d: refused a connection from %s: %s\n", c->srv->port, c->peer, why);
+    c->refused = true;
+    c->off = c->len;
+    if (reply) reply_bytes(c, CT_WIRE_ERROR, reply, strlen(reply));
+    if (c->closing) return;
+    c->shutdown.data = c;
+    if (uv_shutdown(&c->shutdown, (uv_stream_t *)&c->tcp, on_shutdown) < 0) conn_close(c);
+}
+
+/* The whole HELLO is in the buffer: admit the connection or refuse it. */
+static void hello(conn *c, uint32_t body_len)
+{
+    if (!cti_token_equal(frame_body(c), body_len, c->srv->token)) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "store: the master at port %d refused this rank's token (%s); is it another job's "
+                 "store? CTRAIN_STORE_TOKEN must be the same on every rank", c->srv->port,
+                 c->srv->token[0] ? (body_len ? "wrong token" : "no token given") : "this store takes no token");
+        refuse(c, body_len ? "wrong token" : "no token", msg);
+        return;
+    }
+    c->admitted = true;
+    c->off += CT_WIRE_HEADER + (size_t)body_len;
+    reply_bytes(c, CT_WIRE_OK, NULL, 0);
 }
 
 /* ---- requests ----------------------------------------------------------------- */
@@ -337,22 +384,31 @@ static void process(conn *c)
         size_t avail = c->len - c->off;
         const uint8_t *h = c->buf + c->off;
         if (memcmp(h, CT_WIRE_MAGIC, avail < 4 ? avail : 4)) {
-            conn_close(c); /* not a store client */
+            if (c->admitted) conn_close(c); /* a rank's stream out of step: its own error tells */
+            else refuse(c, "not a store client (bad magic bytes)", NULL);
             return;
         }
         if (avail < CT_WIRE_HEADER) break;
         if (h[4] != CT_WIRE_VERSION) {
-            char msg[128];
-            int n = snprintf(msg, sizeof msg, "store: the master speaks protocol version %d, this client %d",
-                             CT_WIRE_VERSION, h[4]);
-            reply_bytes(c, CT_WIRE_ERROR, msg, (size_t)n);
-            c->refused = true;
-            c->off = c->len;
+            char msg[128], why[64];
+            snprintf(msg, sizeof msg, "store: the master speaks protocol version %d, this client %d",
+                     CT_WIRE_VERSION, h[4]);
+            snprintf(why, sizeof why, "protocol version %d, not %d", h[4], CT_WIRE_VERSION);
+            refuse(c, why, msg);
             return;
         }
         uint8_t op = h[5];
         uint16_t nkeys = cti_wire_get16(h + 6);
         uint32_t body_len = cti_wire_get32(h + 8);
+        if (!c->admitted) {
+            if (op != CT_WIRE_HELLO || nkeys != 0 || body_len > CT_STORE_MAX_TOKEN) {
+                refuse(c, "a malformed handshake (the first frame is not a token)", NULL);
+                return;
+            }
+            if (avail - CT_WIRE_HEADER < body_len) break;
+            hello(c, body_len);
+            continue;
+        }
         bool ok = op >= CT_WIRE_SET && op <= CT_WIRE_WAIT && nkeys >= 1 &&
                   (op == CT_WIRE_WAIT ? nkeys <= CT_STORE_MAX_WAIT_KEYS : nkeys == 1) &&
                   body_len <= cti_wire_body_limit(nkeys);
@@ -418,6 +474,20 @@ static void on_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf)
     drain(c->srv);
 }
 
+static void peer_name(conn *c)
+{
+    struct sockaddr_storage sa;
+    int len = sizeof sa;
+    char ip[48];
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&sa, &len)) return;
+    if (sa.ss_family == AF_INET6) {
+        if (!uv_ip6_name((struct sockaddr_in6 *)&sa, ip, sizeof ip))
+            snprintf(c->peer, sizeof c->peer, "[%s]:%d", ip, ntohs(((struct sockaddr_in6 *)&sa)->sin6_port));
+    } else if (!uv_ip4_name((struct sockaddr_in *)&sa, ip, sizeof ip)) {
+        snprintf(c->peer, sizeof c->peer, "%s:%d", ip, ntohs(((struct sockaddr_in *)&sa)->sin_port));
+    }
+}
+
 static void on_connection(uv_stream_t *listener, int status)
 {
     ct_store_server *srv = listener->data;
@@ -433,6 +503,7 @@ static void on_connection(uv_stream_t *listener, int status)
     }
     c->tcp.data = c;
     c->open_handles = 1;
+    snprintf(c->peer, sizeof c->peer, "an unknown address");
     if (uv_timer_init(&srv->loop, &c->timer) < 0) {
         c->closing = true;
         uv_close((uv_handle_t *)&c->tcp, on_handle_closed);
@@ -443,9 +514,12 @@ static void on_connection(uv_stream_t *listener, int status)
     c->next = srv->conns;
     if (srv->conns) srv->conns->prev = c;
     srv->conns = c;
-    if (uv_accept(listener, (uv_stream_t *)&c->tcp) < 0 || uv_tcp_nodelay(&c->tcp, 1) < 0 ||
-        uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) < 0)
+    if (uv_accept(listener, (uv_stream_t *)&c->tcp) < 0 || uv_tcp_nodelay(&c->tcp, 1) < 0) {
         conn_close(c);
+        return;
+    }
+    peer_name(c);
+    if (uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read) < 0) conn_close(c);
 }
 
 static void on_drain_timeout(uv_timer_t *t)
@@ -500,7 +574,7 @@ static void close_quietly(uv_loop_t *loop)
     uv_loop_close(loop);
 }
 
-ct_store_server *cti_store_server_start(const char *host, int port, int *bound_port)
+ct_store_server *cti_store_server_start(const char *host, int port, const char *token, int *bound_port)
 {
     const char *shown = host && *host ? host : "127.0.0.1";
     struct sockaddr_storage sa;
@@ -528,6 +602,8 @@ ct_store_server *cti_store_server_start(const char *host, int port, int *bound_p
     if ((rc = uv_tcp_getsockname(&srv->listener, (struct sockaddr *)&sa, &len))) goto fail_listener;
     *bound_port = ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&sa)->sin6_port
                                                  : ((struct sockaddr_in *)&sa)->sin_port);
+    srv->port = *bound_port;
+    snprintf(srv->token, sizeof srv->token, "%s", token);
     what = "uv_timer_init";
     if ((rc = uv_timer_init(&srv->loop, &srv->drain))) goto fail_listener;
     srv->drain.data = srv;

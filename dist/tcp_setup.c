@@ -5,11 +5,14 @@
  *      every interface;
  *   2. rank 0 draws a 64-bit nonce and publishes <prefix>/nonce; each rank publishes
  *      "ip port" under <prefix>/addr/<rank>;
- *   3. each rank connects to every lower rank and sends a 24-byte hello
- *        "CTHI" | version u8 | 3 zero | rank u32 | size u32 | nonce u64   (little-endian)
- *      then accepts the higher ranks, keeping a connection only when its hello has
- *      the nonce, the size and an expected, not yet connected rank (a stray client
- *      is dropped and the wait goes on). Connecting before accepting cannot
+ *   3. each rank connects to every lower rank and sends a hello, 24 bytes and the
+ *      job's token (the store's, dist/store.h):
+ *        "CTHI" | version u8 | 0 | token_len u16 | rank u32 | size u32 | nonce u64 | token
+ *      (little-endian), then accepts the higher ranks, keeping a connection only when
+ *      its hello has the nonce, the size, the token and an expected, not yet connected
+ *      rank. A stray client is dropped with a line on stderr and the wait goes on; it
+ *      gets HELLO_WAIT_S to send its hello, so one that sends nothing delays the
+ *      group by that much, not forever. Connecting before accepting cannot
  *      deadlock: the kernel completes a connection (and buffers its hello) before
  *      the listener accepts it.
  */
@@ -30,11 +33,13 @@
 #include <unistd.h>
 
 #include "dist/poll_internal.h"
+#include "dist/store_internal.h"
 #include "dist/tcp_internal.h"
 
 #define HELLO_BYTES 24
 #define HELLO_MAGIC "CTHI"
-#define HELLO_VERSION 1
+#define HELLO_VERSION 2
+#define HELLO_WAIT_S 5.0
 
 
 
@@ -127,11 +132,12 @@ static int listen_any(int family, int backlog, int *port)
     return fd;
 }
 
-static void hello_encode(uint8_t *h, int rank, int size, uint64_t nonce)
+static void hello_encode(uint8_t *h, int rank, int size, uint64_t nonce, size_t token_len)
 {
     memset(h, 0, HELLO_BYTES);
     memcpy(h, HELLO_MAGIC, 4);
     h[4] = HELLO_VERSION;
+    cti_msg_put(h + 6, token_len, 2);
     cti_msg_put(h + 8, (uint32_t)rank, 4);
     cti_msg_put(h + 12, (uint32_t)size, 4);
     cti_msg_put(h + 16, nonce, 8);
@@ -177,11 +183,13 @@ static int connect_peer(int q, const char *addr, const ct_transport_setup *s, ui
             else if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el)) err = errno;
         }
         if (!err) {
-            uint8_t h[HELLO_BYTES];
-            hello_encode(h, s->rank, s->size, nonce);
+            const char *token = cti_store_token(s->store);
+            uint8_t h[HELLO_BYTES + CT_STORE_MAX_TOKEN];
+            hello_encode(h, s->rank, s->size, nonce, strlen(token));
+            memcpy(h + HELLO_BYTES, token, strlen(token));
             int one = 1;
             if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) == 0 &&
-                io_full(fd, h, sizeof h, true, deadline, why, sizeof why) == 0)
+                io_full(fd, h, HELLO_BYTES + strlen(token), true, deadline, why, sizeof why) == 0)
                 return fd;
         } else {
             snprintf(why, sizeof why, "%s", strerror(err));
@@ -197,6 +205,62 @@ static int connect_peer(int q, const char *addr, const ct_transport_setup *s, ui
                  "CTRAIN_TIMEOUT to wait longer",
                  q, ip, port, why);
     return -1;
+}
+
+/* Reads and checks a hello on fd: the peer's rank, or -1 with the reason in why. */
+static int hello_check(int fd, const int *fds, const ct_transport_setup *s, uint64_t nonce, double deadline,
+                       char *why, size_t cap)
+{
+    uint8_t h[HELLO_BYTES], token[CT_STORE_MAX_TOKEN];
+    double until = cti_dist_now() + HELLO_WAIT_S < deadline ? cti_dist_now() + HELLO_WAIT_S : deadline;
+    char io[128];
+    if (io_full(fd, h, sizeof h, false, until, io, sizeof io)) {
+        snprintf(why, cap, "no hello (%s)", io);
+        return -1;
+    }
+    if (memcmp(h, HELLO_MAGIC, 4)) {
+        snprintf(why, cap, "not a ctrain rank (bad magic bytes)");
+        return -1;
+    }
+    if (h[4] != HELLO_VERSION) {
+        snprintf(why, cap, "a hello of protocol version %d, not %d", h[4], HELLO_VERSION);
+        return -1;
+    }
+    size_t tlen = (size_t)cti_msg_get(h + 6, 2);
+    if (tlen > CT_STORE_MAX_TOKEN) {
+        snprintf(why, cap, "a malformed hello (a token of %zu bytes)", tlen);
+        return -1;
+    }
+    if (tlen && io_full(fd, token, tlen, false, until, io, sizeof io)) {
+        snprintf(why, cap, "no token (%s)", io);
+        return -1;
+    }
+    if (!cti_token_equal(token, tlen, cti_store_token(s->store))) {
+        snprintf(why, cap, "wrong token");
+        return -1;
+    }
+    uint64_t size = cti_msg_get(h + 12, 4), q = cti_msg_get(h + 8, 4);
+    if (size != (uint64_t)s->size || cti_msg_get(h + 16, 8) != nonce) {
+        snprintf(why, cap, "a rank of another group (size %llu, not %d, or another nonce)", (unsigned long long)size,
+                 s->size);
+        return -1;
+    }
+    if (q <= (uint64_t)s->rank || q >= (uint64_t)s->size || fds[q] >= 0) {
+        snprintf(why, cap, "rank %llu, not one this rank waits for", (unsigned long long)q);
+        return -1;
+    }
+    return (int)q;
+}
+
+static void peer_text(const struct sockaddr_storage *sa, char *out, size_t cap)
+{
+    char ip[INET6_ADDRSTRLEN] = "?";
+    bool v6 = sa->ss_family == AF_INET6;
+    const void *a = v6 ? (const void *)&((const struct sockaddr_in6 *)sa)->sin6_addr
+                       : (const void *)&((const struct sockaddr_in *)sa)->sin_addr;
+    inet_ntop(sa->ss_family, a, ip, sizeof ip);
+    int port = ntohs(v6 ? ((const struct sockaddr_in6 *)sa)->sin6_port : ((const struct sockaddr_in *)sa)->sin_port);
+    snprintf(out, cap, v6 ? "[%s]:%d" : "%s:%d", ip, port);
 }
 
 /* Accepts the ranks above this one. */
@@ -216,22 +280,25 @@ static ct_status accept_peers(int *fds, int lfd, const ct_transport_setup *s, ui
                                 "this host? set CTRAIN_TIMEOUT to wait longer",
                                 list, s->timeout_s);
         }
-        int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        struct sockaddr_storage sa = {0};
+        socklen_t salen = sizeof sa;
+        int fd = accept4(lfd, (struct sockaddr *)&sa, &salen, SOCK_CLOEXEC | SOCK_NONBLOCK);
         if (fd < 0) {
             if (errno == EINTR || errno == EAGAIN || errno == ECONNABORTED || errno == EWOULDBLOCK) continue;
             return ct_error_set(CT_ERR_IO, "tcp: accept: %s", strerror(errno));
         }
-        uint8_t h[HELLO_BYTES];
-        char why[128];
-        int q = -1;
-        if (io_full(fd, h, sizeof h, false, deadline, why, sizeof why) == 0 && !memcmp(h, HELLO_MAGIC, 4) &&
-            h[4] == HELLO_VERSION && cti_msg_get(h + 12, 4) == (uint64_t)s->size && cti_msg_get(h + 16, 8) == nonce) {
-            q = (int)cti_msg_get(h + 8, 4);
-            if (q <= s->rank || q >= s->size || fds[q] >= 0) q = -1;
-        }
+        char why[256], peer[INET6_ADDRSTRLEN + 16];
+        int q = hello_check(fd, fds, s, nonce, deadline, why, sizeof why);
         int one = 1;
-        if (q < 0 || setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one)) {
-            close(fd); /* a stranger, a stale job or a duplicate: not ours */
+        if (q >= 0 && setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one)) {
+            snprintf(why, sizeof why, "setsockopt: %s", strerror(errno));
+            q = -1;
+        }
+        if (q < 0) {
+            /* a stranger, a stale job or a duplicate: not ours */
+            peer_text(&sa, peer, sizeof peer);
+            fprintf(stderr, "ctrain: tcp: rank %d dropped a connection from %s: %s\n", s->rank, peer, why);
+            close(fd);
             continue;
         }
         fds[q] = fd;

@@ -351,7 +351,8 @@ static int config_show(int argc, char **argv)
     }
     printf("rank 0 gets:\n");
     for (char **e = env; *e; e++)
-        if (!in_environ(*e) && strncmp(*e, "CTRAIN_JOB_ID=", 14)) printf("  %s\n", *e);
+        if (!in_environ(*e) && strncmp(*e, "CTRAIN_JOB_ID=", 14) && strncmp(*e, "CTRAIN_STORE_TOKEN=", 19))
+            printf("  %s\n", *e);
     ct_launch_env_free(env);
     return 0;
 }

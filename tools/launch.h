@@ -24,6 +24,7 @@
 #include <stdio.h>
 
 #include "core/error.h"
+#include "dist/store.h"
 #include "tools/config_file.h"
 
 /* Exit codes of the launcher itself (a rank's failure passes through its own
@@ -71,6 +72,8 @@ typedef struct ct_launch_opts {
     bool help;             /* --help was given: print ct_launch_usage, run nothing */
     char job_id[40];       /* CTRAIN_JOB_ID for the ranks: random on one machine unless
                             * exported; "" (inherit) on several machines */
+    char store_token[CT_STORE_MAX_TOKEN + 1]; /* CTRAIN_STORE_TOKEN for the ranks: the exported one,
+                            * else random on one machine; "" (none) on several machines */
     char **program_argv;   /* PROGRAM and its ARGS, NULL-terminated; borrowed from argv */
 } ct_launch_opts;
 

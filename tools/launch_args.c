@@ -308,9 +308,10 @@ void ct_launch_usage(FILE *f)
           "  -h, --help                   this text\n"
           "\n"
           "Each rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,\n"
-          "MASTER_ADDR, MASTER_PORT, CTRAIN_RESTART_COUNT and CTRAIN_JOB_ID. Exit status: 0 when every rank\n"
-          "exits 0, else the first failing rank's status (128+signal if it was killed); 2 for\n"
-          "a usage error, 127 when PROGRAM is not found. Details: docs/launch.md.\n",
+          "MASTER_ADDR, MASTER_PORT, CTRAIN_RESTART_COUNT, CTRAIN_JOB_ID and CTRAIN_STORE_TOKEN.\n"
+          "Exit status: 0 when every rank exits 0, else the first failing rank's status\n"
+          "(128+signal if it was killed); 2 for a usage error, 127 when PROGRAM is not found.\n"
+          "Details: docs/launch.md.\n",
           f);
 }
 
@@ -570,6 +571,23 @@ ct_status ct_launch_args_parse(int argc, char **argv, ct_launch_opts *o)
             r[0] = (uint64_t)getpid() << 32 ^ (uint64_t)uv_hrtime(), r[1] = (uint64_t)uv_hrtime();
         snprintf(o->job_id, sizeof o->job_id, "%016llx%016llx", (unsigned long long)r[0], (unsigned long long)r[1]);
     }
+    /* The store and the transports admit only connections that present the job's
+     * token (dist/store.h): an exported one is passed on, else one machine draws a
+     * random one. It is not secret from whoever can read the ranks' environment. */
+    const char *token = getenv("CTRAIN_STORE_TOKEN");
+    if (!st && token && *token) {
+        if (strlen(token) > CT_STORE_MAX_TOKEN)
+            return ct_error_set(CT_ERR_INVALID, "CTRAIN_STORE_TOKEN is %zu bytes; at most %d", strlen(token),
+                                CT_STORE_MAX_TOKEN);
+        snprintf(o->store_token, sizeof o->store_token, "%s", token);
+    } else if (!st && o->num_machines == 1) {
+        uint64_t r[2];
+        if (uv_random(NULL, NULL, r, sizeof r, 0, NULL))
+            return ct_error_set(CT_ERR_IO, "cannot draw a random store token (uv_random failed); export "
+                                           "CTRAIN_STORE_TOKEN instead");
+        snprintf(o->store_token, sizeof o->store_token, "%016llx%016llx", (unsigned long long)r[0],
+                 (unsigned long long)r[1]);
+    }
     return st;
 }
 
@@ -600,6 +618,7 @@ char **ct_launch_env_new(const ct_launch_opts *o, int local_rank, int port, int 
     SETF("MASTER_PORT", "%d", port);
     SETF("CTRAIN_RESTART_COUNT", "%d", restart_count);
     if (o->job_id[0]) SETF("CTRAIN_JOB_ID", "%s", o->job_id);
+    if (o->store_token[0]) SETF("CTRAIN_STORE_TOKEN", "%s", o->store_token);
     if (o->cpu) SETF("CTRAIN_USE_CPU", "1");
     if (o->gpu_ids[0] && strcmp(o->gpu_ids, "all")) SETF("CUDA_VISIBLE_DEVICES", "%s", o->gpu_ids);
     if (o->debug) {

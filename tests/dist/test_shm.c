@@ -444,7 +444,7 @@ static int midway_main(rank_ctx *c)
          !ct_store_get(s, "ct/pg/1/nonce", 10, &nonce, &n) && n == 8 &&
          !ct_store_get(s, "ct/pg/1/addr/0", 10, (void **)&addr, &n) && sscanf(addr, "%63s %d", ip, &port) == 2;
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    uint8_t hello[24] = {'C', 'T', 'H', 'I', 1};
+    uint8_t hello[24] = {'C', 'T', 'H', 'I', 2}; /* version 2, no token (none is set) */
     put(hello + 8, 1, 4);
     put(hello + 12, 2, 4);
     if (ok) memcpy(hello + 16, nonce, 8);

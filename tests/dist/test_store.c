@@ -700,6 +700,19 @@ static void send_all(int fd, const void *p, size_t n)
     cr_assert_eq(send(fd, p, n, MSG_NOSIGNAL), (ssize_t)n);
 }
 
+/* A connection past the handshake: a HELLO with the (empty) token, answered OK. */
+static int raw_admitted(int port)
+{
+    int fd = raw_connect(port);
+    uint8_t f[12], rep[12];
+    send_all(fd, f, frame(f, 1, 5, 0, 0));
+    struct pollfd p = {fd, POLLIN, 0};
+    cr_assert_eq(poll(&p, 1, 2000), 1);
+    cr_assert_eq(recv(fd, rep, sizeof rep, MSG_WAITALL), 12);
+    cr_assert(!memcmp(rep, "CTKV", 4) && rep[5] == 0, "the HELLO was not answered OK");
+    return fd;
+}
+
 Test(dist_store, foreign_and_malformed_connections_are_dropped, .timeout = 30)
 {
     ct_store *s = serve(1, 5);
@@ -732,29 +745,29 @@ Test(dist_store, foreign_and_malformed_connections_are_dropped, .timeout = 30)
     send_all(fds[nc], f, 64);
     cases[nc++].what = "random bytes";
     /* a frame claiming a 4 GiB body */
-    fds[nc] = raw_connect(port);
+    fds[nc] = raw_admitted(port);
     send_all(fds[nc], f, frame(f, 1, 1, 1, 0xffffffffu));
     cases[nc++].what = "4 GiB frame";
     /* a value just over the limit */
-    fds[nc] = raw_connect(port);
+    fds[nc] = raw_admitted(port);
     send_all(fds[nc], f, frame(f, 1, 1, 1, 4 + 1 + CT_STORE_MAX_VALUE + 4 + CT_STORE_MAX_KEY));
     cases[nc++].what = "oversized value";
     /* a key length past the body */
-    fds[nc] = raw_connect(port);
+    fds[nc] = raw_admitted(port);
     size_t h = frame(f, 1, 1, 1, 8);
     put32(f + h, 2000);
     memcpy(f + h + 4, "abcd", 4);
     send_all(fds[nc], f, h + 8);
     cases[nc++].what = "key longer than its frame";
     /* an unknown op */
-    fds[nc] = raw_connect(port);
+    fds[nc] = raw_admitted(port);
     h = frame(f, 1, 77, 1, 5);
     put32(f + h, 1);
     f[h + 4] = 'k';
     send_all(fds[nc], f, h + 5);
     cases[nc++].what = "unknown op";
     /* a set with two keys */
-    fds[nc] = raw_connect(port);
+    fds[nc] = raw_admitted(port);
     h = frame(f, 1, 1, 2, 10);
     put32(f + h, 1);
     f[h + 4] = 'a';
@@ -763,7 +776,7 @@ Test(dist_store, foreign_and_malformed_connections_are_dropped, .timeout = 30)
     send_all(fds[nc], f, h + 10);
     cases[nc++].what = "set with two keys";
     /* a get whose timeout field is not 8 bytes */
-    fds[nc] = raw_connect(port);
+    fds[nc] = raw_admitted(port);
     h = frame(f, 1, 2, 1, 7);
     put32(f + h, 1);
     f[h + 4] = 'k';
@@ -775,7 +788,7 @@ Test(dist_store, foreign_and_malformed_connections_are_dropped, .timeout = 30)
         close(fds[i]);
     }
 
-    /* another protocol version is told so, then dropped when it hangs up */
+    /* another protocol version is told so, then closed */
     int vfd = raw_connect(port);
     h = frame(f, 9, 1, 1, 5);
     put32(f + h, 1);
@@ -792,7 +805,7 @@ Test(dist_store, foreign_and_malformed_connections_are_dropped, .timeout = 30)
     close(vfd);
 
     /* a client that parks a get and hangs up: dropped, and the key's later set is fine */
-    int pfd = raw_connect(port);
+    int pfd = raw_admitted(port);
     h = frame(f, 1, 2, 1, 4 + 6 + 8);
     put32(f + h, 6);
     memcpy(f + h + 4, "parked", 6);
@@ -812,7 +825,7 @@ Test(dist_store, foreign_and_malformed_connections_are_dropped, .timeout = 30)
     cr_assert_eq(ct_store_set(good, "big", bigv, big), CT_OK, "%s", ct_last_error());
     free(bigv);
     for (int i = 0; i < 4; i++) {
-        int bfd = raw_connect(port);
+        int bfd = raw_admitted(port);
         h = frame(f, 1, 2, 1, 4 + 3 + 8);
         put32(f + h, 3);
         memcpy(f + h + 4, "big", 3);

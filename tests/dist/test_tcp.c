@@ -71,7 +71,7 @@ static int rogue_join(ct_store *s, int gen)
     struct sockaddr_in a = {.sin_family = AF_INET};
     bool ok = sscanf(addr, "%63s %d", ip, &port) == 2 && inet_pton(AF_INET, ip, &a.sin_addr) == 1;
     a.sin_port = htons((uint16_t)port);
-    uint8_t hello[24] = {'C', 'T', 'H', 'I', 1};
+    uint8_t hello[24] = {'C', 'T', 'H', 'I', 2}; /* version 2, no token (none is set) */
     put(hello + 8, 1, 4);
     put(hello + 12, 2, 4);
     memcpy(hello + 16, nonce, 8);

@@ -143,7 +143,7 @@ static void clean_env(void)
                           "CT_TEST_INHERITED", "CTRAIN_FP8_FORMAT", "CTRAIN_FP8_AMAX_HISTORY_LEN",
                           "CTRAIN_FP8_AMAX_COMPUTE_ALGO", "CTRAIN_FP8_MARGIN", "CTRAIN_FP8_EMBEDDING_AND_HEAD",
                           "CTRAIN_USE_DEEPSPEED", "CTRAIN_USE_FSDP", "CTRAIN_ZERO_STAGE",
-                          "CTRAIN_FSDP_SHARDING_STRATEGY"};
+                          "CTRAIN_FSDP_SHARDING_STRATEGY", "CTRAIN_STORE_TOKEN"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
 }
 
@@ -533,6 +533,38 @@ Test(launch, port_zero_picks_a_usable_port, .timeout = 30)
     cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0, "bind to port %d: %s", p0, strerror(errno));
     cr_assert_eq(listen(fd, 1), 0);
     close(fd);
+    run_free(&r);
+}
+
+/* One token per job (docs/launch.md, "Security model of the store"): the same for every
+ * rank, 32 hex digits, another for the next launch; an exported one is passed on. */
+Test(launch, store_token_per_job, .timeout = 30)
+{
+    clean_env();
+    char tok[2][2][64] = {{"", ""}, {"", ""}};
+    for (int j = 0; j < 2; j++) {
+        run_t r;
+        run(&r, ARGS("launch", "--num_processes", "2", "sh", "-c", "echo \"token $CTRAIN_STORE_TOKEN\""));
+        cr_assert_eq(r.code, 0, "stderr: %s", r.err.p);
+        for (int k = 0; k < 2; k++) {
+            char want[32];
+            snprintf(want, sizeof want, "[rank%d] token ", k);
+            const char *at = strstr(r.out.p, want);
+            cr_assert(at && sscanf(at + strlen(want), "%63s", tok[j][k]) == 1, "stdout:\n%s", r.out.p);
+            cr_assert_eq(strlen(tok[j][k]), 32, "token '%s'", tok[j][k]);
+            cr_assert_eq(strspn(tok[j][k], "0123456789abcdef"), 32, "token '%s'", tok[j][k]);
+        }
+        cr_assert_str_eq(tok[j][0], tok[j][1], "the ranks of one job share the token");
+        run_free(&r);
+    }
+    cr_assert_str_neq(tok[0][0], tok[1][0], "two launches drew the same token");
+    setenv("CTRAIN_STORE_TOKEN", "exported-token", 1);
+    run_t r;
+    run(&r, ARGS("launch", "--num_processes", "2", "sh", "-c", "echo \"token $CTRAIN_STORE_TOKEN\""));
+    unsetenv("CTRAIN_STORE_TOKEN");
+    cr_assert_eq(r.code, 0, "stderr: %s", r.err.p);
+    assert_has(r.out.p, "[rank0] token exported-token\n", "rank 0");
+    assert_has(r.out.p, "[rank1] token exported-token\n", "rank 1");
     run_free(&r);
 }
 
