@@ -186,12 +186,14 @@ static ct_status unscale_once(ct_accelerator *a)
     return st ? ct_error_prefix("accelerator: ") : CT_OK;
 }
 
-/* Waits for the gradient reductions of this step (DDP or sharded). */
+/* Waits for the gradient reductions of this step (DDP, sharded, or a pipeline's, which
+ * include its tensor-parallel sums), then tensor parallelism's sync of the partial
+ * gradients; each runs once per step, whichever of the step and the clip comes first. */
 static ct_status finish_reductions(ct_accelerator *a)
 {
     if (a->pp) return cti_accel_megatron_pp_reduce(a);
-    if (a->ddp) return ct_ddp_finish(a->ddp);
-    return a->shard ? ct_shard_finish(a->shard) : CT_OK;
+    ct_status st = a->ddp ? ct_ddp_finish(a->ddp) : a->shard ? ct_shard_finish(a->shard) : CT_OK;
+    return st ? st : cti_accel_megatron_sync(a);
 }
 
 /* The safety net under every strategy: backward ran, yet none of the tensors the
@@ -230,7 +232,6 @@ static ct_status hook_before_step(ct_optimizer *o, void *data, bool *skip)
         return CT_OK;
     }
     ct_status st = finish_reductions(a);
-    if (!st) st = cti_accel_megatron_sync(a);
     if (!st) st = check_something_steps(a);
     a->backward_ran = false;
     if (!st && a->scaling) st = unscale_once(a);

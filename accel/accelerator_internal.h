@@ -66,14 +66,17 @@ ct_status cti_accel_megatron_settings(ct_accelerator *a);
 /* At prepare with tp_degree > 1, instead of DDP or sharding: the mesh, the model
  * sharded over tp, the optimizer's parameters replaced by the shards, DDP over dp. */
 ct_status cti_accel_megatron_prepare(ct_accelerator *a, ct_module *model, ct_optimizer *opt);
-/* Once per optimizer step, after the gradient reductions: the tp gradient sync. */
+/* Once per optimizer step, after the gradient reductions (DDP's or the engine's; not
+ * under a pipeline, whose reductions include it): the tp gradient sync. */
 ct_status cti_accel_megatron_sync(ct_accelerator *a);
 /* Under tensor parallelism: a new unsharded model of the prepared one's type holding
  * the whole of its current parameters, gathered over tp (a collective over the tp
  * group; every rank gets it). The Accelerator owns it, until the next call or
  * ct_accelerator_free. NULL + error. */
 ct_module *cti_accel_megatron_full_model(ct_accelerator *a);
-/* The global gradient norm over every axis, clipped to max_norm. NAN + error. */
+/* The global gradient norm over every axis, clipped to max_norm, once this step's
+ * reductions and syncs have run (ct_accelerator_clip_grad_norm runs them first). NAN +
+ * error. */
 double cti_accel_megatron_clip(ct_accelerator *a, double max_norm, double norm_type);
 
 /* accel/megatron_pp.c. At prepare with pp_degree > 1, after tensor parallelism sharded

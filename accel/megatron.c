@@ -173,8 +173,7 @@ ct_status cti_accel_megatron_prepare(ct_accelerator *a, ct_module *model, ct_opt
 
 ct_status cti_accel_megatron_sync(ct_accelerator *a)
 {
-    /* a pipeline syncs with its other reductions (cti_accel_megatron_pp_reduce) */
-    if (!a->mesh || a->tp_synced || a->pp) return CT_OK;
+    if (!a->mesh || a->tp_synced) return CT_OK;
     ct_status st = a->shard                        ? cti_accel_megatron_zero_sync(a)
                    : !strcmp(a->model->type, "GPT") ? ct_gpt_tp_sync_grads((ct_gpt *)a->model)
                                                    : ct_llama_tp_sync_grads((ct_llama *)a->model);
@@ -190,11 +189,9 @@ double cti_accel_megatron_clip(ct_accelerator *a, double max_norm, double norm_t
                                              "it supports the 2-norm", norm_type);
             return NAN;
         }
-        if (cti_accel_megatron_pp_reduce(a)) return NAN;
         return a->shard ? cti_accel_megatron_zero_clip(a, max_norm, norm_type)
                         : ct_pipeline_model_clip_grad_norm(a->pp, max_norm);
     }
-    if (cti_accel_megatron_sync(a)) return NAN;
     if (a->shard) return cti_accel_megatron_zero_clip(a, max_norm, norm_type);
     if (!strcmp(a->model->type, "GPT")) {
         if (norm_type != 2.0) {
