@@ -184,10 +184,21 @@ ct_tensor *ct_gpt_block_forward(ct_gpt_block *m, ct_tensor *x)
     return ct_module_forward_end(&m->base, ct_add(x, ct_gpt_mlp_forward(m->mlp, ct_layernorm_layer_forward(m->ln_2, x))));
 }
 
-/* The tied lm head of an unsharded model: x (B, T, C) after ln_f @ wte^T (C, V) -> f32
- * logits; in bf16 under fp8 unless the recipe puts the embedding's matrix into fp8 too. */
+/* The embedding of an unsharded model: tokens (B, T) -> wte[idx] + wpe[0 .. T), then
+ * the embedding dropout (B, T, C). */
+static ct_tensor *embed(ct_gpt *m, ct_tensor *idx)
+{
+    ct_tensor *pos = ct_tensor_to(ct_tensor_arange(CT_DTYPE_I64, 0, (double)idx->shape[1], 1), idx->device);
+    ct_tensor *x = ct_add(ct_embedding_layer_forward(m->wte, idx), ct_embedding_layer_forward(m->wpe, pos));
+    return ct_dropout_layer_forward(m->drop, x);
+}
+
+/* ln_f and the tied lm head of an unsharded model: x (B, T, C) -> ln_f(x) @ wte^T (C, V)
+ * as f32 logits; in bf16 under fp8 unless the recipe puts the embedding's matrix into
+ * fp8 too. */
 static ct_tensor *head_logits(ct_gpt *m, ct_tensor *x)
 {
+    x = ct_layernorm_layer_forward(m->ln_f, x);
     if (!x) return NULL;
     ct_fp8_state *fp8 = ct_autocast_enabled() ? ct_autocast_fp8_state() : NULL;
     ct_tensor *logits = fp8 && ct_fp8_state_recipe(fp8)->fp8_embedding_and_head && m->wte->weight->requires_grad
@@ -210,12 +221,9 @@ ct_tensor *ct_gpt_forward(ct_gpt *m, ct_tensor *idx)
         return NULL;
     }
     if (ct_module_forward_begin(&m->base)) return NULL;
-    int64_t T = idx->shape[1];
-    ct_tensor *pos = ct_tensor_to(ct_tensor_arange(CT_DTYPE_I64, 0, (double)T, 1), idx->device);
-    ct_tensor *x = ct_add(ct_embedding_layer_forward(m->wte, idx), ct_embedding_layer_forward(m->wpe, pos));
-    x = ct_dropout_layer_forward(m->drop, x);
+    ct_tensor *x = embed(m, idx);
     for (int64_t i = 0; i < m->cfg.n_layer; i++) x = ct_gpt_block_forward(m->blocks[i], x);
-    ct_tensor *logits = head_logits(m, ct_layernorm_layer_forward(m->ln_f, x));
+    ct_tensor *logits = head_logits(m, x);
     if (!logits) ct_error_prefix("gpt_forward: ");
     return ct_module_forward_end(&m->base, logits);
 }
@@ -236,21 +244,18 @@ ct_tensor *ct_gpt_forward_layers(ct_gpt *m, ct_tensor *x, int first, int count, 
     if (tokens && m->tp) {
         x = cti_gpt_tp_embed(m, x);
     } else if (tokens) {
-        int64_t T = x->shape[1];
-        if (T > m->cfg.block_size) {
-            ct_error_set(CT_ERR_INVALID, "gpt_forward_layers: %lld tokens exceed block_size %lld", (long long)T,
-                         (long long)m->cfg.block_size);
+        if (x->shape[1] > m->cfg.block_size) {
+            ct_error_set(CT_ERR_INVALID, "gpt_forward_layers: %lld tokens exceed block_size %lld",
+                         (long long)x->shape[1], (long long)m->cfg.block_size);
             return NULL;
         }
-        ct_tensor *pos = ct_tensor_to(ct_tensor_arange(CT_DTYPE_I64, 0, (double)T, 1), x->device);
-        x = ct_add(ct_embedding_layer_forward(m->wte, x), ct_embedding_layer_forward(m->wpe, pos));
-        x = ct_dropout_layer_forward(m->drop, x);
+        x = embed(m, x);
     }
     for (int i = first; i < first + count; i++) x = ct_gpt_block_forward(m->blocks[i], x);
     if (head && x && m->tp) {
         x = cti_gpt_tp_head(m, x);
     } else if (head && x) {
-        x = head_logits(m, ct_layernorm_layer_forward(m->ln_f, x));
+        x = head_logits(m, x);
     }
     if (!x) ct_error_prefix("gpt_forward_layers: ");
     return x;

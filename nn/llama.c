@@ -214,6 +214,19 @@ static ct_tensor *head_forward(ct_llama *m, ct_tensor *x)
     return in_fp8 ? ct_fp8_linear(fp8, x, w, NULL, true) : ct_matmul_t(x, w, false, true);
 }
 
+/* The last layer's hidden states -> model.norm, then the head: logits (B, T, V) f32
+ * (f64 for an f64 model); sharded, this rank's columns (B, T, Vp/n) of the whole
+ * sequence (the norm runs on the sequence chunk under sequence parallelism). */
+static ct_tensor *logits_of(ct_llama *m, ct_tensor *x)
+{
+    x = ct_rmsnorm_layer_forward(m->norm, x);
+    if (m->tp && x) x = cti_llama_tp_enter(m->tp, x); /* the head is column-parallel over the vocabulary */
+    x = x ? head_forward(m, x) : NULL;
+    /* under autocast the head computes in 16 bits; the model's output is f32 */
+    if (x && x->dtype != CT_DTYPE_F32 && x->dtype != CT_DTYPE_F64) x = ct_cast(x, CT_DTYPE_F32);
+    return x;
+}
+
 static ct_llama_attention *attention_new(const ct_llama_config *c)
 {
     ct_llama_attention *m = ct_module_alloc(sizeof *m, "LlamaAttention", NULL);
@@ -409,12 +422,7 @@ static ct_tensor *forward(ct_llama *m, ct_tensor *idx, ct_kv_cache *cache, bool 
         ct_tensor *x = embed(m, idx);
         for (int64_t i = 0; i < m->cfg.num_hidden_layers; i++)
             x = layer_forward(m->blocks[i], x, cos, sin, cache, (int)i);
-        x = ct_rmsnorm_layer_forward(m->norm, x);
-        if (m->tp) x = cti_llama_tp_enter(m->tp, x); /* the head is column-parallel over the vocabulary */
-        logits = head_forward(m, x);
-        /* under autocast the head computes in 16 bits; the model's output is f32 */
-        if (logits && logits->dtype != CT_DTYPE_F32 && logits->dtype != CT_DTYPE_F64)
-            logits = ct_cast(logits, CT_DTYPE_F32);
+        logits = logits_of(m, x);
         if (logits && m->tp && !local) { /* (B, T, Vp / n) -> (B, T, Vp) -> (B, T, V) */
             logits = ct_tp_gather(m->tp->group, logits, -1);
             if (logits && m->tp->vocab_padded != g->vocab_size) logits = ct_narrow(logits, 2, 0, g->vocab_size);
@@ -448,12 +456,7 @@ ct_tensor *ct_llama_forward_layers(ct_llama *m, ct_tensor *x, int first, int cou
     if (rope_tables(&m->cfg, 0, T, w->dtype, w->device, &cos, &sin)) return NULL;
     if (tokens) x = embed(m, x);
     for (int i = first; i < first + count; i++) x = layer_forward(m->blocks[i], x, cos, sin, NULL, i);
-    if (head && x) {
-        x = ct_rmsnorm_layer_forward(m->norm, x);
-        if (m->tp && x) x = cti_llama_tp_enter(m->tp, x); /* the head is column-parallel over the vocabulary */
-        x = x ? head_forward(m, x) : NULL;
-        if (x && x->dtype != CT_DTYPE_F32 && x->dtype != CT_DTYPE_F64) x = ct_cast(x, CT_DTYPE_F32);
-    }
+    if (head && x) x = logits_of(m, x);
     if (!x) ct_error_prefix("llama_forward_layers: ");
     return x;
 }
