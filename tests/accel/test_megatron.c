@@ -660,6 +660,22 @@ Test(megatron, bad_layouts_fail_on_every_rank_naming_the_numbers, .timeout = 60)
 
 /* use_distributed_optimizer with tp 1 is ZeRO-1 over every rank (at tp 2 x dp 2 it
  * trains as one process: zero_trains_as_one_process below) */
+/* 0 when FSDP's SHARDED_STATE_DICT beside Megatron-LM at tp x pp is refused by
+ * ct_accelerator_new with an error naming want; else 1, said on stderr. */
+static int sharded_state_dict_refused(int rank, int tp, int pp, const char *want)
+{
+    ct_accelerator *acc = ct_accelerator_new(&(ct_accelerator_config){
+        .megatron_lm_plugin = &(ct_megatron_lm_plugin){.tp_degree = tp, .pp_degree = pp},
+        .fsdp_plugin = &(ct_fsdp_plugin){.state_dict_type = "SHARDED_STATE_DICT"}});
+    int rc = 0;
+    if (acc || !strstr(ct_last_error(), want)) {
+        fprintf(stderr, "rank %d: %s; want an error naming '%s'\n", rank, acc ? "accepted" : ct_last_error(), want);
+        rc = 1;
+    }
+    ct_accelerator_free(acc);
+    return rc;
+}
+
 static int dist_opt_rank(int rank, int world, const char *dir, void *ctx)
 {
     (void)dir, (void)ctx, (void)world;
@@ -684,15 +700,8 @@ static int dist_opt_rank(int rank, int world, const char *dir, void *ctx)
         ct_optimizer_free(opt);
         ct_module_free(&m->base);
         /* SHARDED_STATE_DICT under tensor parallelism is refused: checkpoints hold the whole model */
-        const char *want = "tp_degree 2, pp_degree 1) with fsdp_plugin's SHARDED_STATE_DICT is not supported";
-        acc = ct_accelerator_new(&(ct_accelerator_config){
-            .megatron_lm_plugin = &(ct_megatron_lm_plugin){.tp_degree = 2},
-            .fsdp_plugin = &(ct_fsdp_plugin){.state_dict_type = "SHARDED_STATE_DICT"}});
-        if (acc || !strstr(ct_last_error(), want)) {
-            fprintf(stderr, "rank %d: %s; want an error naming '%s'\n", rank, acc ? "accepted" : ct_last_error(), want);
-            rc = 1;
-        }
-        ct_accelerator_free(acc);
+        rc |= sharded_state_dict_refused(rank, 2, 1, "tp_degree 2, pp_degree 1) with fsdp_plugin's SHARDED_STATE_DICT "
+                                                     "is not supported");
     }
     return rc;
 }
@@ -707,17 +716,7 @@ Test(megatron, the_distributed_optimizer_at_tp1_is_zero1_and_sharded_state_dicts
 static int pp_sharded_state_rank(int rank, int world, const char *dir, void *ctx)
 {
     (void)dir, (void)ctx, (void)world;
-    int rc = 0;
-    const char *sharded = "pp_degree 2) with fsdp_plugin's SHARDED_STATE_DICT is not supported";
-    ct_accelerator *acc = ct_accelerator_new(&(ct_accelerator_config){
-        .megatron_lm_plugin = &(ct_megatron_lm_plugin){.pp_degree = 2},
-        .fsdp_plugin = &(ct_fsdp_plugin){.state_dict_type = "SHARDED_STATE_DICT"}});
-    if (acc || !strstr(ct_last_error(), sharded)) {
-        fprintf(stderr, "rank %d: %s; want an error naming '%s'\n", rank, acc ? "accepted" : ct_last_error(), sharded);
-        rc = 1;
-    }
-    ct_accelerator_free(acc);
-    return rc;
+    return sharded_state_dict_refused(rank, 1, 2, "pp_degree 2) with fsdp_plugin's SHARDED_STATE_DICT is not supported");
 }
 
 Test(megatron, sharded_state_dicts_of_a_pipeline_are_refused, .timeout = 60)
