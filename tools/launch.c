@@ -27,6 +27,7 @@
  * timers and signal handles, and the loop returns.
  */
 #include "tools/launch.h"
+#include "tools/launch_rdzv.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -71,6 +72,8 @@ struct rank_proc {
 };
 
 typedef enum { WHY_NONE, WHY_RANK, WHY_SPAWN } why;
+/* the elastic rendezvous: waiting for a round, running it, the host waiting for the others */
+typedef enum { PHASE_RUN, PHASE_RDZV, PHASE_BARRIER } phase;
 
 struct launcher {
     const ct_launch_opts *o;
@@ -93,6 +96,11 @@ struct launcher {
     char *out;         /* prefixed lines of one read */
     size_t out_cap;
     int exit_code;
+    ct_launch_rdzv *rdzv; /* NULL: the static rendezvous */
+    phase phase;
+    ct_launch_round round; /* the round running (elastic) */
+    bool new_round;        /* stopped for a newer round another launcher opened */
+    bool rdzv_lost;        /* stopped because the host cannot be asked */
 };
 
 /* ---- output ---------------------------------------------------------------------- */
@@ -323,8 +331,10 @@ static void spawn_rank(launcher *L, int i)
 {
     const ct_launch_opts *o = L->o;
     rank_proc *r = &L->ranks[i];
-    *r = (rank_proc){.L = L, .rank = o->machine_rank * o->local_processes + i};
-    char **env = ct_launch_env_new(o, i, L->port, L->restart);
+    const int node = L->rdzv ? L->round.node_rank : o->machine_rank;
+    *r = (rank_proc){.L = L, .rank = node * o->local_processes + i};
+    char **env = L->rdzv ? ct_launch_env_round(o, i, L->round.port, L->restart, node, L->round.nodes, L->round.round)
+                         : ct_launch_env_new(o, i, L->port, L->restart);
     if (!env) {
         fprintf(stderr, "ctrain launch: %s\n", ct_last_error());
         L->why = WHY_SPAWN;
@@ -393,6 +403,8 @@ static void spawn_group(launcher *L)
     L->stopping = false;
     L->why = WHY_NONE;
     L->stopped_others = 0;
+    L->new_round = L->rdzv_lost = false;
+    L->phase = PHASE_RUN;
     for (int i = 0; i < L->n && L->why == WHY_NONE; i++) spawn_rank(L, i);
     if (L->why != WHY_NONE) stop_group(L);
 }
@@ -421,10 +433,57 @@ static void finish(launcher *L, int code)
     for (int i = 0; i < 2; i++) uv_close((uv_handle_t *)&L->sig[i], NULL);
 }
 
+/* Joins the next round of the elastic rendezvous (leave: this launcher's ranks
+ * failed); the monitor then polls it. */
+static void rejoin(launcher *L, bool leave)
+{
+    if (ct_launch_rdzv_join(L->rdzv, leave)) {
+        fprintf(stderr, "ctrain launch: %s\n", ct_last_error());
+        finish(L, CT_LAUNCH_EXIT_SETUP);
+        return;
+    }
+    L->phase = PHASE_RDZV;
+}
+
+/* The elastic rendezvous's part of attempt_over; false when the static logic goes on. */
+static bool elastic_over(launcher *L)
+{
+    if (L->interrupt || L->why == WHY_SPAWN) return false;
+    if (L->rdzv_lost) {
+        finish(L, CT_LAUNCH_EXIT_SETUP);
+        return true;
+    }
+    if (L->why == WHY_NONE && L->new_round) {
+        /* a membership change, not a failure here: not counted (torchrun's rule) */
+        rejoin(L, false);
+        return true;
+    }
+    if (L->why == WHY_NONE) {
+        if (ct_launch_rdzv_done(L->rdzv)) {
+            fprintf(stderr, "ctrain launch: %s\n", ct_last_error());
+            finish(L, CT_LAUNCH_EXIT_SETUP);
+        } else if (L->o->machine_rank == 0 && L->round.nodes > 1) {
+            L->phase = PHASE_BARRIER; /* keep serving until the others are done */
+        } else {
+            finish(L, 0);
+        }
+        return true;
+    }
+    if (L->restart >= L->o->max_restarts) return false;
+    char what[256];
+    describe_failure(L, what, sizeof what);
+    L->restart++;
+    fprintf(stderr, "ctrain launch: %s; joining the next rendezvous round (restart %d of %d)\n", what, L->restart,
+            L->o->max_restarts);
+    rejoin(L, true);
+    return true;
+}
+
 /* Every rank of the attempt has exited and every pipe is closed. */
 static void attempt_over(launcher *L)
 {
     uv_timer_stop(&L->kill_timer);
+    if (L->rdzv && elastic_over(L)) return;
     if (L->interrupt || L->why != WHY_RANK) {
         finish(L, L->interrupt ? 128 + L->interrupt : L->why == WHY_SPAWN ? L->spawn_code : 0);
         return;
@@ -442,9 +501,55 @@ static void attempt_over(launcher *L)
     finish(L, L->fail_signal ? 128 + L->fail_signal : (int)(L->fail_status & 0xff));
 }
 
+/* The elastic rendezvous's part of a tick; true when the tick is done. */
+static bool elastic_tick(launcher *L)
+{
+    if (L->phase == PHASE_RDZV) {
+        if (L->interrupt) {
+            finish(L, 128 + L->interrupt);
+            return true;
+        }
+        int k = ct_launch_rdzv_poll(L->rdzv, &L->round);
+        if (k < 0) {
+            fprintf(stderr, "ctrain launch: %s\n", ct_last_error());
+            finish(L, CT_LAUNCH_EXIT_SETUP);
+        } else if (k > 0) {
+            const ct_launch_round *r = &L->round;
+            fprintf(stderr,
+                    "ctrain launch: rendezvous round %d: %d node%s (machine ranks %s); this is node %d, ranks %d..%d "
+                    "of %d\n",
+                    r->round, r->nodes, r->nodes == 1 ? "" : "s", r->machines, r->node_rank,
+                    r->node_rank * L->n, r->node_rank * L->n + L->n - 1, r->nodes * L->n);
+            spawn_group(L);
+        }
+        return true;
+    }
+    if (L->phase == PHASE_BARRIER) {
+        int k = L->interrupt ? 1 : ct_launch_rdzv_all_done(L->rdzv);
+        if (k < 0) fprintf(stderr, "ctrain launch: %s\n", ct_last_error());
+        if (k) finish(L, L->interrupt ? 128 + L->interrupt : k < 0 ? CT_LAUNCH_EXIT_SETUP : 0);
+        return true;
+    }
+    if (L->stopping || L->interrupt || L->why != WHY_NONE || !L->running) return false;
+    int newer = ct_launch_rdzv_newer(L->rdzv);
+    if (newer < 0) {
+        fprintf(stderr, "ctrain launch: %s; stopping the local ranks (the host, machine rank 0, ends the job when "
+                        "it is lost)\n", ct_last_error());
+        L->rdzv_lost = true;
+        stop_group(L);
+    } else if (newer > 0) {
+        fprintf(stderr, "ctrain launch: rendezvous round %d was opened (a node failed or joined); stopping the local "
+                        "ranks to join it (not counted as a restart)\n", newer);
+        L->new_round = true;
+        stop_group(L);
+    }
+    return false;
+}
+
 static void on_tick(uv_timer_t *t)
 {
     launcher *L = t->data;
+    if (L->rdzv && elastic_tick(L)) return;
     if (L->why == WHY_RANK && !L->stopping) stop_group(L);
     if (L->running) return;
     if (L->open_handles && uv_now(&L->loop) - L->last_exit_ms >= DRAIN_GRACE_MS)
@@ -533,6 +638,7 @@ static ct_status open_logs(launcher *L)
 
 static void launcher_free(launcher *L)
 {
+    ct_launch_rdzv_free(L->rdzv);
     if (L->log_fds)
         for (int i = 0; i < 2 * L->n; i++)
             if (L->log_fds[i] >= 0) close(L->log_fds[i]);
@@ -568,7 +674,15 @@ int ct_launch_run(const ct_launch_opts *o)
         return setup_failed(&L, false);
     }
     if (open_logs(&L)) return setup_failed(&L, false);
-    if (L.port == 0 && pick_free_port(&L.port)) return setup_failed(&L, false);
+    if (!o->elastic && L.port == 0 && pick_free_port(&L.port)) return setup_failed(&L, false);
+    if (o->elastic) {
+        /* before the signal handlers: until the loop runs, Ctrl-C ends the launcher at once */
+        L.rdzv = ct_launch_rdzv_new(o);
+        if (!L.rdzv || ct_launch_rdzv_join(L.rdzv, false)) return setup_failed(&L, false);
+        L.phase = PHASE_RDZV;
+        fprintf(stderr, "ctrain launch: machine rank %d joined the rendezvous at %s (--min_nodes %d, --max_nodes %d)\n",
+                o->machine_rank, ct_launch_rdzv_endpoint(L.rdzv), o->min_nodes, o->max_nodes);
+    }
 
     int rc = uv_loop_init(&L.loop);
     if (rc) {
@@ -597,7 +711,7 @@ int ct_launch_run(const ct_launch_opts *o)
         return setup_failed(&L, true);
     }
 
-    spawn_group(&L);
+    if (!L.rdzv) spawn_group(&L);
     rc = uv_run(&L.loop, UV_RUN_DEFAULT);
     CT_ASSERT(L.open_handles == 0);
     rc = uv_loop_close(&L.loop);

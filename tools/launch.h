@@ -6,6 +6,7 @@
  * behaviour): docs/launch.md. The pieces:
  *   tools/launch_args.c  flags -> ct_launch_opts, the help text, and each rank's
  *                        environment (what the flags mean to a rank);
+ *   tools/launch_rdzv.c  the elastic rendezvous's rounds (--min_nodes, --max_nodes);
  *   tools/launch.c       the supervisor: a libuv loop that spawns the ranks, relays
  *                        their output line by line, forwards signals, stops the group
  *                        when one rank fails and restarts it when allowed.
@@ -29,12 +30,15 @@
 
 /* Exit codes of the launcher itself (a rank's failure passes through its own
  * status, or 128 + signal). */
-#define CT_LAUNCH_EXIT_SETUP 1       /* the launcher could not set up (log dir, free port, libuv) */
+#define CT_LAUNCH_EXIT_SETUP 1       /* the launcher could not set up (log dir, free port, libuv), or the
+                                     * elastic rendezvous failed (too few nodes, the host lost) */
 #define CT_LAUNCH_EXIT_USAGE 2       /* a bad flag, value or a missing PROGRAM */
 #define CT_LAUNCH_EXIT_NOT_EXEC 126  /* PROGRAM exists but cannot be executed */
 #define CT_LAUNCH_EXIT_NOT_FOUND 127 /* PROGRAM not found */
 
 #define CT_LAUNCH_DEFAULT_PORT 29500
+#define CT_LAUNCH_DEFAULT_RDZV_TIMEOUT_S 900.0 /* torchrun's join timeout */
+#define CT_LAUNCH_DEFAULT_RDZV_LAST_CALL_S 3.0
 /* Longest output line relayed whole; longer ones are split into pieces this long. */
 #define CT_LAUNCH_LINE_MAX 65536
 
@@ -59,6 +63,15 @@ typedef struct ct_launch_opts {
     int tee;               /* 0 none, 1 stdout, 2 stderr, 3 both */
     const char *log_dir;   /* NULL = none; borrowed from argv */
     int max_restarts;      /* >= 0 */
+    bool elastic;          /* the elastic rendezvous (--rdzv_backend c10d, --min_nodes, --max_nodes):
+                            * rounds over the launchers' store (tools/launch_rdzv.h) */
+    const char *rdzv_backend; /* NULL = not given; "static" or "c10d" */
+    int min_nodes, max_nodes; /* elastic: 1 <= min <= max = num_machines; 0 = not given */
+    bool num_machines_given;  /* --num_machines on the command line (not from the file) */
+    double rdzv_timeout_s;    /* > 0: a round must close within it (default 900) */
+    double rdzv_last_call_s;  /* >= 0: with min_nodes joined, close after this long without
+                               * another (default 3) */
+    bool same_network;        /* --same_network: accepted, means nothing more here */
     double monitor_interval_s; /* > 0 */
     bool use_deepspeed, use_fsdp, use_megatron_lm;
     const char *sharding[24]; /* the sharding flags' values in SHARDING_FLAGS order (launch_args.c),
@@ -94,6 +107,11 @@ void ct_launch_usage(FILE *f);
  * added. port is the resolved MASTER_PORT (never 0). Returns a new NULL-terminated
  * array owned by the caller (free with ct_launch_env_free), or NULL (CT_ERR_NOMEM). */
 char **ct_launch_env_new(const ct_launch_opts *o, int local_rank, int port, int restart_count);
+/* The same for a round of the elastic rendezvous: RANK = node_rank x local_processes +
+ * local_rank, WORLD_SIZE = nodes x local_processes, GROUP_RANK = node_rank, and
+ * GROUP_WORLD_SIZE = nodes and CTRAIN_RDZV_ROUND = round added. */
+char **ct_launch_env_round(const ct_launch_opts *o, int local_rank, int port, int restart_count, int node_rank,
+                           int nodes, int round);
 void ct_launch_env_free(char **env);
 
 /* Runs the job described by *o (already parsed) to completion and returns the

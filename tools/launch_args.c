@@ -27,12 +27,14 @@ extern char **environ;
 
 #define MAX_PROCESSES (1 << 20)
 #define MAX_MONITOR_S 3600.0
+#define MAX_RDZV_S 86400.0
 
 typedef enum {
     F_NUM_PROCESSES, F_NUM_MACHINES, F_MACHINE_RANK, F_MAIN_IP, F_MAIN_PORT, F_CPU,
     F_THREADS, F_GRAD_ACCUM, F_MIXED_PRECISION, F_TEE, F_LOG_DIR, F_MAX_RESTARTS,
     F_MONITOR, F_FP8_FORMAT, F_FP8_HISTORY, F_FP8_ALGO, F_FP8_MARGIN, F_FP8_EMBEDDING_AND_HEAD, F_CONFIG_FILE,
-    F_GPU_IDS, F_DEBUG, F_HELP,
+    F_GPU_IDS, F_DEBUG, F_HELP, F_RDZV_BACKEND, F_MIN_NODES, F_MAX_NODES, F_RDZV_TIMEOUT, F_RDZV_LAST_CALL,
+    F_SAME_NETWORK,
 } flag_id;
 
 static const struct {
@@ -62,6 +64,12 @@ static const struct {
     {"gpu_ids", F_GPU_IDS, true},
     {"debug", F_DEBUG, false},
     {"help", F_HELP, false},
+    {"rdzv_backend", F_RDZV_BACKEND, true},
+    {"min_nodes", F_MIN_NODES, true},
+    {"max_nodes", F_MAX_NODES, true},
+    {"rdzv_timeout", F_RDZV_TIMEOUT, true},
+    {"rdzv_last_call", F_RDZV_LAST_CALL, true},
+    {"same_network", F_SAME_NETWORK, true}, /* the value is optional: a bare flag means true */
 };
 
 static ct_status parse_int(const char *flag, const char *v, long lo, long hi, int *out)
@@ -322,7 +330,31 @@ static ct_status parse_value(ct_launch_opts *o, flag_id id, const char *flag, co
 {
     switch (id) {
     case F_NUM_PROCESSES: return parse_int(flag, v, 1, MAX_PROCESSES, &o->num_processes);
-    case F_NUM_MACHINES: return parse_int(flag, v, 1, MAX_PROCESSES, &o->num_machines);
+    case F_NUM_MACHINES:
+        o->num_machines_given = true;
+        return parse_int(flag, v, 1, MAX_PROCESSES, &o->num_machines);
+    case F_MIN_NODES: return parse_int(flag, v, 1, MAX_PROCESSES, &o->min_nodes);
+    case F_MAX_NODES: return parse_int(flag, v, 1, MAX_PROCESSES, &o->max_nodes);
+    case F_RDZV_BACKEND:
+        if (strcmp(v, "static") && strcmp(v, "c10d"))
+            return ct_error_set(CT_ERR_INVALID, "--rdzv_backend '%s': expected static or c10d (etcd is not supported)",
+                                v);
+        o->rdzv_backend = !strcmp(v, "static") ? "static" : "c10d";
+        return CT_OK;
+    case F_SAME_NETWORK: return ct_bool_parse(v, &o->same_network) ? ct_error_prefix("--same_network: ") : CT_OK;
+    case F_RDZV_TIMEOUT:
+    case F_RDZV_LAST_CALL: {
+        char *end;
+        errno = 0;
+        double x = strtod(v, &end);
+        bool last = id == F_RDZV_LAST_CALL;
+        if (!*v || isspace((unsigned char)*v) || *end || errno || !isfinite(x) || (last ? x < 0 : x <= 0) ||
+            x > MAX_RDZV_S)
+            return ct_error_set(CT_ERR_INVALID, "--%s '%s': expected seconds, %s and at most %g", flag, v,
+                                last ? "0 or more" : "more than 0", MAX_RDZV_S);
+        *(last ? &o->rdzv_last_call_s : &o->rdzv_timeout_s) = x;
+        return CT_OK;
+    }
     case F_MACHINE_RANK: return parse_int(flag, v, 0, MAX_PROCESSES - 1, &o->machine_rank);
     case F_MAIN_PORT: return parse_int(flag, v, 0, 65535, &o->main_process_port);
     case F_GRAD_ACCUM: return parse_int(flag, v, 1, 1 << 30, &o->grad_accum);
@@ -393,9 +425,47 @@ static ct_status parse_value(ct_launch_opts *o, flag_id id, const char *flag, co
     return ct_error_set(CT_ERR_INVALID, "--%s takes no value", flag);
 }
 
+/* --rdzv_backend, --min_nodes, --max_nodes: the node range (torchrun's --nnodes MIN:MAX);
+ * num_machines becomes max_nodes. */
+static ct_status check_elastic(ct_launch_opts *o)
+{
+    bool range = o->min_nodes || o->max_nodes;
+    if (o->rdzv_backend && !strcmp(o->rdzv_backend, "static")) {
+        if (range && o->min_nodes != o->max_nodes)
+            return ct_error_set(CT_ERR_INVALID,
+                                "--rdzv_backend static needs a fixed node count, got --min_nodes %d --max_nodes %d: "
+                                "use --rdzv_backend c10d for a range",
+                                o->min_nodes, o->max_nodes);
+        if (range) o->num_machines = o->max_nodes ? o->max_nodes : o->min_nodes;
+        return CT_OK;
+    }
+    if (!range && !o->rdzv_backend) return CT_OK; /* static, as always */
+    o->elastic = true;
+    if (!o->max_nodes) o->max_nodes = o->num_machines_given || !o->min_nodes ? o->num_machines : o->min_nodes;
+    if (!o->min_nodes) o->min_nodes = o->max_nodes;
+    if (o->min_nodes > o->max_nodes)
+        return ct_error_set(CT_ERR_INVALID, "--min_nodes %d is more than --max_nodes %d", o->min_nodes,
+                            o->max_nodes);
+    if (o->num_machines_given && o->num_machines != o->max_nodes)
+        return ct_error_set(CT_ERR_INVALID,
+                            "--num_machines %d and --max_nodes %d differ: give one (num_machines is max_nodes)",
+                            o->num_machines, o->max_nodes);
+    o->num_machines = o->max_nodes;
+    if (o->num_processes % o->max_nodes)
+        return ct_error_set(CT_ERR_INVALID,
+                            "--num_processes %d is not a multiple of --max_nodes %d (each node runs num_processes / "
+                            "max_nodes ranks, whether --min_nodes %d or more nodes take part)",
+                            o->num_processes, o->max_nodes, o->min_nodes);
+    if (o->machine_rank >= o->max_nodes)
+        return ct_error_set(CT_ERR_INVALID, "--machine_rank %d is out of range for --max_nodes %d (0 to %d)",
+                            o->machine_rank, o->max_nodes, o->max_nodes - 1);
+    return CT_OK;
+}
+
 /* The combinations, once every flag is read. */
 static ct_status check_opts(ct_launch_opts *o, bool tee_given)
 {
+    if (check_elastic(o)) return ct_last_status();
     if (o->num_processes % o->num_machines)
         return ct_error_set(CT_ERR_INVALID,
                             "--num_processes %d is not a multiple of --num_machines %d (each machine runs "
@@ -494,6 +564,12 @@ static ct_status parse_flags(int argc, char **argv, ct_launch_opts *o, bool *tee
             continue;
         }
         const char *v = eq ? eq + 1 : NULL;
+        bool b;
+        /* --same_network alone means true (Accelerate's store_true); a boolean after it is its value */
+        if (!v && FLAGS[f].id == F_SAME_NETWORK && (i + 1 >= argc || ct_bool_parse(argv[i + 1], &b))) {
+            ct_error_clear();
+            v = "true";
+        }
         if (!v) {
             if (i + 1 >= argc) return ct_error_set(CT_ERR_INVALID, "--%s needs a value", name);
             v = argv[++i];
@@ -510,6 +586,7 @@ static void opts_defaults(ct_launch_opts *o)
     *o = (ct_launch_opts){
         .num_processes = 1, .num_machines = 1, .main_process_ip = "127.0.0.1",
         .main_process_port = CT_LAUNCH_DEFAULT_PORT, .monitor_interval_s = 0.1,
+        .rdzv_timeout_s = CT_LAUNCH_DEFAULT_RDZV_TIMEOUT_S, .rdzv_last_call_s = CT_LAUNCH_DEFAULT_RDZV_LAST_CALL_S,
     };
 }
 
@@ -538,6 +615,7 @@ static ct_status apply_config(ct_launch_opts *o, const char *given, bool cmdline
     int prog;
     if (parse_flags(o->file_args.argc + 1, fa, o, &tee_given, &prog))
         return ct_error_prefix("the configuration '%s': ", path);
+    o->num_machines_given = false; /* the file's value yields to --max_nodes */
     return CT_OK;
 }
 
@@ -606,17 +684,28 @@ static bool env_name_is(const char *entry, const char *name)
 
 char **ct_launch_env_new(const ct_launch_opts *o, int local_rank, int port, int restart_count)
 {
+    return ct_launch_env_round(o, local_rank, port, restart_count, o->machine_rank, -1, -1);
+}
+
+/* nodes < 0: the static rendezvous (the flags' machine rank and world size) */
+char **ct_launch_env_round(const ct_launch_opts *o, int local_rank, int port, int restart_count, int node_rank,
+                           int nodes, int round)
+{
     env_var set[64];
     int ns = 0;
 #define SETF(NAME, ...) (set[ns].name = (NAME), snprintf(set[ns].value, sizeof set[ns].value, __VA_ARGS__), ns++)
-    SETF("RANK", "%d", o->machine_rank * o->local_processes + local_rank);
+    SETF("RANK", "%d", node_rank * o->local_processes + local_rank);
     SETF("LOCAL_RANK", "%d", local_rank);
-    SETF("WORLD_SIZE", "%d", o->num_processes);
+    SETF("WORLD_SIZE", "%d", nodes < 0 ? o->num_processes : nodes * o->local_processes);
     SETF("LOCAL_WORLD_SIZE", "%d", o->local_processes);
-    SETF("GROUP_RANK", "%d", o->machine_rank);
+    SETF("GROUP_RANK", "%d", node_rank);
     SETF("MASTER_ADDR", "%s", o->main_process_ip);
     SETF("MASTER_PORT", "%d", port);
     SETF("CTRAIN_RESTART_COUNT", "%d", restart_count);
+    if (nodes >= 0) {
+        SETF("GROUP_WORLD_SIZE", "%d", nodes);
+        SETF("CTRAIN_RDZV_ROUND", "%d", round);
+    }
     if (o->job_id[0]) SETF("CTRAIN_JOB_ID", "%s", o->job_id);
     if (o->store_token[0]) SETF("CTRAIN_STORE_TOKEN", "%s", o->store_token);
     if (o->cpu) SETF("CTRAIN_USE_CPU", "1");
