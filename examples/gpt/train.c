@@ -11,9 +11,12 @@
  * prints a text sample at the end. With --save_every N it checkpoints the whole
  * training state every N steps (accel/checkpoint.h) under
  * <project_dir>/checkpoints/checkpoint_<i>; --resume auto continues the latest of
- * them with the same losses, step for step, as a run that never stopped. --help lists
+ * them with the same losses, step for step, as a run that never stopped, and starts
+ * fresh when there is none yet (so `ctrain launch --max_restarts` can rerun the same
+ * command line). --help lists
  * every option.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -93,7 +96,9 @@ static void usage(FILE *f)
             "  --save_every N       save the training state after every N-th step, 0 = never (default 0)\n"
             "  --total_limit K      keep the newest K checkpoints, 0 = all (default 0)\n"
             "  --resume auto|DIR    continue from the latest checkpoint of --project_dir (auto) or from\n"
-            "                       DIR; the other options must match the saved run's\n"
+            "                       DIR; the other options must match the saved run's. auto starts at\n"
+            "                       step 1 when there is no checkpoint yet (the same command line for\n"
+            "                       the first run and every restart)\n"
             "sampling\n"
             "  --prompt TEXT        start of the sample (default \"%s\")\n"
             "  --sample_tokens N    bytes to generate at the end, 0 = none (default %lld)\n"
@@ -237,6 +242,30 @@ static int64_t prepare_tokens(const options *o, const char *token_path)
     return (int64_t)len;
 }
 
+/* Whether <project_dir>/checkpoints holds any checkpoint_<i> directory, complete or not.
+ * None: --resume auto starts fresh, so one command line serves the first attempt and
+ * every restart. One that is there but incomplete or corrupt is not skipped here:
+ * load_state takes the latest complete one or fails naming what it found
+ * (ct_checkpoint_latest). An interrupted save's "checkpoint_<i>.tmp-<id>" is no
+ * checkpoint (accel/checkpoint.h). */
+static bool has_checkpoints(const char *project_dir)
+{
+    char root[1200];
+    snprintf(root, sizeof root, "%s/checkpoints", project_dir);
+    DIR *d = opendir(root);
+    if (!d) return false;
+    bool any = false;
+    for (struct dirent *e; !any && (e = readdir(d)) != NULL;) {
+        const char *c = e->d_name;
+        if (strncmp(c, "checkpoint_", 11) || !c[11]) continue;
+        c += 11;
+        while (*c >= '0' && *c <= '9') c++;
+        any = !*c;
+    }
+    closedir(d);
+    return any;
+}
+
 /* ---- main -------------------------------------------------------------------------- */
 
 static ct_tensor *gpt_loss(void *m, ct_tensor *x, ct_tensor *y) { return ct_gpt_loss(m, x, y); }
@@ -338,7 +367,11 @@ int main(int argc, char **argv)
     /* every rank loads (a sharded checkpoint has every rank's files); the loop goes on
      * at the step after the last one the checkpoint holds */
     int64_t first = 1;
-    if (o.resume) {
+    bool fresh = o.resume && !strcmp(o.resume, "auto") && !has_checkpoints(project_dir);
+    if (fresh)
+        ct_accelerator_print(acc, "--resume auto: no checkpoint under %s/checkpoints yet; starting at step 1\n",
+                             project_dir);
+    if (o.resume && !fresh) {
         if (ct_accelerator_load_state(acc, strcmp(o.resume, "auto") ? o.resume : NULL)) {
             fprintf(stderr, "gpt_train (rank %d): cannot resume from %s: %s\n", ct_accelerator_process_index(acc),
                     strcmp(o.resume, "auto") ? o.resume : "the latest checkpoint", ct_last_error());
