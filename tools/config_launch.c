@@ -5,6 +5,7 @@
  *   num_processes, num_machines, machine_rank,      the flags of the same names
  *   main_process_ip, main_process_port,
  *   num_cpu_threads_per_process, gpu_ids,
+ *   rdzv_backend (c10d only)
  *   gradient_accumulation_steps, mixed_precision
  *   use_cpu (or distributed_type MULTI_CPU)         --cpu
  *   debug                                           --debug
@@ -116,6 +117,9 @@ ct_status ct_cluster_config_launch_args(const ct_cluster_config *c, bool with_sh
     if (!s) s = addv(a, "--machine_rank", "%d", c->machine_rank);
     if (!s && c->main_process_ip[0]) s = addv(a, "--main_process_ip", "%s", c->main_process_ip);
     if (!s && c->main_process_port >= 0) s = addv(a, "--main_process_port", "%d", c->main_process_port);
+    /* c10d: the elastic rendezvous over num_machines nodes (restarts re-form the group);
+     * static (the default) is today's launch; etcd is kept and not used */
+    if (!s && !strcmp(c->rdzv_backend, "c10d")) s = addv(a, "--rdzv_backend", "%s", "c10d");
     if (!s && (c->use_cpu || c->distributed_type == CT_DIST_MULTI_CPU)) s = add(a, "--cpu");
     if (!s && c->num_cpu_threads_per_process > 0)
         s = addv(a, "--num_cpu_threads_per_process", "%d", c->num_cpu_threads_per_process);

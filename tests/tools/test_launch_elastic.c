@@ -203,6 +203,69 @@ Test(launch_elastic, lost_host_ends_the_job, .timeout = 30)
     remove_tmpdir();
 }
 
+/* Node 0 runs alone (--min_nodes 1); node 1 arrives later, finds round 0 closed
+ * without it and opens round 1; node 0 stops its rank to join (not counted), and the
+ * job goes on with both. */
+Test(launch_elastic, late_node_opens_a_new_round, .timeout = 30)
+{
+    bin_or_skip("CTRAIN_BIN");
+    setup();
+    char flags[512], marker[600], prog[800];
+    snprintf(flags, sizeof flags,
+             "--num_processes 2 --min_nodes 1 --max_nodes 2 --main_process_port %d --rdzv_last_call 0.2", free_port());
+    snprintf(marker, sizeof marker, "%s/alone", tmpdir);
+    /* round 0 (node 0 alone) waits to be replaced; round 1 reports */
+    snprintf(prog, sizeof prog,
+             "sh -c 'if [ $CTRAIN_RDZV_ROUND = 0 ]; then touch %s; sleep 20; fi; echo R=$RANK W=$WORLD_SIZE "
+             "K=$CTRAIN_RDZV_ROUND C=$CTRAIN_RESTART_COUNT'",
+             marker);
+    job n[2];
+    start_node(&n[0], 0, flags, prog);
+    double end = now_s() + 15;
+    while (access(marker, F_OK) != 0) {
+        cr_assert_lt(now_s(), end, "node 0 did not start alone:\n%s", node_log(0));
+        usleep(10000);
+    }
+    start_node(&n[1], 1, flags, prog);
+    for (int i = 0; i < 2; i++) cr_assert_eq(job_wait(&n[i], 20), 0, "node %d:\n%s", i, node_log(i));
+    char *a = node_log(0), *b = node_log(1);
+    assert_has(a, "rendezvous round 0: 1 node (machine ranks 0); this is node 0, ranks 0..0 of 1", "node 0");
+    assert_has(a, "(not counted as a restart)", "node 0");
+    assert_has(a, "[rank0] R=0 W=2 K=1 C=0", "node 0 in round 1");
+    assert_has(b, "rendezvous round 1: 2 nodes (machine ranks 0,1); this is node 1, ranks 1..1 of 2", "node 1");
+    assert_has(b, "[rank1] R=1 W=2 K=1 C=0", "node 1 in round 1");
+    free(a);
+    free(b);
+    remove_tmpdir();
+}
+
+/* rdzv_backend: c10d in a configuration file (Accelerate's key): the elastic
+ * rendezvous over num_machines nodes. */
+Test(launch_elastic, c10d_from_the_configuration_file, .timeout = 30)
+{
+    bin_or_skip("CTRAIN_BIN");
+    setup();
+    FILE *f = fopen(path_of("c10d.yaml"), "w");
+    cr_assert_not_null(f);
+    fprintf(f, "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\nmachine_rank: 0\n"
+               "main_process_ip: 127.0.0.1\nmain_process_port: %d\nmixed_precision: 'no'\nnum_machines: 1\n"
+               "num_processes: 2\nrdzv_backend: c10d\nsame_network: true\nuse_cpu: true\n",
+            free_port());
+    fclose(f);
+    char cmd[1024], log[600];
+    snprintf(cmd, sizeof cmd, "%s launch --config_file %s %s", getenv("CTRAIN_BIN"), path_of("c10d.yaml"), REPORT);
+    snprintf(log, sizeof log, "%s/c10d.log", tmpdir);
+    job j;
+    job_start(&j, cmd, log);
+    int st = job_wait(&j, 20);
+    char *out = job_slurp(log);
+    cr_assert_eq(st, 0, "%s", out);
+    assert_has(out, "(--min_nodes 1, --max_nodes 1)", "the launcher");
+    assert_has(out, "[rank1] R=1 L=1 W=2 G=0 N=1 K=0 C=0", "rank 1");
+    free(out);
+    remove_tmpdir();
+}
+
 Test(launch_elastic, bad_node_ranges_are_usage_errors, .timeout = 30)
 {
     bin_or_skip("CTRAIN_BIN");
