@@ -266,6 +266,41 @@ Test(launch_elastic, c10d_from_the_configuration_file, .timeout = 30)
     remove_tmpdir();
 }
 
+/* The launchers' store admits only the job's token: a launcher with another token is
+ * refused (the host logs it and serves on) and gives up after --rdzv_timeout; one with
+ * the same token joins. */
+Test(launch_elastic, launchers_store_checks_the_token, .timeout = 30)
+{
+    bin_or_skip("CTRAIN_BIN");
+    setup();
+    char flags[512];
+    snprintf(flags, sizeof flags,
+             "--num_processes 2 --min_nodes 2 --max_nodes 2 --main_process_port %d --rdzv_timeout 4", free_port());
+    job n[3];
+    setenv("CTRAIN_STORE_TOKEN", "the-job-token", 1);
+    start_node(&n[0], 0, flags, REPORT);
+    usleep(300000);
+    char cmd[1024], log[600];
+    snprintf(cmd, sizeof cmd, "env CTRAIN_STORE_TOKEN=another-token %s launch %s --machine_rank 1 --rdzv_timeout 1 true",
+             getenv("CTRAIN_BIN"), flags);
+    snprintf(log, sizeof log, "%s/stranger.log", tmpdir);
+    job_start(&n[2], cmd, log);
+    int st = job_wait(&n[2], 15);
+    char *c = job_slurp(log);
+    cr_assert_eq(st, 1, "%s", c);
+    assert_has(c, "cannot reach the rendezvous host at 127.0.0.1:", "the stranger");
+    start_node(&n[1], 1, flags, REPORT);
+    for (int i = 0; i < 2; i++) cr_assert_eq(job_wait(&n[i], 20), 0, "node %d:\n%s", i, node_log(i));
+    unsetenv("CTRAIN_STORE_TOKEN");
+    char *a = node_log(0), *b = node_log(1);
+    assert_has(a, "wrong token", "the host's log of the refusal");
+    assert_has(b, "[rank1] R=1 L=0 W=2 G=1 N=2 K=0 C=0", "node 1");
+    free(a);
+    free(b);
+    free(c);
+    remove_tmpdir();
+}
+
 Test(launch_elastic, bad_node_ranges_are_usage_errors, .timeout = 30)
 {
     bin_or_skip("CTRAIN_BIN");
