@@ -25,6 +25,15 @@
  * When the attempt is over the launcher restarts the group (a failure with restarts
  * left; CTRAIN_RESTART_COUNT + 1) or finishes: prints the failure line, closes its
  * timers and signal handles, and the loop returns.
+ *
+ * The elastic rendezvous (o->elastic; tools/launch_rdzv.h) adds phases around the
+ * attempts, driven by the same tick: PHASE_RDZV polls the round joined until it closes,
+ * then spawns the round's ranks; PHASE_RUN also asks, each tick, whether another
+ * launcher opened a newer round (then the group is stopped and, uncounted, joins it);
+ * a failure with restarts left joins the next round instead of respawning at once;
+ * PHASE_BARRIER keeps machine rank 0 serving after its ranks finished, until the
+ * round's other launchers are done. The store calls are requests answered at once, so
+ * output and signals keep flowing between them.
  */
 #include "tools/launch.h"
 #include "tools/launch_rdzv.h"
