@@ -102,24 +102,32 @@ Test(launch_elastic, two_launchers_form_one_world, .timeout = 30)
     remove_tmpdir();
 }
 
+/* Machine ranks 0 and 2 of 3 with --min_nodes 3: the host fails the round after
+ * --rdzv_timeout and both launchers exit 1 naming who joined and who is missing. */
 Test(launch_elastic, too_few_nodes_time_out, .timeout = 30)
 {
     bin_or_skip("CTRAIN_BIN");
     setup();
     char flags[512];
     snprintf(flags, sizeof flags,
-             "--num_processes 3 --min_nodes 2 --max_nodes 3 --main_process_port %d --rdzv_timeout 2", free_port());
-    job h;
+             "--num_processes 3 --min_nodes 3 --max_nodes 3 --main_process_port %d --rdzv_timeout 2", free_port());
+    job n[2];
     double t0 = now_s();
-    start_node(&h, 0, flags, "true");
-    int st = job_wait(&h, 15);
+    start_node(&n[0], 0, flags, "true");
+    start_node(&n[1], 2, flags, "true");
+    int st0 = job_wait(&n[0], 15), st1 = job_wait(&n[1], 15);
     double took = now_s() - t0;
-    char *a = node_log(0);
-    cr_assert_eq(st, 1, "%s", a);
-    cr_assert(took >= 1.9 && took < 6, "the launcher gave up after %.1f s with --rdzv_timeout 2", took);
-    assert_has(a, "round 0: 1 of --min_nodes 2 node(s) joined within --rdzv_timeout 2 s (machine rank 0 joined; "
-                  "missing: 1,2)", "the host's error");
+    char *a = node_log(0), *c = node_log(2);
+    cr_assert_eq(st0, 1, "%s", a);
+    cr_assert_eq(st1, 1, "%s", c);
+    cr_assert(took >= 1.9 && took < 6, "the launchers gave up after %.1f s with --rdzv_timeout 2", took);
+    const char *why = "round 0: 2 of --min_nodes 3 node(s) joined within --rdzv_timeout 2 s (machine ranks 0,2 "
+                      "joined; missing: 1)";
+    assert_has(a, why, "the host's error");
+    assert_has(c, "the host failed ", "machine rank 2's error");
+    assert_has(c, why, "machine rank 2's error");
     free(a);
+    free(c);
     remove_tmpdir();
 }
 
