@@ -360,22 +360,23 @@ static void write_small_text(void)
     "--n_layer 2 --n_head 4 --n_embd 64 --block_size 64 --batch_size 4 --dropout 0.1 --steps 300 --warmup 5 " \
     "--seq_warmup 0 --eval_every 100 --eval_batches 2 --sample_tokens 0 --save_every 25"
 
-/* Two launchers x 1 rank train under --min_nodes 1; once the first checkpoint exists,
- * machine rank 1 is killed with its rank. Node 0's rank fails (its peer is gone),
- * node 0 restarts (1 of 1), round 1 closes with node 0 alone after --rdzv_last_call,
- * and the job resumes at world size 1 from the latest checkpoint (resharded under
- * ZeRO-3) and finishes. Reference: `ctrain launch --num_processes 1` of the same
- * program, resumed from the same checkpoint directory. */
-static void check_node_lost(const char *strategy)
+/* Two launchers x per_node ranks train under --min_nodes 1; once the first checkpoint
+ * exists, machine rank 1 is killed with its ranks. Node 0's ranks fail (their peers
+ * are gone), node 0 restarts (1 of 1), round 1 closes with node 0 alone after
+ * --rdzv_last_call, and the job resumes at world size per_node from the latest
+ * checkpoint (resharded under ZeRO-3) and finishes. Reference: `ctrain launch
+ * --num_processes per_node` of the same program, resumed from the same checkpoint
+ * directory. */
+static void check_node_lost(int per_node, const char *strategy)
 {
     const char *ctrain = bin_or_skip("CTRAIN_BIN"), *ex = bin_or_skip("CTRAIN_EXAMPLES");
     setup();
     write_small_text();
     char flags[1024], prog[2048], dir[600];
     snprintf(flags, sizeof flags,
-             "--num_processes 2 --min_nodes 1 --max_nodes 2 --num_cpu_threads_per_process 1 --main_process_port %d "
+             "--num_processes %d --min_nodes 1 --max_nodes 2 --num_cpu_threads_per_process 1 --main_process_port %d "
              "--max_restarts 1 --rdzv_last_call 0.5 --rdzv_timeout 30 %s",
-             free_port(), strategy);
+             2 * per_node, free_port(), strategy);
     /* one shared file system: both nodes name the same directories */
     snprintf(prog, sizeof prog, "%s/gpt_train --data %s --out_dir %s/out --project_dir %s/proj " TINY_GPT
              " --resume auto", ex, path_of("text.txt"), tmpdir, tmpdir);
@@ -389,10 +390,16 @@ static void check_node_lost(const char *strategy)
     int st = job_wait(&n[0], 90);
     char *a = node_log(0);
     cr_assert_eq(st, 0, "node 0:\n%s", a);
-    assert_has(a, "rendezvous round 0: 2 nodes (machine ranks 0,1); this is node 0, ranks 0..0 of 2", "node 0");
+    char want[200];
+    snprintf(want, sizeof want, "rendezvous round 0: 2 nodes (machine ranks 0,1); this is node 0, ranks 0..%d of %d",
+             per_node - 1, 2 * per_node);
+    assert_has(a, want, "node 0");
     assert_has(a, "joining the next rendezvous round (restart 1 of 1)", "node 0");
-    assert_has(a, "rendezvous round 1: 1 node (machine ranks 0); this is node 0, ranks 0..0 of 1", "node 0");
-    assert_has(a, "1 process(es) x 1 threads", "the world of round 1");
+    snprintf(want, sizeof want, "rendezvous round 1: 1 node (machine ranks 0); this is node 0, ranks 0..%d of %d",
+             per_node - 1, per_node);
+    assert_has(a, want, "node 0");
+    snprintf(want, sizeof want, "%d process(es) x 1 threads", per_node);
+    assert_has(a, want, "the world of round 1");
     /* which checkpoint round 1 resumed from, and that it was before the end */
     const char *r = strstr(a, "[rank0] resumed from ");
     cr_assert(r, "round 1 did not resume:\n%s", a);
@@ -404,9 +411,9 @@ static void check_node_lost(const char *strategy)
     /* the reference: one process, resumed from that checkpoint, into another project */
     char cmd[4096], log[600];
     snprintf(cmd, sizeof cmd,
-             "%s launch --num_processes 1 --num_cpu_threads_per_process 1 --main_process_port 0 %s %s/gpt_train "
+             "%s launch --num_processes %d --num_cpu_threads_per_process 1 --main_process_port 0 %s %s/gpt_train "
              "--data %s --out_dir %s/ref --project_dir %s/refproj " TINY_GPT " --resume %s",
-             ctrain, strategy, ex, path_of("text.txt"), tmpdir, tmpdir, ckpt);
+             ctrain, per_node, strategy, ex, path_of("text.txt"), tmpdir, tmpdir, ckpt);
     snprintf(log, sizeof log, "%s/ref.log", tmpdir);
     job ref;
     job_start(&ref, cmd, log);
@@ -425,10 +432,16 @@ static void check_node_lost(const char *strategy)
 
 Test(launch_elastic, gpt_node_lost_ddp, .timeout = 150)
 {
-    check_node_lost("");
+    check_node_lost(1, "");
 }
 
 Test(launch_elastic, gpt_node_lost_zero3, .timeout = 150)
 {
-    check_node_lost("--use_deepspeed --zero_stage 3");
+    check_node_lost(1, "--use_deepspeed --zero_stage 3");
+}
+
+/* 2 ranks per node: the world goes from 4 to 2, the reference is a 2-rank launch */
+Test(launch_elastic, gpt_node_lost_two_ranks_per_node_zero3, .timeout = 150)
+{
+    check_node_lost(2, "--use_deepspeed --zero_stage 3");
 }
