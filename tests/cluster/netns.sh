@@ -58,21 +58,22 @@ check() {
 nodes_of() { ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^$1n[0-9]+$" || true; }
 
 down() {
-    local id=$1 ns pids i
+    local id=$1 ns i
+    local -a pids
     [[ $id =~ ^ctc[0-9]+$ ]] || die "down: '$id' is not a cluster id"
     # the watcher, unless it is the caller
     if [ -f "$STATE/$id" ]; then
         local w
         w=$(sed -n 's/^watcher //p' "$STATE/$id")
-        [ -n "$w" ] && [ "$w" != "$$" ] && kill "$w" 2>/dev/null || true
+        if [ -n "$w" ] && [ "$w" != "$$" ]; then kill "$w" 2>/dev/null || true; fi
     fi
     for ns in $(nodes_of "$id"); do
         # frozen processes first get SIGCONT so that SIGKILL is not held up
         for i in 1 2 3 4 5 6 7 8 9 10; do
-            pids=$(ip netns pids "$ns" 2>/dev/null || true)
-            [ -z "$pids" ] && break
-            kill -CONT $pids 2>/dev/null || true
-            kill -KILL $pids 2>/dev/null || true
+            mapfile -t pids < <(ip netns pids "$ns" 2>/dev/null || true)
+            [ ${#pids[@]} -eq 0 ] && break
+            kill -CONT "${pids[@]}" 2>/dev/null || true
+            kill -KILL "${pids[@]}" 2>/dev/null || true
             sleep 0.1
         done
         ip netns del "$ns" 2>/dev/null || true
@@ -103,7 +104,9 @@ gc() {
 
 up() {
     local owner=$1 n=$2 i
-    [[ $owner =~ ^[0-9]+$ ]] && [ -n "$(start_time "$owner")" ] || die "up: owner '$owner' is not a running process"
+    if ! [[ $owner =~ ^[0-9]+$ ]] || [ -z "$(start_time "$owner")" ]; then
+        die "up: owner '$owner' is not a running process"
+    fi
     [[ $n =~ ^[1-8]$ ]] || die "up: '$n' nodes: expected 1 to 8"
     local id="ctc$owner" prefix="10.231.$((owner % 250 + 1))"
     mkdir -p "$STATE"
@@ -143,6 +146,7 @@ node_exec() {
     shift 2
     [ $# -gt 0 ] || die "exec: no command"
     # a host name of its own: ctrain tells machines apart by boot id and host name
+    # shellcheck disable=SC2016 # $0 and $@ are the inner shell's
     exec ip netns exec "${id}n$i" unshare --uts sh -c 'hostname "$0" && exec "$@"' "${id}n$i" "$@"
 }
 

@@ -441,6 +441,8 @@ static void fault_ends_the_job(fault_kind f, int v)
                     "%s, %s the lost node's address; first error: %s",
                     fault_names[f], m, p->status, dt, FAULT_TIMEOUT, named ? "a lost rank" : "no lost rank",
                     addr ? "and" : "not", first);
+        const char *last = strstr(text, "ctrain launch: ");
+        if (last) cr_log_info("node %d's launcher: %.*s", m, (int)strcspn(last, "\n"), last);
         cr_expect_neq(p->status, 0, "%s: node %d's launcher exited 0 (a silent success)\n...%s", fault_names[f], m, tail);
         cr_expect_leq(dt, limit, "%s: node %d's launcher took %.2f s to give up (CTRAIN_TIMEOUT %d + %d s margin)",
                       fault_names[f], m, dt, FAULT_TIMEOUT, FAULT_MARGIN);
