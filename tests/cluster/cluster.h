@@ -32,7 +32,7 @@ typedef struct cluster_proc {
 
 typedef struct cluster {
     char script[512];
-    char id[32], prefix[32]; /* "ctc<pid>", "10.231.X" */
+    char id[32], prefix[32], prefix6[48]; /* "ctc<pid>", "10.231.X", "fd00:231:X::" (may be "") */
     int nodes;
     cluster_proc procs[CLUSTER_MAX_PROCS];
     int nprocs;
@@ -57,6 +57,17 @@ static inline const char *node_addr(int i)
     return a[k];
 }
 
+/* "fd00:231:X::(i+1)": node i's IPv6 address, "" when the nodes have none */
+static inline const char *node_addr6(int i)
+{
+    static char a[4][64];
+    static int k;
+    k = (k + 1) % 4;
+    if (the_cluster.prefix6[0]) snprintf(a[k], sizeof a[k], "%s%d", the_cluster.prefix6, i + 1);
+    else a[k][0] = '\0';
+    return a[k];
+}
+
 /* Makes n nodes owned by this test's process, or skips the test saying why they cannot be
  * made here (not root, no ip, no CAP_NET_ADMIN). */
 static inline void cluster_up(int n)
@@ -71,7 +82,9 @@ static inline void cluster_up(int n)
     cr_assert_eq(rc, 0, "%s: %s", cmd, out);
     snprintf(cmd, sizeof cmd, "%s up %d %d 2>&1", c->script, (int)getpid(), n);
     rc = shell_capture(cmd, out, sizeof out);
-    cr_assert(rc == 0 && sscanf(out, "%31s %31s", c->id, c->prefix) == 2, "%s: status %d: %s", cmd, rc, out);
+    c->prefix6[0] = '\0';
+    cr_assert(rc == 0 && sscanf(out, "%31s %31s %47s", c->id, c->prefix, c->prefix6) >= 2, "%s: status %d: %s", cmd,
+              rc, out);
     c->nodes = n;
     c->nprocs = 0;
 }

@@ -6,20 +6,23 @@
 #
 #   netns.sh check            exit 0 when namespaces can be made here; else 77 and the reason
 #   netns.sh up OWNER N       N nodes (1..8) that live while process OWNER does; prints
-#                             "ID PREFIX" (node i's address is PREFIX.(i+1), a /24)
+#                             "ID PREFIX PREFIX6": node i's addresses are PREFIX.(i+1) (a /24)
+#                             and PREFIX6(i+1) (IPv6, a /64; PREFIX6 is left out without IPv6)
 #   netns.sh down ID          kill every process on the nodes, remove them
 #   netns.sh exec ID I CMD..  run CMD on node I (network namespace ID-n<I>, host name ID-n<I>)
 #   netns.sh ns ID I          the name of node I's network namespace (for ip netns ... / nft)
 #   netns.sh hostif ID I      the name of node I's link on the host side of the bridge
-#   netns.sh run N CMD..      up with this shell as owner, CMD with CT_CLUSTER_ID and
-#                             CT_CLUSTER_PREFIX exported, down on exit, failure or interrupt
+#   netns.sh run N CMD..      up with this shell as owner, CMD with CT_CLUSTER_ID,
+#                             CT_CLUSTER_PREFIX and CT_CLUSTER_PREFIX6 exported, down on exit,
+#                             failure or interrupt
 #   netns.sh gc               remove the nodes of earlier runs whose owner has died
 #
 # Names: ID is "ctc" + the owner's pid, so parallel runs never collide; namespaces
 # ID"n"I, the bridge ID"b", the host side of node I's link ID"v"I (15 characters at most,
 # the kernel's limit for interface names: a pid has at most 7 digits). Inside a node the
-# link is "eth0". Addresses: 10.231.X.0/24 with X from the owner's pid; the bridge has no
-# address, so the host itself is not on the test network and runs cannot see each other.
+# link is "eth0". Addresses: 10.231.X.0/24 and fd00:231:X::/64 with X from the owner's pid;
+# the bridge has no address, so the host itself is not on the test network and runs cannot
+# see each other.
 #
 # Cleanup: "up" leaves a watcher behind that runs "down" once the owner exits (also when
 # it is killed: a test's timeout); "run" traps EXIT INT TERM; "up" and "gc" also remove
@@ -108,7 +111,7 @@ up() {
         die "up: owner '$owner' is not a running process"
     fi
     [[ $n =~ ^[1-8]$ ]] || die "up: '$n' nodes: expected 1 to 8"
-    local id="ctc$owner" prefix="10.231.$((owner % 250 + 1))"
+    local id="ctc$owner" prefix="10.231.$((owner % 250 + 1))" prefix6="fd00:231:$((owner % 250 + 1))::" v6=1
     mkdir -p "$STATE"
     gc
     down "$id" # a leftover under the same pid (its owner died and the pid came back)
@@ -125,12 +128,15 @@ up() {
         ip link set "${id}p$i" netns "$ns"
         ip -n "$ns" link set "${id}p$i" name eth0
         ip -n "$ns" addr add "$prefix.$((i + 1))/24" dev eth0
+        # nodad: usable at once, not after duplicate address detection
+        ip -n "$ns" -6 addr add "$prefix6$((i + 1))/64" dev eth0 nodad 2>/dev/null || v6=0
         ip -n "$ns" link set lo up
         ip -n "$ns" link set eth0 up
         ip link set "${id}v$i" master "${id}b"
         ip link set "${id}v$i" up
     done
-    echo "$id $prefix"
+    # no IPv6 (disabled in the kernel): no third field
+    if [ $v6 -eq 1 ]; then echo "$id $prefix $prefix6"; else echo "$id $prefix"; fi
 }
 
 watch() {
@@ -155,9 +161,8 @@ run() {
     shift
     local out
     out=$(up $$ "$n")
-    CT_CLUSTER_ID=${out% *}
-    CT_CLUSTER_PREFIX=${out#* }
-    export CT_CLUSTER_ID CT_CLUSTER_PREFIX
+    read -r CT_CLUSTER_ID CT_CLUSTER_PREFIX CT_CLUSTER_PREFIX6 <<<"$out"
+    export CT_CLUSTER_ID CT_CLUSTER_PREFIX CT_CLUSTER_PREFIX6
     trap 'down "$CT_CLUSTER_ID"' EXIT
     trap 'exit 130' INT
     trap 'exit 143' TERM

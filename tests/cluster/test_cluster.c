@@ -84,6 +84,8 @@ static void run_reference(const char *out, int batch, int steps)
     cr_assert_eq(rc, 0, "one process: %s\n%s", cmd, log);
 }
 
+static bool over_ipv6; /* the master by its IPv6 address */
+
 /* The launch command of node `machine` of a job of `nodes` x `local` ranks. */
 static const char *launch_cmd(int nodes, int local, int machine, const char *flags, const char *prog)
 {
@@ -91,7 +93,7 @@ static const char *launch_cmd(int nodes, int local, int machine, const char *fla
     snprintf(c, sizeof c,
              "%s launch --cpu --num_processes %d --num_machines %d --machine_rank %d --main_process_ip %s "
              "--main_process_port %d --num_cpu_threads_per_process 1 %s %s",
-             ctrain_bin(), nodes * local, nodes, machine, node_addr(0), PORT, flags, prog);
+             ctrain_bin(), nodes * local, nodes, machine, over_ipv6 ? node_addr6(0) : node_addr(0), PORT, flags, prog);
     return c;
 }
 
@@ -175,6 +177,7 @@ static void strategy_matches_one_process(int nodes, int local, const char *flags
 {
     setup();
     cluster_up(nodes);
+    if (over_ipv6 && !node_addr6(0)[0]) cr_skip_test("the nodes have no IPv6 addresses (IPv6 disabled here?)");
     run_reference("one", nodes * local, STEPS);
     char env[256];
     snprintf(env, sizeof env, "CTRAIN_STORE_TOKEN=%s CTRAIN_TIMEOUT=30", TOKEN);
@@ -198,7 +201,8 @@ static void strategy_matches_one_process(int nodes, int local, const char *flags
         free(text);
     }
     char what[256];
-    snprintf(what, sizeof what, "%d nodes x %d rank(s)%s%s", nodes, local, *flags ? " " : "", flags);
+    snprintf(what, sizeof what, "%d nodes x %d rank(s)%s%s%s", nodes, local, *flags ? " " : "", flags,
+             over_ipv6 ? " over IPv6" : "");
     cr_log_info("%s: trained in %.2f s", what, now_s() - t0);
     expect_same_model(what, "job", "one");
 }
@@ -216,6 +220,14 @@ Test(cluster, ddp_on_3_nodes_of_1_rank_matches_one_process, .timeout = 90, .fini
 Test(cluster, zero3_on_2_nodes_matches_one_process, .timeout = 90, .fini = fini)
 {
     strategy_matches_one_process(2, 2, "--use_deepspeed --zero_stage 3", "[rank0] sharded (FULL over 4 ranks)");
+}
+
+/* the master as an IPv6 literal: the store, the published transport addresses and the
+ * refusal lines all carry it */
+Test(cluster, ddp_over_ipv6_matches_one_process, .timeout = 90, .fini = fini)
+{
+    over_ipv6 = true;
+    strategy_matches_one_process(2, 2, "", "[rank0] DDP: ");
 }
 
 /* hybrid: shard within a node (LOCAL_WORLD_SIZE ranks), replicate across the nodes */
