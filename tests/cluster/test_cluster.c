@@ -404,7 +404,7 @@ static bool drop_packets(int i)
  * v meets the fault. Every launcher still able to run (the other node's; v's too when only its
  * network is gone) must exit non-zero within FAULT_TIMEOUT + FAULT_MARGIN s, its ranks'
  * errors naming a rank of the other node. A hang or a success fails the test. */
-static void fault_ends_the_job(fault_kind f, int v)
+static void fault_ends_the_job(fault_kind f, int v, const char *flags)
 {
     setup();
     cluster_up(2);
@@ -413,7 +413,7 @@ static void fault_ends_the_job(fault_kind f, int v)
     for (int m = 0; m < 2; m++) {
         char log[64];
         snprintf(log, sizeof log, "node%d.log", m);
-        node_start(m, env, path_of(log), launch_cmd(2, 2, m, "", gpt_args("job", 1, 1000000)));
+        node_start(m, env, path_of(log), launch_cmd(2, 2, m, flags, gpt_args("job", 1, 1000000)));
     }
     cr_assert(file_has(path_of("node0.log"), "[rank0] step 20/", 30), "training did not start:\n%s",
               slurp(path_of("node0.log")));
@@ -464,19 +464,31 @@ static void fault_ends_the_job(fault_kind f, int v)
     }
 }
 
-Test(cluster, a_killed_node_fails_the_job_in_time, .timeout = 90, .fini = fini) { fault_ends_the_job(FAULT_KILL, 1); }
+Test(cluster, a_killed_node_fails_the_job_in_time, .timeout = 90, .fini = fini) { fault_ends_the_job(FAULT_KILL, 1, ""); }
 
 /* the master's node: its store is gone after the rendezvous, so it is a node like another */
 Test(cluster, a_killed_master_node_fails_the_job_in_time, .timeout = 90, .fini = fini)
 {
-    fault_ends_the_job(FAULT_KILL, 0);
+    fault_ends_the_job(FAULT_KILL, 0, "");
 }
 
-Test(cluster, a_cut_link_fails_the_job_in_time, .timeout = 90, .fini = fini) { fault_ends_the_job(FAULT_LINK_DOWN, 1); }
+Test(cluster, a_cut_link_fails_the_job_in_time, .timeout = 90, .fini = fini) { fault_ends_the_job(FAULT_LINK_DOWN, 1, ""); }
 
-Test(cluster, dropped_packets_fail_the_job_in_time, .timeout = 90, .fini = fini) { fault_ends_the_job(FAULT_DROP, 1); }
+Test(cluster, dropped_packets_fail_the_job_in_time, .timeout = 90, .fini = fini) { fault_ends_the_job(FAULT_DROP, 1, ""); }
 
-Test(cluster, a_frozen_node_fails_the_job_in_time, .timeout = 90, .fini = fini) { fault_ends_the_job(FAULT_FREEZE, 1); }
+Test(cluster, a_frozen_node_fails_the_job_in_time, .timeout = 90, .fini = fini) { fault_ends_the_job(FAULT_FREEZE, 1, ""); }
+
+/* hybrid sharding: node 0's ranks wait in their own node's shard group and in the
+ * replica group across the nodes; neither may hang when the other node is gone */
+Test(cluster, a_killed_node_fails_a_hybrid_sharded_job_in_time, .timeout = 90, .fini = fini)
+{
+    fault_ends_the_job(FAULT_KILL, 1, "--use_fsdp --fsdp_sharding_strategy HYBRID_SHARD");
+}
+
+Test(cluster, a_cut_link_fails_a_hybrid_sharded_job_in_time, .timeout = 90, .fini = fini)
+{
+    fault_ends_the_job(FAULT_LINK_DOWN, 1, "--use_fsdp --fsdp_sharding_strategy HYBRID_SHARD");
+}
 
 /* ---- e. a stranger on a third node ------------------------------------------------------- */
 
