@@ -10,6 +10,7 @@ packages=(
     fortunes gnuplot-nox
     python3-torch
     openmpi-bin libopenmpi-dev
+    iproute2 nftables   # tests/cluster: network namespaces, dropped packets
 )
 
 missing=()
