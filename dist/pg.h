@@ -145,7 +145,8 @@ typedef struct ct_pg_link_stats {
     int64_t shm_bytes, tcp_bytes;
 } ct_pg_link_stats;
 
-/* Fills *out for g; CT_ERR_INVALID for NULL arguments. */
+/* Fills *out with what this rank's links carry (peers and payload bytes per kind,
+ * ct_pg_link_stats above); CT_ERR_INVALID for NULL arguments. */
 CT_API ct_status ct_pg_link_stats_get(const ct_pg *g, ct_pg_link_stats *out);
 /* Bytes this rank has sent on g since it was made, as ring algorithms send them,
  * counted per collective when it is submitted from its size S bytes and the group's n

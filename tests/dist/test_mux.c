@@ -9,10 +9,12 @@
 #include <criterion/criterion.h>
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -437,4 +439,80 @@ Test(dist_mux, an_exhausted_port_range_is_an_error, .timeout = 30)
     run_ranks(2, taken_main, &port, res, 20);
     close(fd);
     expect_all_ok(res, 2);
+}
+
+/* ---- a rank killed during the setup ----------------------------------------------------------- */
+
+static void put(uint8_t *p, uint64_t v, int n)
+{
+    for (int i = 0; i < n; i++) p[i] = (uint8_t)(v >> 8 * i);
+}
+
+/* Ranks 0 and 1 on node "a", rank 2 on "b". Rank 1 plays the setup by hand
+ * (docs/maintainers/comm.md): publishes its entry and address, connects to rank 0 with
+ * the hello, creates its ring for rank 0 and is killed before it says so. Rank 0 fails
+ * naming it and removes both directions' names; rank 2 (TCP only) fails too. */
+static int midway_main(rank_ctx *c)
+{
+    if (c->rank != 1) {
+        ct_set_num_threads(1);
+        setenv("CTRAIN_NODE_ID", c->rank == 0 ? "a" : "b", 1);
+        ct_pg *g = rank_pg(c, 5, NULL);
+        char job[17];
+        if (c->rank == 0 && job_of(c, 1, job)) report(c, "job %s", job);
+        if (c->rank == 0) sleep_ms(300); /* its store serves rank 2's reads */
+        if (g) return report(c, "rank %d: got a group", c->rank), 1;
+        if (c->rank == 0 && (ct_last_status() != CT_ERR_PEER ||
+                             !strstr(ct_last_error(), "rank 1 closed its connection during the shared-memory setup")))
+            return report(c, "rank 0: %s", ct_last_error()), 2;
+        return 0;
+    }
+    ct_store *s = ct_store_new(&(ct_store_config){.port = c->port, .world_size = 3, .rank = 1, .timeout_s = 10});
+    if (!s) return report(c, "store: %s", ct_last_error()), 10;
+    int64_t gen;
+    char *addr = NULL, *entry = NULL, ip[64], job[17], host[256], mine[400];
+    void *nonce = NULL;
+    size_t n;
+    int port, fd = -1, lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in me = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof me;
+    bool ok = lfd >= 0 && bind(lfd, (struct sockaddr *)&me, sizeof me) == 0 && listen(lfd, 4) == 0 &&
+              getsockname(lfd, (struct sockaddr *)&me, &len) == 0 && !ct_store_add(s, "ct/pg/gen/1", 1, &gen) &&
+              gen == 1 && !ct_store_get(s, "ct/pg/1/host/0", 10, (void **)&entry, &n) &&
+              sscanf(entry, "%*s %16s %*s %255s", job, host) == 2;
+    if (ok) snprintf(mine, sizeof mine, "auto 0000000000000000 id=a %s", host);
+    char where[64];
+    snprintf(where, sizeof where, "127.0.0.1 %d", ntohs(me.sin_port));
+    ok = ok && !ct_store_set(s, "ct/pg/1/host/1", mine, strlen(mine)) &&
+         !ct_store_get(s, "ct/pg/1/nonce", 10, &nonce, &n) && n == 8 &&
+         !ct_store_set(s, "ct/pg/1/addr/1", where, strlen(where)) &&
+         !ct_store_get(s, "ct/pg/1/addr/0", 10, (void **)&addr, &n) && sscanf(addr, "%63s %d", ip, &port) == 2;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    uint8_t hello[24] = {'C', 'T', 'H', 'I', 2}; /* version 2, no token (none is set) */
+    put(hello + 8, 1, 4);
+    put(hello + 12, 3, 4);
+    if (ok) memcpy(hello + 16, nonce, 8);
+    ok = ok && inet_pton(AF_INET, ip, &a.sin_addr) == 1 && (fd = socket(AF_INET, SOCK_STREAM, 0)) >= 0 &&
+         connect(fd, (struct sockaddr *)&a, sizeof a) == 0 && send(fd, hello, sizeof hello, 0) == (ssize_t)sizeof hello;
+    char name[96];
+    snprintf(name, sizeof name, "/ctrain-%s-1-0", job);
+    int sfd = ok ? shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600) : -1;
+    free(addr);
+    free(entry);
+    free(nonce);
+    if (sfd < 0 || ftruncate(sfd, 1 << 16)) return report(c, "rank 1: could not play its part"), 11;
+    sleep_ms(150); /* rank 0 is in the first round by now (or soon); rank 2's connection waits in the backlog */
+    raise(SIGKILL);
+    return 12;
+}
+
+Test(dist_mux, a_rank_killed_during_the_setup_leaves_nothing, .timeout = 30)
+{
+    rank_result res[3];
+    run_ranks(3, midway_main, NULL, res, 20);
+    cr_expect(WIFSIGNALED(res[1].status) && WTERMSIG(res[1].status) == SIGKILL, "rank 1: status 0x%x\n%s",
+              res[1].status, res[1].msg);
+    expect_all_ok(res, 1);
+    cr_expect(WIFEXITED(res[2].status) && res[2].rc == 0, "rank 2 (rc %d):\n%s", res[2].rc, res[2].msg);
+    expect_no_names(&res[0]);
 }
