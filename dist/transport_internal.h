@@ -229,7 +229,7 @@ typedef struct ct_link_count {
     int64_t bytes[CT_LINK_KINDS];
 } ct_link_count;
 
-#define CT_PEER_WHERE 320 /* bytes of a peer's "ip, host name" */
+#define CT_PEER_WHERE 400 /* bytes of a peer's "ip, host name": 127 + 7 + 255 and the NUL */
 
 struct ct_transport {
     const ct_transport_ops *ops;
