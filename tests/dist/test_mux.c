@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/frame.h"
@@ -562,4 +563,44 @@ Test(dist_mux, a_node_whose_segments_fail_falls_back_to_tcp, .timeout = 60)
     run_ranks(4, fallback_main, NULL, res, 45);
     expect_all_ok(res, 4);
     expect_no_names(&res[0]);
+}
+
+/* Without CTRAIN_NODE_ID a rank's node is its boot id and network namespace (and host
+ * name): the entry rank 0 publishes carries both, as /proc says. */
+static int identity_main(rank_ctx *c)
+{
+    ct_set_num_threads(1);
+    unsetenv("CTRAIN_NODE_ID");
+    ct_pg *g = rank_pg(c, 10, NULL);
+    if (!g) return 1;
+    int rc = 0;
+    if (c->rank == 0) {
+        char boot[64] = "", want[160], node[160] = "", host[256] = "", mine[256] = "";
+        FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+        if (!f || !fgets(boot, sizeof boot, f)) rc = 2;
+        if (f) fclose(f);
+        boot[strcspn(boot, "\n")] = '\0';
+        struct stat ns;
+        if (stat("/proc/self/ns/net", &ns)) rc = 3;
+        snprintf(want, sizeof want, "%s/%llx:%llx", boot, (unsigned long long)ns.st_dev, (unsigned long long)ns.st_ino);
+        void *v = NULL;
+        size_t n;
+        if (ct_store_get(c->store, "ct/pg/1/host/0", 5, &v, &n) || sscanf(v, "%*s %*s %159s %255s", node, host) != 2)
+            rc = 4;
+        free(v);
+        gethostname(mine, sizeof mine - 1);
+        if (!rc && (strcmp(node, want) || strcmp(host, mine)))
+            rc = 5, report(c, "rank 0 published node '%s' host '%s', want '%s' '%s'", node, host, want, mine);
+        if (strcmp(ct_pg_transport(g), "shm")) rc = 6, report(c, "transport %s", ct_pg_transport(g));
+    }
+    if (wait_free(ct_pg_barrier(g))) rc = 7, report(c, "barrier: %s", ct_last_error());
+    ct_pg_free(g);
+    return rc;
+}
+
+Test(dist_mux, the_node_is_boot_id_and_network_namespace, .timeout = 30)
+{
+    rank_result res[2];
+    run_ranks(2, identity_main, NULL, res, 20);
+    expect_all_ok(res, 2);
 }
