@@ -181,11 +181,12 @@ static void peer_failed(ct_comm_link *L, int peer, ct_status st, const char *msg
     for (ct_comm_group *g = L->groups; g; g = g->next) {
         int r = g->grank[peer];
         if (r < 0 || g->broken || g->left[r]) continue; /* a rank that said goodbye may go */
-        char who[64], title[256], text[CT_COMM_MSG];
+        char who[64], title[256], text[CT_COMM_MSG], at[CT_PEER_WHERE + 16];
         cti_comm_rank_name(g, r, who, sizeof who);
+        cti_comm_rank_where(g, r, at, sizeof at);
         ct_work *h = g->head && g->head->state == CT_WORK_RUNNING ? g->head : NULL;
-        if (h) snprintf(text, sizeof text, "%s: %s %s", cti_comm_work_title(title, sizeof title, h), who, msg);
-        else snprintf(text, sizeof text, "process group of %d ranks: %s %s", g->size, who, msg);
+        if (h) snprintf(text, sizeof text, "%s: %s %s%s", cti_comm_work_title(title, sizeof title, h), who, msg, at);
+        else snprintf(text, sizeof text, "process group of %d ranks: %s %s%s", g->size, who, msg, at);
         cti_comm_group_fail(g, st, true, text);
     }
 }

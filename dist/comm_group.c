@@ -29,6 +29,16 @@ const char *cti_comm_rank_name(const ct_comm_group *g, int grank, char *buf, siz
     return buf;
 }
 
+/* " [at 10.0.0.3, host node1]": the node of group rank grank's process (its TCP
+ * address and host name); "" when the transport does not know it. */
+const char *cti_comm_rank_where(const ct_comm_group *g, int grank, char *buf, size_t cap)
+{
+    const char *w = cti_transport_where(g->L->tp, g->peers[grank]);
+    if (w[0]) snprintf(buf, cap, " [at %s]", w);
+    else if (cap) buf[0] = '\0';
+    return buf;
+}
+
 static void noop_sent(void *arg, int status)
 {
     (void)arg;
@@ -402,28 +412,30 @@ static void send_probes(ct_comm_group *g, ct_work *w)
 
 static void timeout_collective(ct_comm_group *g, ct_work *w)
 {
-    char title[256], text[CT_COMM_MSG], who[64];
+    char title[256], text[CT_COMM_MSG], who[64], at[CT_PEER_WHERE + 16];
     size_t n = (size_t)snprintf(text, sizeof text, "%s timed out after %g s at rank %d; not heard from:",
                                 cti_comm_work_title(title, sizeof title, w), g->timeout_s, g->rank);
     int listed = 0;
-    for (int i = 0; i < g->size && n < sizeof text - 200; i++) {
+    for (int i = 0; i < g->size && n < sizeof text - 600; i++) {
         if (i == g->rank || !w->probed) continue;
         int64_t s = g->probe_seq[i];
         cti_comm_rank_name(g, i, who, sizeof who);
-        if (s == -2) n += (size_t)snprintf(text + n, sizeof text - n, "%s %s (no answer)", listed++ ? "," : "", who);
+        cti_comm_rank_where(g, i, at, sizeof at);
+        if (s == -2)
+            n += (size_t)snprintf(text + n, sizeof text - n, "%s %s (no answer)%s", listed++ ? "," : "", who, at);
         else if (s == -1)
-            n += (size_t)snprintf(text + n, sizeof text - n, "%s %s (does not have this group)", listed++ ? "," : "",
-                                  who);
+            n += (size_t)snprintf(text + n, sizeof text - n, "%s %s (does not have this group)%s", listed++ ? "," : "",
+                                  who, at);
         else if ((uint64_t)s < w->seq)
-            n += (size_t)snprintf(text + n, sizeof text - n, "%s %s (has not called it; its last collective is #%lld)",
-                                  listed++ ? "," : "", who, (long long)s);
+            n += (size_t)snprintf(text + n, sizeof text - n, "%s %s (has not called it; its last collective is #%lld)%s",
+                                  listed++ ? "," : "", who, (long long)s, at);
     }
     if (!listed) {
         /* every rank got this far (or none could be asked): name those whose data is missing */
-        for (int i = 0; i < g->size && n < sizeof text - 200; i++)
+        for (int i = 0; i < g->size && n < sizeof text - 600; i++)
             if (i != g->rank && !g->heard[i])
-                n += (size_t)snprintf(text + n, sizeof text - n, "%s %s (no data)", listed++ ? "," : "",
-                                      cti_comm_rank_name(g, i, who, sizeof who));
+                n += (size_t)snprintf(text + n, sizeof text - n, "%s %s (no data)%s", listed++ ? "," : "",
+                                      cti_comm_rank_name(g, i, who, sizeof who), cti_comm_rank_where(g, i, at, sizeof at));
         if (!listed) n += (size_t)snprintf(text + n, sizeof text - n, " nobody: every rank sent data, too slowly");
     }
     snprintf(text + n, sizeof text - n,
@@ -433,15 +445,16 @@ static void timeout_collective(ct_comm_group *g, ct_work *w)
 
 static void timeout_p2p(ct_comm_group *g, ct_work *w)
 {
-    char title[256], text[CT_COMM_MSG], who[64];
+    char title[256], text[CT_COMM_MSG], who[64], at[CT_PEER_WHERE + 16];
     cti_comm_rank_name(g, w->root, who, sizeof who);
+    cti_comm_rank_where(g, w->root, at, sizeof at);
     cti_comm_work_title(title, sizeof title, w);
     if (w->op == CT_OP_RECV)
-        snprintf(text, sizeof text, "%s timed out after %g s at rank %d: not heard from %s; is it sending? Set "
-                 "CTRAIN_TIMEOUT to wait longer", title, g->timeout_s, g->rank, who);
+        snprintf(text, sizeof text, "%s timed out after %g s at rank %d: not heard from %s%s; is it sending? Set "
+                 "CTRAIN_TIMEOUT to wait longer", title, g->timeout_s, g->rank, who, at);
     else
-        snprintf(text, sizeof text, "%s timed out after %g s at rank %d: %s did not take the data; is it receiving? "
-                 "Set CTRAIN_TIMEOUT to wait longer", title, g->timeout_s, g->rank, who);
+        snprintf(text, sizeof text, "%s timed out after %g s at rank %d: %s%s did not take the data; is it receiving? "
+                 "Set CTRAIN_TIMEOUT to wait longer", title, g->timeout_s, g->rank, who, at);
     cti_comm_group_fail(g, CT_ERR_TIMEOUT, true, text);
 }
 

@@ -278,6 +278,9 @@ ct_work *cti_comm_match(ct_comm_group *g, int src, const ct_msg *m, bool *stale)
 bool cti_comm_accept(ct_work *w, int src, const ct_msg *m, void **dest);
 void cti_comm_feed(ct_work *w, ct_comm_early *u); /* a buffered message meets its work; frees u */
 const char *cti_comm_rank_name(const ct_comm_group *g, int grank, char *buf, size_t cap);
+/* " [at 10.0.0.3, host node1]", the node of group rank grank (its published TCP
+ * address and host name), for messages about a lost or silent peer; "" when unknown. */
+const char *cti_comm_rank_where(const ct_comm_group *g, int grank, char *buf, size_t cap);
 /* Fire and forget (abort, probe, probe reply); nothing when the peer is gone. */
 void cti_comm_send_control(ct_comm_link *L, int peer, ct_msg *m, const void *payload);
 

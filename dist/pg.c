@@ -3,8 +3,8 @@
  *
  * World group. Every rank takes a generation number from the store (a per-rank
  * counter, so the n-th ct_pg_new of every rank agrees on it without coordination)
- * and sets up the transport under the keys ct/pg/<generation>/... (TCP, or shared
- * memory when every rank runs on one host: dist/shm_setup.c); then the ranks
+ * and sets up the transport under the keys ct/pg/<generation>/... (TCP, shared
+ * memory when every rank runs on one node, or both: dist/shm_setup.c); then the ranks
  * run a dissemination barrier, "init" (seq 0), whose signature carries the world
  * size: it proves every pair of ranks can talk and that they agree on the size.
  * After it, no rank uses the store again, so a store made here is freed.
@@ -25,6 +25,7 @@
 #include "dist/comm_internal.h"
 #include "dist/env.h"
 #include "dist/shm_internal.h"
+#include "dist/tcp_internal.h"
 
 /* The root group's id; sub-groups mix it with their creation index. */
 #define ROOT_ID 1u
@@ -142,6 +143,11 @@ ct_pg *ct_pg_new(const ct_pg_config *cfg)
     }
     bool async = c.async_collectives;
     if (env_direct(&async)) return NULL;
+    int port_lo, port_hi;
+    if (c.world_size > 1 && cti_tcp_port_range(&port_lo, &port_hi)) { /* before a rank waits on the others */
+        ct_error_prefix("ct_pg_new: rank %d of %d: ", c.rank, c.world_size);
+        return NULL;
+    }
     ct_pg *g = pg_alloc(c.rank, c.world_size, ROOT_ID, c.timeout_s, ring_min, chunk);
     if (!g || c.world_size == 1) return g;
 
@@ -245,6 +251,23 @@ int ct_pg_size(const ct_pg *g) { return g ? g->size : 0; }
 
 /* The link's transport is set before the group is returned and never changes. */
 const char *ct_pg_transport(const ct_pg *g) { return !g ? NULL : g->grp ? g->grp->L->tp->ops->name : "none"; }
+
+ct_status ct_pg_link_stats_get(const ct_pg *g, ct_pg_link_stats *out)
+{
+    if (!g || !out)
+        return ct_error_set(CT_ERR_INVALID, "ct_pg_link_stats_get: NULL %s", g ? "output" : "group");
+    *out = (ct_pg_link_stats){0};
+    if (!g->grp) return CT_OK;
+    /* the transport is set before the group is returned and freed after its last group */
+    const ct_transport *tp = g->grp->L->tp;
+    ct_link_count c = {.peers = {0}};
+    tp->ops->stats(tp, &c);
+    out->shm_peers = c.peers[CT_LINK_SHM];
+    out->tcp_peers = c.peers[CT_LINK_TCP];
+    out->shm_bytes = c.bytes[CT_LINK_SHM];
+    out->tcp_bytes = c.bytes[CT_LINK_TCP];
+    return CT_OK;
+}
 
 void ct_pg_free(ct_pg *g)
 {

@@ -55,12 +55,18 @@
  * thread. ct_pg_new and ct_pg_new_subgroup are collective over their ranks and block;
  * create groups after fork(), never before (the communication thread does not survive
  * a fork).
+ *
+ * Nodes. Ranks on one node (same boot id, host name and network namespace, or the
+ * same CTRAIN_NODE_ID) talk through shared-memory rings, ranks on different nodes over
+ * TCP, within one group ("shm+tcp"). A lost or silent peer is named with its node:
+ * "rank 3 closed its connection: ... [at 10.0.0.3, host node1]".
  */
 #ifndef CT_DIST_PG_H
 #define CT_DIST_PG_H
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "core/api.h"
 #include "core/error.h"
@@ -84,9 +90,12 @@ typedef struct ct_pg_config {
     ct_store *store;         /* optional: rendezvous through this store (borrowed; it must
                               * outlive ct_pg_new only); master_addr/port are then unused */
     const char *transport;   /* "auto" (default; CTRAIN_TRANSPORT when NULL): "shm" when every
-                              * rank runs on this host, else "tcp"; "tcp": TCP connections;
-                              * "shm": shared-memory rings (an error when ranks are on other
-                              * hosts). Every rank must ask for the same one. */
+                              * rank runs on this node, "shm+tcp" when some ranks share a
+                              * node and others do not (rings within a node, TCP across),
+                              * else "tcp"; "tcp": TCP connections only; "shm": shared-memory
+                              * rings (an error when ranks are on other nodes). A node is a
+                              * boot id, host name and network namespace, or the value of
+                              * CTRAIN_NODE_ID when set. Every rank must ask for the same one. */
     /* Tuning; every rank must use the same values (a difference is reported as a
      * desync). Sub-groups inherit them. */
     size_t ring_min_bytes; /* allreduce: recursive doubling below, ring from here; default 64 KiB */
@@ -120,9 +129,25 @@ CT_API ct_pg *ct_pg_new_subgroup(ct_pg *parent, const int *ranks, int n);
 CT_API int ct_pg_rank(const ct_pg *g); /* -1 for NULL */
 /* Number of ranks in g; 0 for NULL. */
 CT_API int ct_pg_size(const ct_pg *g); /* 0 for NULL */
-/* The transport the group's messages use: "tcp", "shm", "none" for a group of one
- * rank (static strings); NULL for NULL. Sub-groups use their parent's. */
+/* The transport the group's messages use: "tcp", "shm", "shm+tcp" (rings to the
+ * peers on this rank's node, TCP to the others), "none" for a group of one rank
+ * (static strings); NULL for NULL. Sub-groups use their parent's. */
 CT_API const char *ct_pg_transport(const ct_pg *g);
+
+/* What this rank's links carry, per kind: how many peers it reaches over shared-memory
+ * rings and over TCP, and the payload bytes it has sent to them since the transport
+ * was made (message payloads handed to the transport, headers not counted; on "shm"
+ * also the direct allreduce's input put in shared memory for the peers). Counted per
+ * transport, which a world group shares with its sub-groups: the figures cover all of
+ * them. A group of one rank: all zero. */
+typedef struct ct_pg_link_stats {
+    int shm_peers, tcp_peers;
+    int64_t shm_bytes, tcp_bytes;
+} ct_pg_link_stats;
+
+/* Fills *out with what this rank's links carry (peers and payload bytes per kind,
+ * ct_pg_link_stats above); CT_ERR_INVALID for NULL arguments. */
+CT_API ct_status ct_pg_link_stats_get(const ct_pg *g, ct_pg_link_stats *out);
 /* Bytes this rank has sent on g since it was made, as ring algorithms send them,
  * counted per collective when it is submitted from its size S bytes and the group's n
  * ranks: allreduce 2 (n-1)/n S, reduce-scatter (n-1)/n S (S the input), allgather

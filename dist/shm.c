@@ -18,6 +18,10 @@
  * A dead peer. The kernel closes a dead process's sockets: the doorbell reads EOF (or
  * a reset). What the peer wrote before is still delivered (its goodbye, say); then
  * the peer is reported gone, exactly as the TCP transport does.
+ *
+ * Peers without rings (on another node) are not this transport's: the composite
+ * transport (dist/mux.c) sends to them over TCP. Only a transport with every rank
+ * as its peer has the direct allreduce's slots.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -71,10 +75,11 @@ struct shm_tp {
     uv_idle_t idle;
     bool idle_open, idle_on;
     shm_send *done, *done_tail; /* complete sends whose callbacks have not run */
-    int open_handles;
+    int open_handles, npeers;
     bool closing;
     void (*closed)(ct_transport *t, void *arg);
     void *closed_arg;
+    _Atomic int64_t sent; /* payload bytes queued to peers (the loop writes, any thread reads) */
 };
 
 static size_t min_sz(uint64_t a, uint64_t b) { return (size_t)(a < b ? a : b); }
@@ -272,6 +277,7 @@ static ct_status shm_send_msg(ct_transport *t, int peer, const ct_msg *m, const 
     if (p->q_tail) p->q_tail->next = s;
     else p->q = s;
     p->q_tail = s;
+    atomic_fetch_add_explicit(&tp->sent, m->len, memory_order_relaxed);
     tx_pump(p);
     /* the space only grows while this rank is the one writing */
     CT_ASSERT(!now || p->closing || s->off == total);
@@ -413,8 +419,8 @@ static ct_status shm_start(ct_transport *t, uv_loop_t *loop, const ct_transport_
     tp->idle_open = true;
     tp->open_handles++;
     for (int i = 0; i < t->size; i++) {
-        if (i == t->rank) continue;
         shm_peer *p = &tp->peers[i];
+        if (i == t->rank || !p->tx) continue; /* not a peer of this transport */
         int rc = uv_poll_init(loop, &p->poll, p->fd);
         if (rc < 0) {
             /* never watched: the peer is lost to this rank */
@@ -476,15 +482,27 @@ static void shm_free(ct_transport *t)
         }
     }
     cti_shm_direct_free(tp->direct);
-    for (int i = 0; i < t->size; i++) unmap(tp->slots[i], tp->slots[i] ? tp->slots[i]->capacity : 0);
+    for (int i = 0; tp->slots && i < t->size; i++) unmap(tp->slots[i], tp->slots[i] ? tp->slots[i]->capacity : 0);
     free(tp->slots);
     free(tp->peers);
+    cti_transport_base_free(t);
     free(tp);
 }
 
+static void shm_stats(const ct_transport *t, ct_link_count *out)
+{
+    shm_tp *tp = (shm_tp *)t;
+    out->peers[CT_LINK_SHM] += tp->npeers;
+    out->bytes[CT_LINK_SHM] +=
+        atomic_load_explicit(&tp->sent, memory_order_relaxed) + (tp->direct ? cti_shm_direct_bytes(tp->direct) : 0);
+}
 
-static const ct_transport_ops shm_ops = {
-    .name = "shm", .start = shm_start, .send = shm_send_msg, .close = shm_close, .free = shm_free};
+static const ct_transport_ops shm_ops = {.name = "shm",
+                                         .start = shm_start,
+                                         .send = shm_send_msg,
+                                         .close = shm_close,
+                                         .free = shm_free,
+                                         .stats = shm_stats};
 
 ct_shm_direct *cti_shm_transport_direct(ct_transport *t)
 {
@@ -496,15 +514,15 @@ ct_transport *cti_shm_transport_wrap(int rank, int size, int *fds, ct_shm_ring *
 {
     shm_tp *tp = calloc(1, sizeof *tp);
     if (tp) tp->peers = calloc((size_t)size, sizeof *tp->peers);
-    if (tp && tp->peers) tp->direct = cti_shm_direct_new(rank, size, (void *const *)slots, slot, spin_s);
-    if (!tp || !tp->peers || !tp->direct) {
+    if (tp && tp->peers && slots) tp->direct = cti_shm_direct_new(rank, size, (void *const *)slots, slot, spin_s);
+    if (!tp || !tp->peers || (slots && !tp->direct)) {
         if (tp) free(tp->peers);
         free(tp);
         for (int p = 0; p < size; p++) {
             if (fds[p] >= 0) close(fds[p]);
             if (tx[p]) unmap(tx[p], tx[p]->capacity);
             if (rx[p]) unmap(rx[p], rx[p]->capacity);
-            if (slots[p]) unmap(slots[p], slots[p]->capacity);
+            if (slots && slots[p]) unmap(slots[p], slots[p]->capacity);
         }
         free(fds);
         free(tx);
@@ -522,10 +540,11 @@ ct_transport *cti_shm_transport_wrap(int rank, int size, int *fds, ct_shm_ring *
         p->tp = tp;
         p->peer = i;
         p->fd = fds[i];
-        p->closing = i == rank;
+        p->closing = i == rank || !tx[i];
         p->tx = tx[i];
         p->rx = rx[i];
-        if (i == rank) continue;
+        if (p->closing) continue;
+        tp->npeers++;
         p->txcap = p->tx->capacity;
         p->rxcap = p->rx->capacity;
         p->txd = (uint8_t *)p->tx + CT_SHM_CTL_BYTES;

@@ -25,7 +25,13 @@ struct ct_shm_direct {
     uint64_t k;          /* chunks run so far (every rank's count is the same) */
     void *acc, *tmp;     /* a chunk in the accumulation dtype, twice */
     double spin_s;
+    _Atomic int64_t bytes; /* put in the own slot for the others (cti_shm_direct_bytes) */
 };
+
+int64_t cti_shm_direct_bytes(const ct_shm_direct *d)
+{
+    return atomic_load_explicit(&((ct_shm_direct *)d)->bytes, memory_order_relaxed);
+}
 
 static double now_s(void) { return (double)uv_hrtime() * 1e-9; }
 
@@ -232,15 +238,21 @@ static void fail_wait(ct_shm_direct *d, ct_comm_group *grp, ct_work *w, wait_res
     size_t n = (size_t)snprintf(text, sizeof text, "%s timed out after %g s at rank %d; not heard from:", title,
                                 grp->timeout_s, d->rank);
     int listed = 0;
-    for (int i = 0; i < d->size && n < sizeof text - 200; i++) {
+    char at[CT_PEER_WHERE + 16];
+    for (int i = 0; i < d->size && n < sizeof text - 600; i++) {
         if (i == d->rank) continue;
         uint64_t s = atomic_load(&d->ctl[i]->seq);
         cti_comm_rank_name(grp, i, who, sizeof who);
         if (s < w->seq)
-            n += (size_t)snprintf(text + n, sizeof text - n, "%s %s (has not called it; its last collective is #%llu)",
-                                  listed++ ? "," : "", who, (unsigned long long)s);
+            n += (size_t)snprintf(text + n, sizeof text - n, "%s %s (has not called it; its last collective is #%llu)%s",
+                                  listed++ ? "," : "", who, (unsigned long long)s,
+                                  cti_comm_rank_where(grp, i, at, sizeof at));
     }
-    if (!listed) snprintf(text + n, sizeof text - n, " %s (called it, then stopped: is it stuck?)", who);
+    if (!listed && q >= 0)
+        snprintf(text + n, sizeof text - n, " %s (called it, then stopped: is it stuck?)%s",
+                 cti_comm_rank_name(grp, q, who, sizeof who), cti_comm_rank_where(grp, q, at, sizeof at));
+    else if (!listed)
+        snprintf(text + n, sizeof text - n, " %s (called it, then stopped: is it stuck?)", who);
     fail(grp, w, CT_ERR_TIMEOUT, text);
 }
 
@@ -358,6 +370,8 @@ void cti_shm_direct_allreduce(ct_shm_direct *d, ct_comm_group *grp, ct_work *w)
         uint8_t *slot = d->data[d->rank] + buf;
         if (lo > 0) memcpy(slot, in + (size_t)e0 * es, (size_t)lo * es);
         if (m > hi) memcpy(slot + (size_t)hi * es, in + (size_t)(e0 + hi) * es, (size_t)(m - hi) * es);
+        /* the others read these segments now and this rank's reduced one below: m elements */
+        atomic_fetch_add_explicit(&d->bytes, m * (int64_t)es, memory_order_relaxed);
         post(d, &me->posted, k + 1);
 
         if ((r = wait_for(d, grp, w, F_POSTED, k + 1, &who)) != WAIT_OK) goto failed;

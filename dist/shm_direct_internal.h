@@ -80,6 +80,9 @@ typedef struct ct_comm_group ct_comm_group;
  * NULL with the error set. */
 ct_shm_direct *cti_shm_direct_new(int rank, int size, void *const *segs, size_t slot, double spin_s);
 void cti_shm_direct_free(ct_shm_direct *d);
+/* Bytes this rank has put in its slot for the others to read (its input of every
+ * direct allreduce); any thread. */
+int64_t cti_shm_direct_bytes(const ct_shm_direct *d);
 /* The slot segment's size for slot bytes per buffer. */
 size_t cti_shm_direct_seg_bytes(size_t slot);
 

@@ -49,9 +49,11 @@ _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2 && ATOMIC_INT_LOCK_FREE == 2,
 
 /* The loop side over set-up segments. fds[p]: the TCP connection to rank p (the
  * doorbell; -1 at rank); tx[p], rx[p]: the mapped segments rank -> p and p -> rank,
- * each CT_SHM_CTL_BYTES + capacity bytes (NULL at rank); slots[q]: rank q's
+ * each CT_SHM_CTL_BYTES + capacity bytes (NULL at rank, and both NULL with fds[p] -1
+ * for a peer on another node: not this transport's); slots[q]: rank q's
  * direct-allreduce segment (dist/shm_direct_internal.h; capacity 2 * slot; spin_s as in
- * cti_shm_direct_new). Takes all of them
+ * cti_shm_direct_new), or slots NULL for no direct allreduce (a transport that serves
+ * only some of the ranks). Takes all of them
  * (malloc'd arrays, sockets, mappings), also on failure (NULL, error set). */
 ct_transport *cti_shm_transport_wrap(int rank, int size, int *fds, ct_shm_ring **tx, ct_shm_ring **rx,
                                      ct_shm_ring **slots, size_t slot, double spin_s);
@@ -61,12 +63,13 @@ ct_transport *cti_shm_transport_wrap(int rank, int size, int *fds, ct_shm_ring *
 struct ct_shm_direct *cti_shm_transport_direct(ct_transport *t);
 
 /* Sets up the transport that want names: "tcp", "shm", or "auto" ("shm" when every
- * rank runs on this host and asked for "auto" or "shm" and the segments could be
- * made, else "tcp"). Publishes "<want> <job id> <boot id> <host name>" under
- * <prefix>/host/<rank> before the TCP setup (dist/tcp_setup.c), whose connections
- * both transports use, and decides from every rank's entry after it, so that every
- * rank decides the same. New transport owned by the caller; NULL with the error set
- * (a forced "shm" across hosts names the ranks elsewhere; disagreeing ranks are
+ * rank runs on this node and asked for "auto" or "shm" and the segments could be
+ * made; "shm+tcp" when some ranks share a node and others do not; else "tcp").
+ * Publishes "<want> <job id> <node> <host name>" under <prefix>/host/<rank> before
+ * the TCP setup (dist/tcp_setup.c), whose connections every transport uses, and
+ * decides from every rank's entry after it, so that every rank decides the same.
+ * New transport owned by the caller, its where[] filled in; NULL with the error set
+ * (a forced "shm" across nodes names the ranks elsewhere; disagreeing ranks are
  * named). */
 ct_transport *cti_transport_select(const ct_transport_setup *s, const char *want);
 

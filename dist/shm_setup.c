@@ -1,29 +1,45 @@
 /* Choosing the transport, and the shared-memory transport's setup, on the caller's
  * thread; every step is bounded by the deadline (the group timeout). The loop side is
- * in dist/shm.c, the ring protocol in dist/shm_internal.h.
+ * in dist/shm.c, the ring protocol in dist/shm_internal.h, the composite transport
+ * in dist/mux.c.
  *
- * Choice. Every rank publishes "<want> <job id> <boot id> <host name>" under
+ * Node. Two ranks are on one node when they share the boot id, the host name and the
+ * network namespace (the device and inode of /proc/self/ns/net): containers or
+ * `ip netns` test clusters on one machine are as many nodes. CTRAIN_NODE_ID, when set
+ * and not empty, replaces the boot id and the namespace (ranks with the same value
+ * and host name are one node), so that tests on one machine can play several nodes.
+ *
+ * Choice. Every rank publishes "<want> <job id> <node> <host name>" under
  * <prefix>/host/<rank> (the job id is rank 0's, 16 hex digits of random; the others
- * write 0), then makes the TCP connections (dist/tcp_setup.c). A peer publishes its
- * entry before its address, so once connected every rank finds every entry and
- * decides the same: shm when no rank asked for "tcp" and every rank has rank 0's boot
- * id and host name; a rank that asked for "shm" when that does not hold makes every
- * rank fail, naming the ranks on other hosts or those that asked for "tcp". A peer
- * without an entry (not this code) counts as asking for "tcp".
+ * write 0; node: "<boot id>/<dev>:<inode>" or "id=<CTRAIN_NODE_ID>"), then makes the
+ * TCP connections (dist/tcp_setup.c). A peer publishes its entry before its address,
+ * so once connected every rank finds every entry and decides the same:
+ *   - "tcp" when some rank asked for it (a peer without an entry, not this code, counts
+ *     as asking for "tcp"); some asking for "shm" then is an error naming the others;
+ *   - "shm" when every rank has rank 0's node and host name;
+ *   - else, when some rank asked for "shm", every rank fails naming the ranks not on
+ *     rank 0's node;
+ *   - else "shm+tcp" when two ranks share a node: rings to the peers on this rank's
+ *     node, TCP to the others (a rank alone on its node has no rings; it uses the
+ *     composite transport all the same);
+ *   - else "tcp".
  *
- * Segments, two rounds of one byte on every connection:
+ * Segments, two rounds of one byte on every connection to a peer on this node:
  *   1. each rank creates, sizes (reserving the pages: a full /dev/shm fails here, not
- *      with SIGBUS later) and maps its segment to each peer, /ctrain-<job>-<from>-<to>,
- *      and its direct-allreduce slot (dist/shm_direct_internal.h), /ctrain-<job>-<r>-<r>, then
- *      sends 'S' (or 'F') and reads every peer's byte;
- *   2. if every rank said 'S', each opens its peers' segments, unlinks each at once
+ *      with SIGBUS later) and maps its segment to each such peer,
+ *      /ctrain-<job>-<from>-<to>, and with "shm" its direct-allreduce slot
+ *      (dist/shm_direct_internal.h), /ctrain-<job>-<r>-<r>, then sends 'S' (or 'F') and
+ *      reads every such peer's byte;
+ *   2. if every one said 'S', each opens its peers' segments, unlinks each at once
  *      (its mapping and the producer's keep it alive) and maps it, maps every peer's
  *      slot, then sends 'M' (or 'F') and reads every peer's byte; after 'M' from all,
  *      each rank unlinks its own slot.
  * After round 2 no name is left in /dev/shm. On any failure every rank unlinks both
- * directions' names for every peer (ENOENT is fine), so a rank killed during the setup
- * leaves nothing behind either; with "auto" the ranks then agree on TCP over the same
- * connections (they read exactly the handshake's bytes), with "shm" they fail.
+ * directions' names for every peer on its node (ENOENT is fine), so a rank killed
+ * during the setup leaves nothing behind either; with "auto" the ranks of that node
+ * then agree on TCP over the same connections (they read exactly the handshake's
+ * bytes; the ranks of a node decide together, so every pair agrees on its link, and
+ * such a node's ranks report "tcp"), with "shm" they fail.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -48,25 +64,47 @@
  * connection, so only a peer that never publishes one waits this long. */
 #define ENTRY_WAIT_S 0.25
 
+#define NODE_CAP 128
+
 typedef struct entry {
     bool present;
-    char want[8], boot[64], host[256];
+    char want[8], node[NODE_CAP], host[256];
     unsigned long long job;
 } entry;
 
-
-static void host_identity(char *boot, size_t bcap, char *host, size_t hcap)
+static void no_blanks(char *s)
 {
-    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
-    if (!f || !fgets(boot, (int)bcap, f)) boot[0] = '\0';
-    if (f) fclose(f);
-    boot[strcspn(boot, " \t\r\n")] = '\0';
-    if (!boot[0]) snprintf(boot, bcap, "-");
+    for (char *c = s; *c; c++)
+        if (*c == ' ' || *c == '\t' || *c == '\n' || *c == '\r') *c = '_';
+}
+
+/* This rank's node (see the header) and host name, without blanks. */
+static void node_identity(char *node, size_t ncap, char *host, size_t hcap)
+{
+    const char *id = getenv("CTRAIN_NODE_ID");
+    if (id && *id) {
+        snprintf(node, ncap, "id=%s", id);
+    } else {
+        char boot[64];
+        FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+        if (!f || !fgets(boot, (int)sizeof boot, f)) boot[0] = '\0';
+        if (f) fclose(f);
+        boot[strcspn(boot, " \t\r\n")] = '\0';
+        struct stat ns;
+        if (stat("/proc/self/ns/net", &ns)) memset(&ns, 0, sizeof ns); /* no namespaces: one per boot */
+        snprintf(node, ncap, "%s/%llx:%llx", boot[0] ? boot : "-", (unsigned long long)ns.st_dev,
+                 (unsigned long long)ns.st_ino);
+    }
+    no_blanks(node);
     if (gethostname(host, hcap)) host[0] = '\0';
     host[hcap - 1] = '\0';
-    for (char *c = host; *c; c++)
-        if (*c == ' ' || *c == '\t' || *c == '\n') *c = '_';
+    no_blanks(host);
     if (!host[0]) snprintf(host, hcap, "-");
+}
+
+static bool same_node(const entry *a, const entry *b)
+{
+    return a->present && b->present && !strcmp(a->node, b->node) && !strcmp(a->host, b->host);
 }
 
 /* A tuning variable: dflt when unset or empty, else a number in lo .. hi (a multiple
@@ -179,12 +217,12 @@ static ct_shm_ring *seg_open(unsigned long long job, int from, int to, char *why
 /* One round: sends mine to every peer, reads every peer's byte. Returns the error
  * (connection lost, no answer, a byte that is not ok or fail); *failed = the lowest
  * rank that said 'F', or -1. */
-static ct_status handshake(const ct_transport_setup *s, const int *fds, char mine, char ok, double deadline,
-                           int *failed)
+static ct_status handshake(const ct_transport_setup *s, const int *fds, const bool *local, char mine, char ok,
+                           double deadline, int *failed)
 {
     *failed = -1;
     for (int q = 0; q < s->size; q++) {
-        if (q == s->rank) continue;
+        if (q == s->rank || !local[q]) continue;
         ssize_t k;
         do k = send(fds[q], &mine, 1, MSG_NOSIGNAL); /* an empty socket buffer takes it */
         while (k < 0 && errno == EINTR);
@@ -193,7 +231,7 @@ static ct_status handshake(const ct_transport_setup *s, const int *fds, char min
                                 k < 0 ? strerror(errno) : "short write");
     }
     for (int q = 0; q < s->size; q++) {
-        if (q == s->rank) continue;
+        if (q == s->rank || !local[q]) continue;
         char b = 0;
         for (;;) {
             int r = cti_dist_wait_fd(fds[q], POLLIN, deadline);
@@ -221,33 +259,37 @@ static ct_status handshake(const ct_transport_setup *s, const int *fds, char min
     return CT_OK;
 }
 
-/* The shm transport over the connected sockets fds (taken); with fallback, a failure
- * to make the segments that every rank sees gives the TCP transport instead. */
-static ct_transport *shm_setup(const ct_transport_setup *s, int *fds, unsigned long long job, bool fallback,
-                               double deadline)
+/* The transport over the connected sockets fds (taken) when the peers with local[q]
+ * share this rank's node: with all (mixed false) the shm transport and its direct
+ * allreduce; with some, rings to those and TCP to the others ("shm+tcp"). With
+ * fallback, a failure to make the segments that every local peer sees gives the TCP
+ * transport instead. */
+static ct_transport *shm_setup(const ct_transport_setup *s, int *fds, const bool *local, bool mixed,
+                               unsigned long long job, bool fallback, double deadline)
 {
     ct_shm_ring **tx = calloc((size_t)s->size, sizeof *tx), **rx = calloc((size_t)s->size, sizeof *rx);
-    /* slots[q]: rank q's direct-allreduce segment, q -> q (this rank's own included) */
-    ct_shm_ring **slots = calloc((size_t)s->size, sizeof *slots);
+    /* slots[q]: rank q's direct-allreduce segment, q -> q (this rank's own included); none when mixed */
+    ct_shm_ring **slots = mixed ? NULL : calloc((size_t)s->size, sizeof *slots);
     uint64_t cap, slot;
     double spin;
     char why[384] = "";
     ct_status st = CT_OK;
     bool mine = true;
     int failed = -1;
-    if (!tx || !rx || !slots) {
+    if (!tx || !rx || (!mixed && !slots)) {
         st = ct_error_set(CT_ERR_NOMEM, "shm: out of memory setting up the transport for %d ranks", s->size);
         goto fail;
     }
     if ((st = shm_knobs(&cap, &slot, &spin))) goto fail;
     for (int q = 0; q < s->size && mine; q++)
-        if (q != s->rank && !(tx[q] = seg_create(job, s->rank, q, cap, why, sizeof why))) mine = false;
-    if (mine && !(slots[s->rank] = seg_create(job, s->rank, s->rank, 2 * slot, why, sizeof why))) mine = false;
-    if ((st = handshake(s, fds, mine ? 'S' : 'F', 'S', deadline, &failed))) goto fail;
+        if (q != s->rank && local[q] && !(tx[q] = seg_create(job, s->rank, q, cap, why, sizeof why))) mine = false;
+    if (mine && slots && !(slots[s->rank] = seg_create(job, s->rank, s->rank, 2 * slot, why, sizeof why)))
+        mine = false;
+    if ((st = handshake(s, fds, local, mine ? 'S' : 'F', 'S', deadline, &failed))) goto fail;
     if (mine && failed < 0) {
         for (int q = 0; q < s->size && mine; q++)
-            if (q != s->rank && !(rx[q] = seg_open(job, q, s->rank, why, sizeof why))) mine = false;
-        for (int q = 0; q < s->size && mine; q++) {
+            if (q != s->rank && local[q] && !(rx[q] = seg_open(job, q, s->rank, why, sizeof why))) mine = false;
+        for (int q = 0; slots && q < s->size && mine; q++) {
             if (q == s->rank) continue;
             if (!(slots[q] = seg_open(job, q, q, why, sizeof why))) mine = false;
             else if (slots[q]->capacity != 2 * slot) {
@@ -258,19 +300,35 @@ static ct_transport *shm_setup(const ct_transport_setup *s, int *fds, unsigned l
                 mine = false;
             }
         }
-        if ((st = handshake(s, fds, mine ? 'M' : 'F', 'M', deadline, &failed))) goto fail;
+        if ((st = handshake(s, fds, local, mine ? 'M' : 'F', 'M', deadline, &failed))) goto fail;
     }
-    if (mine && failed < 0) {
+    if (mine && failed < 0 && slots) {
         /* every peer has mapped this rank's slot (it said 'M') */
         char name[96];
         seg_name(name, sizeof name, job, s->rank, s->rank);
         shm_unlink(name);
     }
-    if (mine && failed < 0) return cti_shm_transport_wrap(s->rank, s->size, fds, tx, rx, slots, (size_t)slot, spin);
+    if (mine && failed < 0 && !mixed)
+        return cti_shm_transport_wrap(s->rank, s->size, fds, tx, rx, slots, (size_t)slot, spin);
+    if (mine && failed < 0) {
+        /* the sockets split: the local peers' ring the doorbells, the others carry data */
+        int *far = malloc((size_t)s->size * sizeof *far);
+        if (!far) {
+            st = ct_error_set(CT_ERR_NOMEM, "shm+tcp: out of memory setting up the transport for %d ranks", s->size);
+            goto fail;
+        }
+        for (int q = 0; q < s->size; q++) {
+            far[q] = local[q] ? -1 : fds[q];
+            if (!local[q]) fds[q] = -1;
+        }
+        ct_transport *near = cti_shm_transport_wrap(s->rank, s->size, fds, tx, rx, NULL, (size_t)slot, spin);
+        ct_transport *tcp = cti_tcp_transport_wrap(s->rank, s->size, far);
+        return cti_mux_transport_new(s->rank, s->size, near, tcp, local);
+    }
 
 fail:
     for (int q = 0; q < s->size; q++) {
-        if (q == s->rank) continue;
+        if (q == s->rank || !local[q]) continue;
         char name[96];
         seg_name(name, sizeof name, job, s->rank, q);
         shm_unlink(name);
@@ -279,7 +337,7 @@ fail:
         if (tx && tx[q]) munmap(tx[q], CT_SHM_CTL_BYTES + tx[q]->capacity);
         if (rx && rx[q]) munmap(rx[q], CT_SHM_CTL_BYTES + rx[q]->capacity);
     }
-    for (int q = 0; q < s->size; q++) {
+    for (int q = 0; !mixed && q < s->size; q++) {
         char name[96];
         seg_name(name, sizeof name, job, q, q);
         shm_unlink(name); /* ENOENT for the peers' that were opened (and unlinked) */
@@ -312,24 +370,47 @@ static void rank_list(const bool *bad, int n, char *out, size_t cap)
         if (bad[q]) k += (size_t)snprintf(out + k, cap - k, "%s%d", k ? ", " : "", q);
 }
 
+/* where[q] = "<ip>, host <name>" from q's TCP address and host entry, for messages. */
+static char (*peer_places(const ct_transport_setup *s, const entry *e))[CT_PEER_WHERE]
+{
+    char(*where)[CT_PEER_WHERE] = calloc((size_t)s->size, sizeof *where);
+    if (!where) return NULL; /* the messages then name ranks only */
+    for (int q = 0; q < s->size; q++) {
+        char key[CT_STORE_MAX_KEY], ip[128] = "?";
+        char *v = NULL;
+        size_t len = 0;
+        snprintf(key, sizeof key, "%s/addr/%d", s->prefix, q);
+        /* every peer published its address before it connected */
+        if (!ct_store_get(s->store, key, ENTRY_WAIT_S, (void **)&v, &len)) {
+            if (sscanf(v, "%127s", ip) != 1) snprintf(ip, sizeof ip, "?");
+            free(v);
+        }
+        snprintf(where[q], CT_PEER_WHERE, "%s, host %.255s", ip, e[q].present ? e[q].host : "?");
+    }
+    ct_error_clear();
+    return where;
+}
+
 ct_transport *cti_transport_select(const ct_transport_setup *s, const char *want)
 {
     double deadline = cti_dist_now() + s->timeout_s;
     entry *e = calloc((size_t)s->size, sizeof *e);
-    bool *bad = calloc((size_t)s->size, sizeof *bad);
+    bool *bad = calloc((size_t)s->size, sizeof *bad), *local = calloc((size_t)s->size, sizeof *local);
     int *fds = NULL;
+    char(*where)[CT_PEER_WHERE] = NULL;
+    ct_transport *t = NULL;
     char key[CT_STORE_MAX_KEY], val[512];
-    if (!e || !bad) {
+    if (!e || !bad || !local) {
         ct_error_set(CT_ERR_NOMEM, "transport: out of memory choosing the transport for %d ranks", s->size);
         goto fail;
     }
     unsigned long long job = 0;
     if (s->rank == 0 && getrandom(&job, sizeof job, 0) != (ssize_t)sizeof job)
         job = (unsigned long long)getpid() * 0x9e3779b97f4a7c15u ^ (unsigned long long)(cti_dist_now() * 1e9);
-    char boot[64], host[256];
-    host_identity(boot, sizeof boot, host, sizeof host);
+    char node[NODE_CAP], host[256];
+    node_identity(node, sizeof node, host, sizeof host);
     snprintf(key, sizeof key, "%s/host/%d", s->prefix, s->rank);
-    int n = snprintf(val, sizeof val, "%s %016llx %s %s", want, job, boot, host);
+    int n = snprintf(val, sizeof val, "%s %016llx %s %s", want, job, node, host);
     if (ct_store_set(s->store, key, val, (size_t)n)) {
         ct_error_prefix("transport: ");
         goto fail;
@@ -348,17 +429,20 @@ ct_transport *cti_transport_select(const ct_transport_setup *s, const char *want
             goto fail;
         }
         entry *x = &e[q];
-        x->present = sscanf(v, "%7s %llx %63s %255s", x->want, &x->job, x->boot, x->host) == 4;
+        x->present = sscanf(v, "%7s %llx %127s %255s", x->want, &x->job, x->node, x->host) == 4;
         free(v);
     }
     ct_error_clear();
-    bool any_shm = false, any_tcp = false, elsewhere = false;
+    where = peer_places(s, e);
+    bool any_shm = false, any_tcp = false, elsewhere = false, pair = false;
     for (int q = 0; q < s->size; q++) {
         bool tcp = !e[q].present || !strcmp(e[q].want, "tcp");
         any_tcp |= tcp;
         any_shm |= e[q].present && !strcmp(e[q].want, "shm");
-        bad[q] = e[q].present && (strcmp(e[q].boot, e[0].boot) || strcmp(e[q].host, e[0].host));
+        bad[q] = e[q].present && !same_node(&e[q], &e[0]);
         elsewhere |= !e[q].present || bad[q];
+        local[q] = q != s->rank && same_node(&e[q], &e[s->rank]);
+        for (int r = 0; r < q; r++) pair |= same_node(&e[q], &e[r]);
     }
     char list[256];
     if (any_shm && any_tcp) {
@@ -375,27 +459,41 @@ ct_transport *cti_transport_select(const ct_transport_setup *s, const char *want
         for (int q = 0; q < s->size; q++)
             if (bad[q] && first < 0) first = q;
         rank_list(bad, s->size, list, sizeof list);
-        ct_error_set(CT_ERR_INVALID,
-                     "transport: \"shm\" needs every rank on one host, but rank(s) %s run on another host (rank %d "
-                     "on '%s', rank 0 on '%s'); use transport \"auto\" or \"tcp\"",
-                     list, first, e[first].host, e[0].host);
+        if (strcmp(e[first].host, e[0].host))
+            ct_error_set(CT_ERR_INVALID,
+                         "transport: \"shm\" needs every rank on one host, but rank(s) %s run on another host (rank "
+                         "%d on '%s', rank 0 on '%s'); use transport \"auto\" or \"tcp\"",
+                         list, first, e[first].host, e[0].host);
+        else
+            ct_error_set(CT_ERR_INVALID,
+                         "transport: \"shm\" needs every rank on one node, but rank(s) %s run on another node of host "
+                         "'%s' (rank %d's node '%s', rank 0's '%s': another network namespace or CTRAIN_NODE_ID); use "
+                         "transport \"auto\" or \"tcp\"",
+                         list, e[0].host, first, e[first].node, e[0].node);
         goto fail;
     }
-    free(bad);
-    if (any_tcp || elsewhere) {
-        free(e);
-        return cti_tcp_transport_wrap(s->rank, s->size, fds);
+    if (any_tcp || (elsewhere && !pair)) {
+        t = cti_tcp_transport_wrap(s->rank, s->size, fds);
+    } else {
+        job = e[0].job;
+        t = shm_setup(s, fds, local, elsewhere, job, !any_shm, deadline);
     }
-    job = e[0].job;
+    fds = NULL; /* taken */
+    if (!t) goto fail;
+    t->where = where;
     free(e);
-    return shm_setup(s, fds, job, !any_shm, deadline);
+    free(bad);
+    free(local);
+    return t;
 
 fail:
     if (fds)
         for (int q = 0; q < s->size; q++)
             if (fds[q] >= 0) close(fds[q]);
     free(fds);
+    free(where);
     free(e);
     free(bad);
+    free(local);
     return NULL;
 }

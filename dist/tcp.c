@@ -10,8 +10,12 @@
  * Sending. Header and payload go out in one uv_write (two buffers); without a copy
  * the payload is read in place until the write callback. A failed write or read, an
  * EOF, or bytes that are not a frame close that connection and tell the handler once.
+ *
+ * Peers without a connection (fds[p] == -1 at wrap time) are not this transport's:
+ * the composite transport (dist/mux.c) sends to them over shared memory.
  */
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,10 +43,11 @@ struct tcp_tp {
     tcp_conn *conns;
     ct_transport_handler h;
     uint8_t *stage;
-    int open_handles;
+    int open_handles, npeers;
     bool closing;
     void (*closed)(ct_transport *t, void *arg);
     void *closed_arg;
+    _Atomic int64_t sent; /* payload bytes queued to peers (the loop writes, any thread reads) */
 };
 
 typedef struct tcp_send {
@@ -113,6 +118,7 @@ static ct_status tcp_send_msg(ct_transport *t, int peer, const ct_msg *m, const 
         conn_fail(c, CT_ERR_PEER, true, "refused a write (%s)", uv_strerror(rc));
         return CT_ERR_PEER;
     }
+    atomic_fetch_add_explicit(&tp->sent, m->len, memory_order_relaxed);
     return CT_OK;
 }
 
@@ -188,10 +194,13 @@ static ct_status tcp_start(ct_transport *t, uv_loop_t *loop, const ct_transport_
     tcp_tp *tp = (tcp_tp *)t;
     tp->h = *h;
     for (int p = 0; p < t->size; p++) {
-        if (p == t->rank) continue;
         tcp_conn *c = &tp->conns[p];
         c->tp = tp;
         c->peer = p;
+        if (p == t->rank || tp->fds[p] < 0) {
+            c->closing = true; /* not a peer of this transport */
+            continue;
+        }
         int rc = uv_tcp_init(loop, &c->h);
         if (rc < 0) {
             /* never opened: the peer is lost to this rank */
@@ -239,11 +248,23 @@ static void tcp_free(ct_transport *t)
     free(tp->fds);
     free(tp->conns);
     free(tp->stage);
+    cti_transport_base_free(t);
     free(tp);
 }
 
-static const ct_transport_ops tcp_ops = {
-    .name = "tcp", .start = tcp_start, .send = tcp_send_msg, .close = tcp_close, .free = tcp_free};
+static void tcp_stats(const ct_transport *t, ct_link_count *out)
+{
+    tcp_tp *tp = (tcp_tp *)t;
+    out->peers[CT_LINK_TCP] += tp->npeers;
+    out->bytes[CT_LINK_TCP] += atomic_load_explicit(&tp->sent, memory_order_relaxed);
+}
+
+static const ct_transport_ops tcp_ops = {.name = "tcp",
+                                         .start = tcp_start,
+                                         .send = tcp_send_msg,
+                                         .close = tcp_close,
+                                         .free = tcp_free,
+                                         .stats = tcp_stats};
 
 ct_transport *cti_tcp_transport_wrap(int rank, int size, int *fds)
 {
@@ -264,6 +285,7 @@ ct_transport *cti_tcp_transport_wrap(int rank, int size, int *fds)
         return NULL;
     }
     tp->fds = fds;
+    for (int p = 0; p < size; p++) tp->npeers += p != rank && fds[p] >= 0;
     tp->base.ops = &tcp_ops;
     tp->base.rank = rank;
     tp->base.size = size;

@@ -1,8 +1,11 @@
 /* The TCP transport's setup, on the caller's thread with blocking sockets; every step
  * is bounded by the deadline (the group timeout). The loop side is in dist/tcp.c.
  *   1. pick the address of the interface that routes to the master (a UDP socket
- *      "connected" to it reports the local end) and listen on an ephemeral port of
- *      every interface;
+ *      "connected" to it reports the local end) and listen on a port of every
+ *      interface: an ephemeral one, or with CTRAIN_PORT_RANGE=LO-HI (firewalled
+ *      clusters) the first free one of LO .. HI tried in order from
+ *      LO + (rank * 7) % (HI - LO + 1), wrapping around (ranks of one node start
+ *      apart, so they rarely try the same ports);
  *   2. rank 0 draws a 64-bit nonce and publishes <prefix>/nonce; each rank publishes
  *      "ip port" under <prefix>/addr/<rank>;
  *   3. each rank connects to every lower rank and sends a hello, 24 bytes and the
@@ -104,6 +107,7 @@ static ct_status local_ip(const char *master, char *ip, size_t cap, int *family)
     return CT_OK;
 }
 
+/* A listening socket on port (0: ephemeral) of every interface; -1 with errno. */
 static int listen_any(int family, int backlog, int *port)
 {
     int fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -114,15 +118,19 @@ static int listen_any(int family, int backlog, int *port)
         struct sockaddr_in6 *a = (struct sockaddr_in6 *)&sa;
         a->sin6_family = AF_INET6;
         a->sin6_addr = in6addr_any;
+        a->sin6_port = htons((uint16_t)*port);
         len = sizeof *a;
     } else {
         struct sockaddr_in *a = (struct sockaddr_in *)&sa;
         a->sin_family = AF_INET;
         a->sin_addr.s_addr = htonl(INADDR_ANY);
+        a->sin_port = htons((uint16_t)*port);
         len = sizeof *a;
     }
-    if (bind(fd, (struct sockaddr *)&sa, len) || listen(fd, backlog) || set_nonblock(fd) ||
-        getsockname(fd, (struct sockaddr *)&sa, &len)) {
+    int one = 1;
+    /* a fixed port may still have connections of a previous job in TIME_WAIT */
+    if ((*port && setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one)) || bind(fd, (struct sockaddr *)&sa, len) ||
+        listen(fd, backlog) || set_nonblock(fd) || getsockname(fd, (struct sockaddr *)&sa, &len)) {
         int err = errno;
         close(fd);
         errno = err;
@@ -130,6 +138,52 @@ static int listen_any(int family, int backlog, int *port)
     }
     *port = ntohs(family == AF_INET6 ? ((struct sockaddr_in6 *)&sa)->sin6_port : ((struct sockaddr_in *)&sa)->sin_port);
     return fd;
+}
+
+ct_status cti_tcp_port_range(int *lo, int *hi)
+{
+    const char *v = getenv("CTRAIN_PORT_RANGE");
+    *lo = *hi = 0;
+    if (!v || !*v) return CT_OK;
+    char *end;
+    errno = 0;
+    long a = strtol(v, &end, 10), b = -1;
+    bool ok = !errno && v[0] >= '0' && v[0] <= '9' && *end == '-' && end[1] >= '0' && end[1] <= '9';
+    if (ok) b = strtol(end + 1, &end, 10);
+    if (!ok || errno || *end || a < 1 || b > 65535 || a > b)
+        return ct_error_set(CT_ERR_INVALID,
+                            "tcp: CTRAIN_PORT_RANGE='%s' is not LO-HI with 1 <= LO <= HI <= 65535 (e.g. 29600-29699)",
+                            v);
+    *lo = (int)a;
+    *hi = (int)b;
+    return CT_OK;
+}
+
+/* The listening socket: ephemeral, or the first free port of CTRAIN_PORT_RANGE from
+ * this rank's start. -1 with the error set. */
+static int listen_port(int family, const ct_transport_setup *s, int *port)
+{
+    int lo, hi;
+    if (cti_tcp_port_range(&lo, &hi)) return -1;
+    if (!lo) {
+        *port = 0;
+        int fd = listen_any(family, s->size, port);
+        if (fd < 0) ct_error_set(CT_ERR_IO, "tcp: cannot listen on a TCP port: %s", strerror(errno));
+        return fd;
+    }
+    int span = hi - lo + 1, start = (int)(((int64_t)s->rank * 7) % span), err = 0;
+    for (int i = 0; i < span; i++) {
+        *port = lo + (start + i) % span;
+        int fd = listen_any(family, s->size, port);
+        if (fd >= 0) return fd;
+        err = errno;
+        if (err != EADDRINUSE && err != EACCES) break; /* not a matter of this port */
+    }
+    ct_error_set(CT_ERR_IO,
+                 "tcp: rank %d found no free port in CTRAIN_PORT_RANGE=%d-%d (%d port(s); last error: %s); widen the "
+                 "range or stop what holds those ports",
+                 s->rank, lo, hi, span, strerror(err));
+    return -1;
 }
 
 static void hello_encode(uint8_t *h, int rank, int size, uint64_t nonce, size_t token_len)
@@ -334,11 +388,8 @@ int *cti_tcp_connect(const ct_transport_setup *s)
     int family = AF_INET, port, lfd = -1;
     uint64_t nonce = 0;
     if (local_ip(s->master_addr, ip, sizeof ip, &family)) goto fail;
-    lfd = listen_any(family, s->size, &port);
-    if (lfd < 0) {
-        ct_error_set(CT_ERR_IO, "tcp: cannot listen on a TCP port: %s", strerror(errno));
-        goto fail;
-    }
+    lfd = listen_port(family, s, &port);
+    if (lfd < 0) goto fail;
     snprintf(key, sizeof key, "%s/nonce", s->prefix);
     if (s->rank == 0) {
         uint8_t b[8];

@@ -6,7 +6,11 @@
  * comm thread's libuv loop, sends and receives messages: a fixed header (ct_msg)
  * followed by `len` payload bytes. Messages from one peer arrive in the order that
  * peer sent them. Two are built: TCP (dist/tcp_setup.c, dist/tcp.c) and shared-memory
- * rings for ranks on one host (dist/shm_setup.c, dist/shm.c); NCCL will fit behind the
+ * rings for ranks on one node (dist/shm_setup.c, dist/shm.c); a third, "shm+tcp"
+ * (dist/mux.c), routes each peer to one of them when some peers share this rank's
+ * node and others do not. A transport may serve only some of the world's ranks
+ * ("its" peers): it is never asked to send to the others and reports nothing about
+ * them. NCCL will fit behind the
  * same operations: the setup is each transport's own (store exchange of addresses,
  * segment names or the NCCL unique id) and the loop side only needs
  * "send this", "here is a header, where does its payload go", "it arrived" and
@@ -29,6 +33,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <uv.h>
 
@@ -136,6 +141,7 @@ static inline bool cti_msg_decode(const uint8_t in[CT_MSG_HEADER], ct_msg *m, ch
 }
 
 typedef struct ct_transport ct_transport;
+typedef struct ct_link_count ct_link_count;
 
 /* What the transport calls on the loop thread. ctx is the handler's own. */
 typedef struct ct_transport_handler {
@@ -211,12 +217,41 @@ typedef struct ct_transport_ops {
     void (*close)(ct_transport *t, void (*closed)(ct_transport *t, void *arg), void *arg);
     /* Frees a transport never started, or closed. */
     void (*free)(ct_transport *t);
+    /* Adds this transport's peers and the payload bytes sent to them so far to out
+     * (any thread: the counters are atomic). */
+    void (*stats)(const ct_transport *t, ct_link_count *out);
 } ct_transport_ops;
+
+/* Per kind of link (shared memory, TCP): how many peers, payload bytes sent. */
+enum { CT_LINK_SHM = 0, CT_LINK_TCP = 1, CT_LINK_KINDS = 2 };
+typedef struct ct_link_count {
+    int peers[CT_LINK_KINDS];
+    int64_t bytes[CT_LINK_KINDS];
+} ct_link_count;
+
+#define CT_PEER_WHERE 400 /* bytes of a peer's "ip, host name": 127 + 7 + 255 and the NUL */
 
 struct ct_transport {
     const ct_transport_ops *ops;
     int rank, size;
+    /* where[p]: "10.0.0.3, host node1", peer p's published address and host name, for
+     * messages that name a lost peer's node; NULL when not known (a transport made
+     * without cti_transport_select). Owned by the transport (cti_transport_base_free). */
+    char (*where)[CT_PEER_WHERE];
 };
+
+/* What the ops' free must release of the base. */
+static inline void cti_transport_base_free(ct_transport *t)
+{
+    free(t->where);
+    t->where = NULL;
+}
+
+/* Peer p's node for a message: "10.0.0.3, host node1"; "" when unknown. */
+static inline const char *cti_transport_where(const ct_transport *t, int p)
+{
+    return t && t->where && p >= 0 && p < t->size ? t->where[p] : "";
+}
 
 /* Everything a transport's setup needs: the rendezvous store, a key prefix unique
  * to this group's creation, the ranks, the deadline and the master's address (used
@@ -229,11 +264,16 @@ typedef struct ct_transport_setup {
     const char *master_addr;
 } ct_transport_setup;
 
-/* TCP (dist/tcp.c): every rank listens on an ephemeral port of the interface that
- * routes to the master, publishes "ip port" under <prefix>/addr/<rank>, connects to
+/* TCP (dist/tcp.c): every rank listens on a port (ephemeral, or from
+ * CTRAIN_PORT_RANGE) of every interface, publishes "ip port" under <prefix>/addr/<rank>, connects to
  * the lower ranks and accepts the higher ones, each connection opened by a hello
  * that carries a per-group nonce. New transport owned by the caller; NULL with the
  * error set (names the peer and address) on failure or when the deadline passes. */
 ct_transport *cti_tcp_transport_new(const ct_transport_setup *s);
+
+/* The composite transport (dist/mux.c): peer p goes to shm when use_shm[p], else to
+ * tcp. Both must serve exactly those peers; takes them (also on failure: NULL, error
+ * set) and copies use_shm. */
+ct_transport *cti_mux_transport_new(int rank, int size, ct_transport *shm, ct_transport *tcp, const bool *use_shm);
 
 #endif

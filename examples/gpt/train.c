@@ -48,6 +48,7 @@ typedef struct options {
     double lr, min_lr, beta1, beta2, weight_decay, grad_clip, dropout, val_fraction, temperature, bucket_mb;
     uint64_t seed;
     int threads;
+    bool comm_stats; /* every rank prints its links' peers and bytes after training */
 } options;
 
 static const options defaults = {
@@ -104,6 +105,8 @@ static void usage(FILE *f)
             "  --sample_tokens N    bytes to generate at the end, 0 = none (default %lld)\n"
             "  --temperature T      (default %g)\n"
             "  --top_k K            0 = no filter (default %lld)\n"
+            "  --comm_stats         after training, every rank prints one line: its shared-memory and TCP\n"
+            "                       peers and the payload bytes it sent over each\n"
             "  --help               this text\n",
             d->out_dir, d->val_fraction, (long long)d->block_size, (long long)d->n_layer, (long long)d->n_head,
             (long long)d->n_embd, d->dropout, (long long)d->batch_size, (long long)d->steps, d->lr, d->min_lr,
@@ -131,7 +134,7 @@ static int parse_args(int argc, char **argv, options *o)
     *o = defaults;
     enum { O_DATA = 256, O_OUT, O_VAL, O_BLOCK, O_LAYER, O_HEAD, O_EMBD, O_DROP, O_BATCH, O_STEPS, O_LR, O_MINLR,
            O_WARM, O_SEQW, O_B1, O_B2, O_WD, O_CLIP, O_EVERY, O_EVALB, O_SEED, O_THREADS, O_BUCKET, O_PROJECT, O_SAVE,
-           O_LIMIT, O_RESUME, O_PROMPT, O_SAMPLE, O_TEMP, O_TOPK, O_HELP };
+           O_LIMIT, O_RESUME, O_PROMPT, O_SAMPLE, O_TEMP, O_TOPK, O_HELP, O_COMM };
     static const struct option opts[] = {
         {"data", 1, 0, O_DATA}, {"out_dir", 1, 0, O_OUT}, {"val_fraction", 1, 0, O_VAL},
         {"block_size", 1, 0, O_BLOCK}, {"n_layer", 1, 0, O_LAYER}, {"n_head", 1, 0, O_HEAD},
@@ -143,7 +146,7 @@ static int parse_args(int argc, char **argv, options *o)
         {"project_dir", 1, 0, O_PROJECT}, {"save_every", 1, 0, O_SAVE}, {"total_limit", 1, 0, O_LIMIT},
         {"resume", 1, 0, O_RESUME},
         {"prompt", 1, 0, O_PROMPT}, {"sample_tokens", 1, 0, O_SAMPLE}, {"temperature", 1, 0, O_TEMP},
-        {"top_k", 1, 0, O_TOPK}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
+        {"top_k", 1, 0, O_TOPK}, {"help", 0, 0, O_HELP}, {"comm_stats", 0, 0, O_COMM}, {0, 0, 0, 0}};
     int c;
     int64_t tmp;
     bool ok = true;
@@ -182,6 +185,7 @@ static int parse_args(int argc, char **argv, options *o)
         case O_TEMP: ok = ex_parse_f64("--temperature", optarg, 0.01, 100, &o->temperature); break;
         case O_TOPK: ok = ex_parse_i64("--top_k", optarg, 0, &o->top_k); break;
         case O_HELP: usage(stdout); return 1;
+        case O_COMM: o->comm_stats = true; break;
         default:
             fprintf(stderr, "gpt_train: unknown or incomplete option %s (see --help)\n", argv[optind - 1]);
             return -1;
@@ -446,6 +450,14 @@ int main(int argc, char **argv)
         goto out;
     }
     ex_print_strategy_stats(acc);
+    if (o.comm_stats) {
+        /* one line per rank, parsed by cluster tests: keep the format */
+        ct_pg_link_stats ls = {0};
+        if (ct_pg_link_stats_get(ct_accelerator_pg(acc), &ls)) ct_error_clear(); /* no group: all zero */
+        printf("comm: rank %d: shm peers %d bytes %lld; tcp peers %d bytes %lld\n", ct_accelerator_process_index(acc),
+               ls.shm_peers, (long long)ls.shm_bytes, ls.tcp_peers, (long long)ls.tcp_bytes);
+        fflush(stdout);
+    }
     /* the whole model back on every rank (gathered from the shards), for rank 0's
      * files and sample */
     ct_gpt *whole = (ct_gpt *)ct_accelerator_unwrap_model(acc, &model->base);

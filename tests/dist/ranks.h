@@ -8,7 +8,8 @@
  * runs the leak check before it exits. A child dies with the
  * test process (PR_SET_PDEATHSIG) and by its own alarm, so nothing outlives a test
  * that times out. CT_DEBUG_REPORTS=1 in the environment logs every rank's report,
- * also when it passed.
+ * also when it passed. CT_TEST_NODES=k spreads the ranks over k nodes (CTRAIN_NODE_ID
+ * "node<r * k / n>"), so that a suite runs over the "shm+tcp" transport.
  */
 #ifndef CT_TESTS_DIST_RANKS_H
 #define CT_TESTS_DIST_RANKS_H
@@ -17,6 +18,7 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -105,6 +107,12 @@ static inline void run_ranks(int n, rank_fn fn, void *arg, rank_result *res, int
         if (pids[r]) continue;
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         alarm((unsigned)alarm_s);
+        const char *nodes = getenv("CT_TEST_NODES");
+        if (nodes && atoi(nodes) > 0) {
+            char id[32];
+            snprintf(id, sizeof id, "node%d", r * atoi(nodes) / n);
+            setenv("CTRAIN_NODE_ID", id, 1);
+        }
         rank_ctx c = {.rank = r, .world = n, .arg = arg, .msg = shared[r].msg};
         c.msg[0] = '\0';
         if (r == 0) {
