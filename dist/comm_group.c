@@ -412,9 +412,11 @@ static void send_probes(ct_comm_group *g, ct_work *w)
 
 static void timeout_collective(ct_comm_group *g, ct_work *w)
 {
-    char title[256], text[CT_COMM_MSG], who[64], at[CT_PEER_WHERE + 16];
-    size_t n = (size_t)snprintf(text, sizeof text, "%s timed out after %g s at rank %d; not heard from:",
-                                cti_comm_work_title(title, sizeof title, w), g->timeout_s, g->rank);
+    char title[256], text[CT_COMM_MSG], who[64], me[64], at[CT_PEER_WHERE + 16];
+    /* in a sub-group "at rank 1 (world rank 3)", like the peers named below */
+    size_t n = (size_t)snprintf(text, sizeof text, "%s timed out after %g s at %s; not heard from:",
+                                cti_comm_work_title(title, sizeof title, w), g->timeout_s,
+                                cti_comm_rank_name(g, g->rank, me, sizeof me));
     int listed = 0;
     for (int i = 0; i < g->size && n < sizeof text - 600; i++) {
         if (i == g->rank || !w->probed) continue;
@@ -445,16 +447,17 @@ static void timeout_collective(ct_comm_group *g, ct_work *w)
 
 static void timeout_p2p(ct_comm_group *g, ct_work *w)
 {
-    char title[256], text[CT_COMM_MSG], who[64], at[CT_PEER_WHERE + 16];
+    char title[256], text[CT_COMM_MSG], who[64], me[64], at[CT_PEER_WHERE + 16];
     cti_comm_rank_name(g, w->root, who, sizeof who);
+    cti_comm_rank_name(g, g->rank, me, sizeof me);
     cti_comm_rank_where(g, w->root, at, sizeof at);
     cti_comm_work_title(title, sizeof title, w);
     if (w->op == CT_OP_RECV)
-        snprintf(text, sizeof text, "%s timed out after %g s at rank %d: not heard from %s%s; is it sending? Set "
-                 "CTRAIN_TIMEOUT to wait longer", title, g->timeout_s, g->rank, who, at);
+        snprintf(text, sizeof text, "%s timed out after %g s at %s: not heard from %s%s; is it sending? Set "
+                 "CTRAIN_TIMEOUT to wait longer", title, g->timeout_s, me, who, at);
     else
-        snprintf(text, sizeof text, "%s timed out after %g s at rank %d: %s%s did not take the data; is it receiving? "
-                 "Set CTRAIN_TIMEOUT to wait longer", title, g->timeout_s, g->rank, who, at);
+        snprintf(text, sizeof text, "%s timed out after %g s at %s: %s%s did not take the data; is it receiving? "
+                 "Set CTRAIN_TIMEOUT to wait longer", title, g->timeout_s, me, who, at);
     cti_comm_group_fail(g, CT_ERR_TIMEOUT, true, text);
 }
 

@@ -279,7 +279,8 @@ static void dist_section(problems *p)
     }
     static const char *const vars[] = {"CTRAIN_TRANSPORT",      "CTRAIN_SHM_DIRECT",     "CTRAIN_SHM_SLOT_BYTES",
                                        "CTRAIN_SHM_RING_BYTES", "CTRAIN_SHM_SPIN_US",    "CTRAIN_MIXED_PRECISION",
-                                       "CTRAIN_GRADIENT_ACCUMULATION_STEPS"};
+                                       "CTRAIN_GRADIENT_ACCUMULATION_STEPS", "CTRAIN_NODE_ID",
+                                       "CTRAIN_PORT_RANGE"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) row(vars[i], "%s", env_or(vars[i], "unset"));
 }
 

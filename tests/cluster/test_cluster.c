@@ -403,7 +403,8 @@ static bool drop_packets(int i)
 /* 2 nodes x 2 ranks train (long enough never to finish on their own); after 20 steps node
  * v meets the fault. Every launcher still able to run (the other node's; v's too when only its
  * network is gone) must exit non-zero within FAULT_TIMEOUT + FAULT_MARGIN s, its ranks'
- * errors naming a rank of the other node. A hang or a success fails the test. */
+ * errors naming a rank of the other node and that node's address. A hang or a success fails
+ * the test. */
 static void fault_ends_the_job(fault_kind f, int v, const char *flags)
 {
     setup();
@@ -460,6 +461,8 @@ static void fault_ends_the_job(fault_kind f, int v, const char *flags)
                       fault_names[f], m, dt, FAULT_TIMEOUT, FAULT_MARGIN);
         cr_expect(named, "%s: no error of node %d's ranks names rank %d or %d:\n...%s", fault_names[f], m, lo, lo + 1,
                   tail);
+        cr_expect(addr, "%s: no error of node %d's ranks names the lost node's address %s:\n...%s", fault_names[f], m,
+                  node_addr(1 - m), tail);
         free(text);
     }
 }
