@@ -329,10 +329,19 @@ static ct_status accept_peers(int *fds, int lfd, const ct_transport_setup *s, ui
             size_t n = 0;
             for (int q = s->rank + 1; q < s->size && n < sizeof list - 16; q++)
                 if (fds[q] < 0) n += (size_t)snprintf(list + n, sizeof list - n, "%s%d", n ? ", " : "", q);
+            /* a firewall is the usual cause on a cluster: name the port it must let through */
+            struct sockaddr_storage me = {0};
+            socklen_t len = sizeof me;
+            int port = getsockname(lfd, (struct sockaddr *)&me, &len) ? 0
+                       : me.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&me)->sin6_port)
+                                                  : ntohs(((struct sockaddr_in *)&me)->sin_port);
+            const char *range = getenv("CTRAIN_PORT_RANGE");
             return ct_error_set(CT_ERR_TIMEOUT,
                                 "tcp: rank(s) %s did not connect within %.3g s; did they start, and can they reach "
-                                "this host? set CTRAIN_TIMEOUT to wait longer",
-                                list, s->timeout_s);
+                                "this host on port %d? (behind a firewall, export CTRAIN_PORT_RANGE=LO-HI with ports "
+                                "it opens%s%s%s) set CTRAIN_TIMEOUT to wait longer",
+                                list, s->timeout_s, port, range && *range ? "; it is " : "",
+                                range && *range ? range : "", range && *range ? " here" : "");
         }
         struct sockaddr_storage sa = {0};
         socklen_t salen = sizeof sa;

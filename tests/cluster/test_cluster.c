@@ -13,7 +13,8 @@
  * torchrun's variables. Faults (a node killed, its link cut, its packets dropped, its
  * processes frozen) must end every surviving launcher with a non-zero status within
  * CTRAIN_TIMEOUT and a margin, naming a lost rank; a stranger on a third node must be
- * refused and logged while the job forms.
+ * refused and logged while the job forms; behind a firewall that opens only the store's port
+ * and CTRAIN_PORT_RANGE, the job forms with the range and not without it.
  *
  * Without root or network namespaces every test reports itself skipped, with the reason. */
 #include <arpa/inet.h>
@@ -84,7 +85,9 @@ static void run_reference(const char *out, int batch, int steps)
     cr_assert_eq(rc, 0, "one process: %s\n%s", cmd, log);
 }
 
-static bool over_ipv6; /* the master by its IPv6 address */
+static bool over_ipv6;          /* the master by its IPv6 address */
+static const char *job_env = ""; /* more variables for every launcher of a job */
+static void (*before_start)(int nodes); /* runs once the nodes are up, before the launchers */
 
 /* The launch command of node `machine` of a job of `nodes` x `local` ranks. */
 static const char *launch_cmd(int nodes, int local, int machine, const char *flags, const char *prog)
@@ -179,8 +182,9 @@ static void strategy_matches_one_process(int nodes, int local, const char *flags
     cluster_up(nodes);
     if (over_ipv6 && !node_addr6(0)[0]) cr_skip_test("the nodes have no IPv6 addresses (IPv6 disabled here?)");
     run_reference("one", nodes * local, STEPS);
-    char env[256];
-    snprintf(env, sizeof env, "CTRAIN_STORE_TOKEN=%s CTRAIN_TIMEOUT=30", TOKEN);
+    if (before_start) before_start(nodes);
+    char env[512];
+    snprintf(env, sizeof env, "CTRAIN_STORE_TOKEN=%s CTRAIN_TIMEOUT=30 %s", TOKEN, job_env);
     for (int m = 0; m < nodes; m++) {
         char log[64];
         snprintf(log, sizeof log, "node%d.log", m);
@@ -659,4 +663,71 @@ Test(cluster, same_network_flag_across_nodes, .timeout = 90, .fini = fini)
     if (shell_capture(cmd, out, sizeof out) != 0)
         cr_skip_test("needs ctrain launch --same_network (it answered: %.200s)", out);
     strategy_matches_one_process(2, 2, "--same_network", "[rank0] DDP: ");
+}
+
+/* ---- g. a firewall that opens only the store's port and CTRAIN_PORT_RANGE ---------------- */
+
+#define RANGE_LO 30100
+#define RANGE_HI 30103
+
+/* Every node's firewall (nftables in its namespace) accepts new TCP connections only on
+ * the store's port and RANGE_LO..RANGE_HI, as a cluster's security group would; replies,
+ * loopback and everything else but new TCP connections pass. */
+static void firewall_nodes(int nodes)
+{
+    for (int i = 0; i < nodes; i++) {
+        char cmd[1024], out[2048];
+        snprintf(cmd, sizeof cmd,
+                 "ip netns exec %sn%d nft -f - 2>&1 <<'EOF'\n"
+                 "table inet ctfw {\n"
+                 "  chain in {\n"
+                 "    type filter hook input priority 0; policy accept;\n"
+                 "    iifname \"lo\" accept\n"
+                 "    ct state established,related accept\n"
+                 "    tcp dport { %d, %d-%d } accept\n"
+                 "    tcp flags & (syn | ack) == syn reject with tcp reset\n"
+                 "  }\n"
+                 "}\nEOF",
+                 the_cluster.id, i, PORT, RANGE_LO, RANGE_HI);
+        if (shell_capture(cmd, out, sizeof out) != 0) cr_skip_test("nftables cannot filter here: %s", out);
+    }
+}
+
+/* With the firewall, the ranks' ephemeral ports are closed to the other node: a job without
+ * CTRAIN_PORT_RANGE cannot form (the check that the firewall bites), and fails in time. */
+Test(cluster, a_firewall_stops_ranks_without_a_port_range, .timeout = 90, .fini = fini)
+{
+    setup();
+    cluster_up(2);
+    firewall_nodes(2);
+    char env[256];
+    snprintf(env, sizeof env, "CTRAIN_STORE_TOKEN=%s CTRAIN_TIMEOUT=%d", TOKEN, FAULT_TIMEOUT);
+    for (int m = 0; m < 2; m++) {
+        char log[64];
+        snprintf(log, sizeof log, "node%d.log", m);
+        node_start(m, env, path_of(log), launch_cmd(2, 2, m, "", gpt_args("job", 1, STEPS)));
+    }
+    double t0 = now_s();
+    cr_assert(cluster_wait(-1, FAULT_TIMEOUT + FAULT_MARGIN + 20), "the job still runs %.1f s later (a hang)",
+              now_s() - t0);
+    char *text = slurp(path_of("node0.log"));
+    const char *err = strstr(text, "did not connect");
+    while (err && err > text && err[-1] != '\n') err--;
+    cr_log_info("without CTRAIN_PORT_RANGE behind the firewall: node 0 exited %d after %.2f s; first error: %.*s",
+                the_cluster.procs[0].status, the_cluster.procs[0].ended - t0, err ? (int)strcspn(err, "\n") : 4,
+                err ? err : "none");
+    cr_expect_neq(the_cluster.procs[0].status, 0, "the job formed through the firewall:\n%s", text);
+    cr_expect_neq(the_cluster.procs[1].status, 0, "node 1 succeeded through the firewall");
+    free(text);
+}
+
+/* The same firewall with CTRAIN_PORT_RANGE set to the open ports: the job forms, trains as
+ * one process, and every rank's transport port lies in the range. */
+Test(cluster, a_port_range_passes_a_firewall, .timeout = 90, .fini = fini)
+{
+    char range[64];
+    snprintf(range, sizeof range, "CTRAIN_PORT_RANGE=%d-%d", RANGE_LO, RANGE_HI);
+    job_env = range;
+    before_start = firewall_nodes;
+    strategy_matches_one_process(2, 2, "", "[rank0] DDP: ");
 }
