@@ -536,6 +536,13 @@ static bool elastic_tick(launcher *L)
     if (L->phase == PHASE_BARRIER) {
         int k = L->interrupt ? 1 : ct_launch_rdzv_all_done(L->rdzv);
         if (k < 0) fprintf(stderr, "ctrain launch: %s\n", ct_last_error());
+        /* this machine's ranks finished the job with theirs; a launcher that died after is
+         * no reason to fail it, nor to serve for --rdzv_timeout */
+        if (k == 2)
+            fprintf(stderr,
+                    "ctrain launch: the launcher of machine rank(s) %s has sent no heartbeat for %g s and has not "
+                    "reported its ranks' end (killed, frozen or cut off?); not waiting for it\n",
+                    ct_launch_rdzv_gone(L->rdzv), CT_LAUNCH_SILENT_S);
         if (k) finish(L, L->interrupt ? 128 + L->interrupt : k < 0 ? CT_LAUNCH_EXIT_SETUP : 0);
         return true;
     }
@@ -558,6 +565,7 @@ static bool elastic_tick(launcher *L)
 static void on_tick(uv_timer_t *t)
 {
     launcher *L = t->data;
+    if (L->rdzv) ct_launch_rdzv_beat(L->rdzv);
     if (L->rdzv && elastic_tick(L)) return;
     if (L->why == WHY_RANK && !L->stopping) stop_group(L);
     if (L->running) return;

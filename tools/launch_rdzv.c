@@ -32,6 +32,11 @@ struct ct_launch_rdzv {
     double last_join_at;  /* host: when it last grew */
     int nodes;            /* the round's participants, once closed */
     double done_since;    /* host: when its own ranks finished */
+    double last_beat;     /* when this launcher last bumped its heartbeat */
+    char machines[512];   /* the round's participants, "0,1,3", once closed */
+    int64_t *hb_seen;     /* host, per machine rank: the heartbeat last read */
+    double *hb_changed;   /* ... and when it last changed */
+    char gone[400];       /* host: the silent launchers, for ct_launch_rdzv_gone */
     char endpoint[300];
 };
 
@@ -79,6 +84,13 @@ ct_launch_rdzv *ct_launch_rdzv_new(const ct_launch_opts *o)
     }
     z->o = o;
     z->host = o->machine_rank == 0;
+    z->hb_seen = calloc((size_t)o->max_nodes, sizeof *z->hb_seen);
+    z->hb_changed = calloc((size_t)o->max_nodes, sizeof *z->hb_changed);
+    if (!z->hb_seen || !z->hb_changed) {
+        ct_error_set(CT_ERR_NOMEM, "out of memory for the rendezvous");
+        ct_launch_rdzv_free(z);
+        return NULL;
+    }
     snprintf(z->endpoint, sizeof z->endpoint, "%s:%d", o->main_process_ip, o->main_process_port);
     z->store = ct_store_new(&(ct_store_config){
         .host = o->main_process_ip, .port = o->main_process_port, .serve = z->host, .world_size = 1,
@@ -88,7 +100,7 @@ ct_launch_rdzv *ct_launch_rdzv_new(const ct_launch_opts *o)
                                 : "cannot reach the rendezvous host at %s (--main_process_ip, --main_process_port: "
                                   "machine rank 0's launcher) within --rdzv_timeout %g s: ",
                         z->endpoint, o->rdzv_timeout_s);
-        free(z);
+        ct_launch_rdzv_free(z);
         return NULL;
     }
     if (z->host && o->main_process_port == 0)
@@ -100,7 +112,9 @@ ct_launch_rdzv *ct_launch_rdzv_new(const ct_launch_opts *o)
 void ct_launch_rdzv_free(ct_launch_rdzv *z)
 {
     if (!z) return;
-    ct_store_free(z->store);
+    if (z->store) ct_store_free(z->store);
+    free(z->hb_seen);
+    free(z->hb_changed);
     free(z);
 }
 
@@ -232,6 +246,7 @@ static int read_result(ct_launch_rdzv *z, ct_launch_round *out)
     }
     *out = (ct_launch_round){.round = z->round, .port = port, .node_rank = -1};
     snprintf(out->machines, sizeof out->machines, "%s", s + len);
+    snprintf(z->machines, sizeof z->machines, "%s", s + len);
     for (const char *p = s + len; *p;) {
         char *end;
         long r = strtol(p, &end, 10);
@@ -288,10 +303,59 @@ int ct_launch_rdzv_newer(ct_launch_rdzv *z)
 
 ct_status ct_launch_rdzv_done(ct_launch_rdzv *z)
 {
-    char k[128];
+    char k[128], mk[64];
     int64_t v;
     z->done_since = now_s();
+    snprintf(mk, sizeof mk, "done/%d", z->o->machine_rank);
+    if (bump(z, key(k, sizeof k, z->round, mk), &v)) return ct_last_status();
     return bump(z, key(k, sizeof k, z->round, "done"), &v);
+}
+
+void ct_launch_rdzv_beat(ct_launch_rdzv *z)
+{
+    double t = now_s();
+    if (t - z->last_beat < CT_LAUNCH_HEARTBEAT_S) return;
+    z->last_beat = t;
+    char k[64];
+    int64_t v;
+    snprintf(k, sizeof k, "ctl/hb/%d", z->o->machine_rank);
+    if (ct_store_add(z->store, k, 1, &v)) ct_error_clear();
+}
+
+const char *ct_launch_rdzv_gone(const ct_launch_rdzv *z)
+{
+    return z->gone;
+}
+
+/* The host: 1 when every participant not done yet has been silent (no heartbeat) for
+ * CT_LAUNCH_SILENT_S, their machine ranks into z->gone; 0 while one still beats. A
+ * participant's clock starts when the host's own ranks finished. */
+static int others_gone(ct_launch_rdzv *z)
+{
+    double t = now_s();
+    size_t used = 0;
+    z->gone[0] = '\0';
+    for (const char *p = z->machines; *p;) {
+        char *end;
+        long m = strtol(p, &end, 10);
+        if (end == p) break;
+        p = *end == ',' ? end + 1 : end;
+        if (m == z->o->machine_rank || m < 0 || m >= z->o->max_nodes) continue;
+        char k[128], mk[64];
+        int64_t done, hb;
+        snprintf(mk, sizeof mk, "done/%ld", m);
+        if (counter(z, key(k, sizeof k, z->round, mk), &done)) return -1;
+        if (done) continue;
+        snprintf(k, sizeof k, "ctl/hb/%ld", m);
+        if (counter(z, k, &hb)) return -1;
+        if (hb != z->hb_seen[m] || z->hb_changed[m] < z->done_since) { /* it beat, or the first look */
+            z->hb_seen[m] = hb;
+            z->hb_changed[m] = t;
+        }
+        if (t - z->hb_changed[m] < CT_LAUNCH_SILENT_S) return 0;
+        if (used < sizeof z->gone) used += (size_t)snprintf(z->gone + used, sizeof z->gone - used, "%s%ld", used ? "," : "", m);
+    }
+    return 1;
 }
 
 int ct_launch_rdzv_all_done(ct_launch_rdzv *z)
@@ -302,6 +366,8 @@ int ct_launch_rdzv_all_done(ct_launch_rdzv *z)
     if (done >= z->nodes) return 1;
     int newer = ct_launch_rdzv_newer(z);
     if (newer != 0) return newer > 0 ? 1 : -1;
+    int gone = others_gone(z);
+    if (gone) return gone > 0 ? 2 : -1;
     if (now_s() - z->done_since < z->o->rdzv_timeout_s) return 0;
     ct_error_set(CT_ERR_TIMEOUT,
                  "round %d: %" PRId64 " of %d node(s) finished within --rdzv_timeout %g s after this one; "

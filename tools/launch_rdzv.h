@@ -14,6 +14,9 @@
  *                      the participants' machine ranks, ascending) or "fail MESSAGE"
  *   <k>/next           who leaves round k first opens round k+1 (a counter)
  *   <k>/done           launchers of round k whose ranks all exited 0
+ *   <k>/done/<r>       1 once machine rank r's ranks of round k all exited 0
+ *   hb/<r>             machine rank r's heartbeat: a counter every launcher bumps about
+ *                      once a second (CT_LAUNCH_HEARTBEAT_S) for as long as it runs
  * Every call is one request or a few, answered at once: the launcher's event loop
  * polls them on its monitor tick and keeps relaying output and signals meanwhile.
  *
@@ -26,6 +29,11 @@
 #include "tools/launch.h"
 
 typedef struct ct_launch_rdzv ct_launch_rdzv;
+
+/* Heartbeats: how often a launcher bumps hb/<r>, and how long the host waits for one
+ * before it counts that launcher as gone (torchrun's keep-alive: 5 s, 3 attempts). */
+#define CT_LAUNCH_HEARTBEAT_S 1.0
+#define CT_LAUNCH_SILENT_S 15.0
 
 /* One closed round, from this launcher's side. */
 typedef struct ct_launch_round {
@@ -60,11 +68,21 @@ int ct_launch_rdzv_newer(ct_launch_rdzv *z);
 /* This launcher's ranks of the round all exited 0. */
 ct_status ct_launch_rdzv_done(ct_launch_rdzv *z);
 
+/* Bumps this launcher's heartbeat when CT_LAUNCH_HEARTBEAT_S passed since the last;
+ * called on every monitor tick. A failure is left to the next request to report. */
+void ct_launch_rdzv_beat(ct_launch_rdzv *z);
+
 /* The host, after its own ranks finished: 1 when every launcher of the round is done
- * (or a newer round was opened: nothing more will finish in this one), 0 not yet, -1
- * after --rdzv_timeout (ct_last_error names the machine ranks not done). The host
- * keeps serving until then, so the others can still reach it. */
+ * (or a newer round was opened: nothing more will finish in this one), 2 when those not
+ * done have all been silent for CT_LAUNCH_SILENT_S (killed, frozen or cut off: their
+ * machine ranks in ct_launch_rdzv_gone), 0 not yet, -1 after --rdzv_timeout
+ * (ct_last_error names the machine ranks not done). The host keeps serving until
+ * then, so the others can still reach it. */
 int ct_launch_rdzv_all_done(ct_launch_rdzv *z);
+
+/* After ct_launch_rdzv_all_done returned 2: the silent launchers' machine ranks,
+ * "1,3" (borrowed). */
+const char *ct_launch_rdzv_gone(const ct_launch_rdzv *z);
 
 /* The host's address as "ADDR:PORT" (borrowed). */
 const char *ct_launch_rdzv_endpoint(const ct_launch_rdzv *z);

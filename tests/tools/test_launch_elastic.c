@@ -15,6 +15,8 @@
 #include "tests/tmpdir.h"
 #include "tests/tools/launch_jobs.h"
 
+#define CT_TEST_SILENT_S 15 /* tools/launch_rdzv.h: CT_LAUNCH_SILENT_S */
+
 static const char *bin_or_skip(const char *var)
 {
     const char *v = getenv(var);
@@ -208,6 +210,44 @@ Test(launch_elastic, lost_host_ends_the_job, .timeout = 30)
     assert_has(b, want, "node 1");
     assert_has(b, "the host, machine rank 0, ends the job when it is lost", "node 1");
     free(b);
+    remove_tmpdir();
+}
+
+/* Node 1's launcher alone is SIGKILLed while the ranks run; its rank goes on and the job
+ * ends. The host's ranks finish, and it waits for node 1's launcher to report only as
+ * long as that one still sends heartbeats: it exits 0 about CT_LAUNCH_SILENT_S after
+ * its own ranks, naming the silent launcher, instead of serving for --rdzv_timeout. */
+Test(launch_elastic, a_dead_launcher_is_not_waited_for, .timeout = 60)
+{
+    bin_or_skip("CTRAIN_BIN");
+    setup();
+    char flags[512], prog[800];
+    int port = free_port();
+    snprintf(flags, sizeof flags,
+             "--num_processes 2 --min_nodes 1 --max_nodes 2 --main_process_port %d --rdzv_timeout 300", port);
+    snprintf(prog, sizeof prog, "sh -c 'touch %s/running$RANK; sleep 2'", tmpdir);
+    job n[2];
+    start_node(&n[0], 0, flags, prog);
+    start_node(&n[1], 1, flags, prog);
+    double end = now_s() + 15;
+    char m0[700], m1[700];
+    snprintf(m0, sizeof m0, "%s/running0", tmpdir);
+    snprintf(m1, sizeof m1, "%s/running1", tmpdir);
+    while (access(m0, F_OK) != 0 || access(m1, F_OK) != 0) {
+        cr_assert_lt(now_s(), end, "the ranks did not start:\n%s\n%s", node_log(0), node_log(1));
+        usleep(10000);
+    }
+    kill(n[1].pid, SIGKILL); /* the launcher only: its rank is another process group's */
+    double t0 = now_s();
+    int st = job_wait(&n[0], 40);
+    char *a = node_log(0);
+    double dt = now_s() - t0;
+    cr_log_info("the host ended %.1f s after node 1's launcher was killed (its ranks ran 2 s)", dt);
+    cr_assert_eq(st, 0, "%s", a);
+    assert_has(a, "the launcher of machine rank(s) 1 has sent no heartbeat for 15 s", "host");
+    cr_assert_lt(dt, 2 + CT_TEST_SILENT_S + 5, "the host took %.1f s:\n%s", dt, a);
+    free(a);
+    job_wait(&n[1], 1);
     remove_tmpdir();
 }
 
