@@ -5,11 +5,12 @@
  * node (or the program under Slurm's, Open MPI's or torchrun's variables), waits with a
  * deadline and removes the nodes with everything on them.
  *
- * The program is the GPT example (examples/gpt/train.c), tiny and single-threaded. Its
- * reference is the same run as one process with the whole batch: DDP, ZeRO-3 and hybrid
- * sharding over 2 nodes x 2 ranks (batch 1 each) must save the same parameters, tensor by
- * tensor, within 1e-5 of the largest element (model_diff says why the keys' biases get a
- * bound of their own), and so must ranks started by hand with Slurm's, Open MPI's or
+ * The program is the GPT example (examples/gpt/train.c), single-threaded: the W1 model
+ * where runs are compared, a tiny one where faults interrupt them. Its reference is the
+ * same run as one process with the whole batch: DDP, ZeRO-3 and hybrid
+ * sharding over 2 nodes x 2 ranks (batch 1 each) must save the same parameters, the model
+ * within 1e-5 relative (2-norms; model_diff says why norms, the bounds per tensor and
+ * element, and why the keys' biases get a bound of their own), and so must ranks started by hand with Slurm's, Open MPI's or
  * torchrun's variables. Faults (a node killed, its link cut, its packets dropped, its
  * processes frozen) must end every surviving launcher with a non-zero status within
  * CTRAIN_TIMEOUT and a margin, naming a lost rank; a stranger on a third node must be
@@ -59,16 +60,19 @@ static void setup(void)
     fclose(f);
 }
 
-/* The GPT example's arguments: a 2-layer model of width 32 for `steps` steps, batch
- * `batch` per rank, into tmpdir/out. */
+/* The GPT example's arguments for `steps` steps, batch `batch` per rank, into tmpdir/out.
+ * The runs compared with one process (STEPS steps) train the W1 model, the example's
+ * defaults (4 layers, 4 heads, width 256, block 256); the long runs that a fault or a
+ * stranger interrupts train a 2-layer model of width 32, so that they reach step 20 soon. */
 static const char *gpt_args(const char *out, int batch, int steps)
 {
     static char a[2048];
     snprintf(a, sizeof a,
-             "%s/gpt_train --data %s --out_dir %s/%s --n_layer 2 --n_head 2 --n_embd 32 --block_size 32 "
+             "%s/gpt_train --data %s --out_dir %s/%s %s "
              "--batch_size %d --steps %d --warmup 2 --seq_warmup 0 --eval_every %d --eval_batches 1 "
              "--sample_tokens 0 --threads 1",
-             ex_dir(), path_of("text.txt"), tmpdir, out, batch, steps, steps);
+             ex_dir(), path_of("text.txt"), tmpdir, out,
+             steps == STEPS ? "" : "--n_layer 2 --n_head 2 --n_embd 32 --block_size 32", batch, steps, steps);
     return a;
 }
 
@@ -107,18 +111,29 @@ static char *slurp(const char *path)
     return (char *)read_all(path, &n);
 }
 
-/* Every tensor of got against want's: max |got - want| / max |want| per tensor; returns
- * the largest, its tensor's name into worst. Names, shapes and count must agree.
+/* got's parameters against want's: the relative error of the whole model, ||got - want|| /
+ * ||want|| over every element (2-norms), returned; the worst tensor's own relative error
+ * into *tensor (its name into worst); the largest element difference into *elem. Names,
+ * shapes and count must agree.
  *
- * One exception: the key third of each c_attn bias. Adding b to every key adds q.b to
+ * Why norms and not the largest element: after a few AdamW steps a handful of elements
+ * whose gradient is almost zero (2 of 262144 in a W1 c_proj) differ by a few 1e-6, as
+ * Adam's m / sqrt(v) scales rounding noise (whose bits depend on the summation order: 3
+ * ranks average with a division that rounds) to steps of about lr. Relative to a tensor's
+ * largest element that is 1e-4, and a zero-initialised tensor (a LayerNorm bias) is all
+ * such steps, while the model as a whole agrees to 1e-7. So: the model within 1e-5, each
+ * tensor within 1e-4 (a shard left unsynchronised is off by far more), each element within
+ * steps * lr.
+ *
+ * One more exception: the key third of each c_attn bias. Adding b to every key adds q.b to
  * every score of a query's row, which softmax ignores, so its gradient is 0 in exact
- * arithmetic and only rounding noise (whose bits depend on the summation order) reaches
- * AdamW, which scales even noise to steps of about lr. That third is compared with that
- * bound instead, steps * lr, into *key_diff (the largest seen). */
-static double model_diff(const char *got_path, const char *want_path, char *worst, size_t cap, double *key_diff)
+ * arithmetic and only that noise moves it: it is left out of the norms and bounded by
+ * *elem alone. */
+static double model_diff(const char *got_path, const char *want_path, char *worst, size_t cap, double *tensor,
+                         double *elem)
 {
-    double e = 0;
-    *key_diff = 0;
+    double all_num = 0, all_den = 0;
+    *tensor = *elem = 0;
     ct_frame_push();
     ct_safetensors *g = ct_safetensors_open(got_path), *w = ct_safetensors_open(want_path);
     cr_assert(g && w, "%s", ct_last_error());
@@ -139,24 +154,24 @@ static double model_diff(const char *got_path, const char *want_path, char *wors
         int64_t key_lo = qkv ? k / 3 : 0, key_hi = qkv ? 2 * k / 3 : 0;
         double num = 0, den = 0;
         for (int64_t j = 0; j < k; j++) {
-            double d = fabs((double)pa[j] - pb[j]);
-            if (j >= key_lo && j < key_hi) {
-                *key_diff = fmax(*key_diff, d);
-                continue;
-            }
-            num = fmax(num, d);
-            den = fmax(den, fabs((double)pb[j]));
+            double d = (double)pa[j] - pb[j];
+            *elem = fmax(*elem, fabs(d));
+            if (j >= key_lo && j < key_hi) continue;
+            num += d * d;
+            den += (double)pb[j] * pb[j];
         }
-        double r = den > 0 ? num / den : num;
-        if (r >= e) {
-            e = r;
+        all_num += num;
+        all_den += den;
+        double r = den > 0 ? sqrt(num / den) : sqrt(num);
+        if (r >= *tensor) {
+            *tensor = r;
             snprintf(worst, cap, "%s", name);
         }
     }
     ct_safetensors_close(g);
     ct_safetensors_close(w);
     ct_frame_pop();
-    return e;
+    return sqrt(all_num / all_den);
 }
 
 static void expect_same_model(const char *what, const char *out, const char *ref)
@@ -164,12 +179,14 @@ static void expect_same_model(const char *what, const char *out, const char *ref
     char worst[256] = "", got[600], want[600];
     snprintf(got, sizeof got, "%s/%s/model.safetensors", tmpdir, out);
     snprintf(want, sizeof want, "%s/%s/model.safetensors", tmpdir, ref);
-    double key;
-    double e = model_diff(got, want, worst, sizeof worst, &key);
-    cr_log_info("%s: largest relative difference to one process %.3g (%s); keys' biases within %.3g", what, e, worst,
-                key);
-    cr_expect_leq(e, 1e-5, "%s: %s differs from one process by %g of its largest element", what, worst, e);
-    cr_expect_leq(key, STEPS * LR, "%s: a key bias moved %g from one process's, more than steps x lr", what, key);
+    double tensor, elem;
+    double e = model_diff(got, want, worst, sizeof worst, &tensor, &elem);
+    cr_log_info("%s: relative difference to one process %.3g (2-norm over the model); worst tensor %.3g (%s); "
+                "largest element difference %.3g",
+                what, e, tensor, worst, elem);
+    cr_expect_leq(e, 1e-5, "%s: the model differs from one process's by %g of its norm", what, e);
+    cr_expect_leq(tensor, 1e-4, "%s: %s differs from one process's by %g of its norm", what, worst, tensor);
+    cr_expect_leq(elem, STEPS * LR, "%s: an element moved %g from one process's, more than steps x lr", what, elem);
 }
 
 /* ---- a. the strategies across nodes train as one process ------------------------------ */
