@@ -594,18 +594,18 @@ static void on_signal(uv_signal_t *h, int sig)
 
 /* A port free on this machine now: bind port 0 on every interface, read back what
  * the kernel chose, close. Rank 0 binds it later; another process could take it in
- * between, which a fixed --main_process_port avoids. */
-static ct_status pick_free_port(int *port)
+ * between, which a fixed --main_process_port avoids. what names the purpose in errors. */
+ct_status ct_launch_free_port(const char *what, int *port)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return ct_error_set(CT_ERR_IO, "--main_process_port 0: socket: %s", strerror(errno));
+    if (fd < 0) return ct_error_set(CT_ERR_IO, "%s: socket: %s", what, strerror(errno));
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY), .sin_port = 0};
     socklen_t len = sizeof a;
     ct_status st = CT_OK;
     if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0)
-        st = ct_error_set(CT_ERR_IO, "--main_process_port 0: bind to port 0: %s", strerror(errno));
+        st = ct_error_set(CT_ERR_IO, "%s: bind to port 0: %s", what, strerror(errno));
     else if (getsockname(fd, (struct sockaddr *)&a, &len) != 0)
-        st = ct_error_set(CT_ERR_IO, "--main_process_port 0: getsockname: %s", strerror(errno));
+        st = ct_error_set(CT_ERR_IO, "%s: getsockname: %s", what, strerror(errno));
     else
         *port = ntohs(a.sin_port);
     close(fd);
@@ -691,7 +691,8 @@ int ct_launch_run(const ct_launch_opts *o)
         return setup_failed(&L, false);
     }
     if (open_logs(&L)) return setup_failed(&L, false);
-    if (!o->elastic && L.port == 0 && pick_free_port(&L.port)) return setup_failed(&L, false);
+    if (!o->elastic && L.port == 0 && ct_launch_free_port("--main_process_port 0", &L.port))
+        return setup_failed(&L, false);
     if (o->elastic) {
         /* before the signal handlers: until the loop runs, Ctrl-C ends the launcher at once */
         L.rdzv = ct_launch_rdzv_new(o);

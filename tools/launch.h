@@ -120,6 +120,10 @@ void ct_launch_env_free(char **env);
  * interrupted, or one of CT_LAUNCH_EXIT_*. */
 int ct_launch_run(const ct_launch_opts *o);
 
+/* A TCP port free on this machine now (bound to port 0 and released); what names the
+ * purpose in the error. */
+ct_status ct_launch_free_port(const char *what, int *port);
+
 /* `ctrain launch ...`: parse, print help or a usage error, run. argv[0] is "launch". */
 int ct_launch_main(int argc, char **argv);
 

@@ -14,10 +14,8 @@
 
 #include <errno.h>
 #include <inttypes.h>
-#include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -166,23 +164,6 @@ static ct_status who(ct_launch_rdzv *z, int round, char *joined, char *missing, 
     return CT_OK;
 }
 
-/* A free TCP port on this machine for the round's ranks (rank 0 binds it soon after;
- * another process could take it in between, as with --main_process_port 0). */
-static ct_status free_port(int *port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return ct_error_set(CT_ERR_IO, "rendezvous: socket: %s", strerror(errno));
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_ANY), .sin_port = 0};
-    socklen_t len = sizeof a;
-    ct_status st = CT_OK;
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || getsockname(fd, (struct sockaddr *)&a, &len) != 0)
-        st = ct_error_set(CT_ERR_IO, "rendezvous: picking a free port for the ranks: %s", strerror(errno));
-    else
-        *port = ntohs(a.sin_port);
-    close(fd);
-    return st;
-}
-
 static ct_status publish(ct_launch_rdzv *z, const char *result)
 {
     char k[128];
@@ -217,7 +198,8 @@ static ct_status host_look(ct_launch_rdzv *z)
         return ct_error_set(CT_ERR_TIMEOUT, "%s", result + 5);
     }
     int port = 0;
-    if (free_port(&port)) return ct_last_status();
+    /* the round's ranks bind it soon after (ct_launch_free_port says what may race) */
+    if (ct_launch_free_port("rendezvous: picking a free port for the ranks", &port)) return ct_last_status();
     snprintf(result, sizeof result, "ok %d %s", port, joined);
     return publish(z, result);
 }

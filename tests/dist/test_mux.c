@@ -24,59 +24,12 @@
 #include "core/threads.h"
 #include "dist/pg.h"
 #include "ranks.h"
+#include "shm_names.h"
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
 /* ranks 0, 1 on node "a", 2, 3 on "b" */
 static void play_node(int rank) { setenv("CTRAIN_NODE_ID", rank < 2 ? "a" : "b", 1); }
-
-/* Rank 0: the job id of its gen-th group (the second field of its host entry). */
-static bool job_of(rank_ctx *c, int gen, char job[17])
-{
-    char key[64];
-    void *v = NULL;
-    size_t n;
-    snprintf(key, sizeof key, "ct/pg/%d/host/0", gen);
-    if (!c->store || ct_store_get(c->store, key, 5, &v, &n)) return false;
-    bool ok = sscanf(v, "%*s %16s", job) == 1 && strlen(job) == 16;
-    free(v);
-    return ok;
-}
-
-/* Names /dev/shm/ctrain-<job>-* that exist. */
-static int shm_names(const char *job)
-{
-    char prefix[64];
-    snprintf(prefix, sizeof prefix, "ctrain-%s-", job);
-    DIR *d = opendir("/dev/shm");
-    if (!d) return 0;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) n += !strncmp(e->d_name, prefix, strlen(prefix));
-    closedir(d);
-    return n;
-}
-
-/* This process's mappings of /dev/shm/ctrain-* whose name is gone. */
-static int unlinked_maps(void)
-{
-    char line[512];
-    FILE *f = fopen("/proc/self/maps", "r");
-    if (!f) return -1;
-    int n = 0;
-    while (fgets(line, sizeof line, f)) n += strstr(line, "/dev/shm/ctrain-") && strstr(line, "(deleted)");
-    fclose(f);
-    return n;
-}
-
-static void expect_no_names(const rank_result *r0)
-{
-    const char *p = strstr(r0->msg, "job ");
-    char job[17] = "";
-    if (p) sscanf(p + 4, "%16s", job);
-    cr_expect(job[0], "rank 0 did not report the job id:\n%s", r0->msg);
-    if (job[0]) cr_expect_eq(shm_names(job), 0, "/dev/shm/ctrain-%s-* left behind", job);
-}
 
 /* Input element i of world rank r: a small integer (exact in f64 and in any sum here). */
 static double val(int r, int64_t i, int salt) { return (double)((r * 37 + i * 11 + salt * 5) % 101) - 50; }

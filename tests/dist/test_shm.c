@@ -23,63 +23,9 @@
 #include "core/tensor.h"
 #include "dist/pg.h"
 #include "ranks.h"
+#include "shm_names.h"
 
 /* ---- helpers ----------------------------------------------------------------------------- */
-
-/* Rank 0: the job id of its gen-th group (the second field of its host entry). */
-static bool job_of(rank_ctx *c, int gen, char job[17])
-{
-    char key[64];
-    void *v = NULL;
-    size_t n;
-    snprintf(key, sizeof key, "ct/pg/%d/host/0", gen);
-    if (!c->store || ct_store_get(c->store, key, 5, &v, &n)) return false;
-    bool ok = sscanf(v, "%*s %16s", job) == 1 && strlen(job) == 16;
-    free(v);
-    return ok;
-}
-
-/* Names /dev/shm/ctrain-<job>-* that exist. */
-static int shm_names(const char *job)
-{
-    char prefix[64];
-    snprintf(prefix, sizeof prefix, "ctrain-%s-", job);
-    DIR *d = opendir("/dev/shm");
-    if (!d) return 0;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) n += !strncmp(e->d_name, prefix, strlen(prefix));
-    closedir(d);
-    return n;
-}
-
-/* This process's mappings of /dev/shm/ctrain-* whose name is gone ("(deleted)"). */
-static int unlinked_maps(void)
-{
-    char line[512];
-    FILE *f = fopen("/proc/self/maps", "r");
-    if (!f) return -1;
-    int n = 0;
-    while (fgets(line, sizeof line, f)) n += strstr(line, "/dev/shm/ctrain-") && strstr(line, "(deleted)");
-    fclose(f);
-    return n;
-}
-
-/* The job id rank 0 reported ("job <hex>"), or "" when it did not. */
-static void reported_job(const rank_result *r, char job[17])
-{
-    const char *p = strstr(r->msg, "job ");
-    job[0] = '\0';
-    if (p) sscanf(p + 4, "%16s", job);
-}
-
-static void expect_no_names(const rank_result *res)
-{
-    char job[17];
-    reported_job(&res[0], job);
-    cr_expect(job[0], "rank 0 did not report the job id:\n%s", res[0].msg);
-    if (job[0]) cr_expect_eq(shm_names(job), 0, "/dev/shm/ctrain-%s-* left behind", job);
-}
 
 static ct_tensor *f32_vec(int64_t n, int rank)
 {
