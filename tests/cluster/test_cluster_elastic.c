@@ -35,6 +35,7 @@
 #define TOKEN "cluster-elastic-token-0123456789"
 #define STEPS 300      /* about 1 s on 2 x 2 ranks: far more than the fault needs to land */
 #define SAVE_EVERY 20  /* even: 3 -> 2 nodes resumes (6 s samples consumed are a multiple of 4) */
+#define ODD_SAVE_EVERY 21 /* 6 x 21 = 126 samples: not a multiple of 4, 3 -> 2 nodes cannot resume */
 #define JOB_LIMIT 60   /* seconds for any job of these tests to end */
 #define HOST_LOST_LIMIT 10 /* seconds for a survivor to give up on a lost host */
 
@@ -62,9 +63,12 @@ static void setup(int nodes)
 
 /* The GPT example: batch `batch` per rank, into tmpdir/<out>, checkpoints under
  * tmpdir/<proj>, resuming from `resume` ("auto" or a checkpoint directory). Under 3
- * nodes x 1 rank the global batch is 6 and an epoch 192 steps; a checkpoint at an even
+ * nodes x 1 rank the global batch is 6 and an epoch 192 steps; a checkpoint (every
+ * save_every steps) at an even
  * step s has consumed 6 s samples of its epoch, a multiple of the global batch 4 of 2
  * nodes, so the loader can continue at the same sample after the third node is lost. */
+static int save_every = SAVE_EVERY;
+
 static const char *gpt_prog(const char *out, const char *proj, int batch, const char *resume)
 {
     static char a[2048];
@@ -72,7 +76,7 @@ static const char *gpt_prog(const char *out, const char *proj, int batch, const 
              "%s/gpt_train --data %s --out_dir %s/%s --project_dir %s/%s --n_layer 2 --n_head 2 --n_embd 32 "
              "--block_size 32 --batch_size %d --dropout 0.1 --steps %d --warmup 2 --seq_warmup 0 --eval_every %d "
              "--eval_batches 1 --sample_tokens 0 --threads 1 --save_every %d --resume %s",
-             ex_dir(), path_of("text.txt"), tmpdir, out, tmpdir, proj, batch, STEPS, STEPS, SAVE_EVERY, resume);
+             ex_dir(), path_of("text.txt"), tmpdir, out, tmpdir, proj, batch, STEPS, STEPS, save_every, resume);
     return a;
 }
 
@@ -368,6 +372,37 @@ Test(cluster_elastic, lost_node_ddp_continues_on_2_nodes, .timeout = 90, .fini =
 Test(cluster_elastic, lost_node_zero3_continues_on_2_nodes, .timeout = 90, .fini = fini)
 {
     lost_node_continues("ZeRO-3, node 2 of 3 lost", "--use_deepspeed --zero_stage 3");
+}
+
+/* The same loss with checkpoints every ODD_SAVE_EVERY steps: checkpoint_0 stopped 126
+ * samples into the epoch, which the global batch of 2 nodes (4) does not divide, so every
+ * rank's load fails naming both global batches (docs/launch.md, "Elastic training"), each
+ * failure counts as a restart, and the job ends non-zero once --max_restarts 2 are spent
+ * (never resuming at another sample). */
+Test(cluster_elastic, lost_node_with_an_indivisible_checkpoint_ends_the_job, .timeout = 90, .fini = fini)
+{
+    save_every = ODD_SAVE_EVERY;
+    setup(3);
+    int job = start_job("job", 3, 1,
+                        "--rdzv_backend c10d --min_nodes 2 --max_nodes 3 --max_restarts 2 --rdzv_timeout 10 "
+                        "--rdzv_last_call 0.5",
+                        gpt_prog("out", "proj", 2, "auto"));
+    wait_first_checkpoint("proj", "job");
+    cr_assert_geq(node_signal(2, SIGKILL), 2, "node 2 runs no processes");
+    double t0 = now_s();
+    wait_job("job", job, 2, 30);
+    char *a = slurp(log_of("job", 0));
+    cr_log_info("3 -> 2 nodes from a checkpoint at step %d: the launchers exited with %d and %d %.2f s after the kill",
+                ODD_SAVE_EVERY, the_cluster.procs[job].status, the_cluster.procs[job + 1].status, now_s() - t0);
+    for (int m = 0; m < 2; m++)
+        cr_expect_neq(the_cluster.procs[job + m].status, 0, "node %d's launcher exited 0", m);
+    const char *why = "the checkpoint stopped 126 samples into epoch 0 (batch 2 x 3 ranks); a global batch of 4 (batch 2 "
+                      "x 2 ranks) does not divide it: keep batch_size x ranks = 6 to resume at that sample";
+    cr_expect(strstr(a, why), "expected '%s' in:\n...%s", why, tail_of(a));
+    cr_expect(strstr(a, "joining the next rendezvous round (restart 2 of 2)"), "node 0 did not spend its restarts:\n...%s",
+              tail_of(a));
+    cr_expect(!strstr(a, "[rank0] resumed from ") && !strstr(a, "trained "), "node 0 resumed:\n...%s", tail_of(a));
+    free(a);
 }
 
 /* ---- the host lost --------------------------------------------------------------------- */
