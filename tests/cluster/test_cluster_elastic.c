@@ -19,14 +19,18 @@
  *   under --min_nodes 2 --max_nodes 3: the other two form a new round and resume at
  *   world size 2 from the checkpoint, resharded under ZeRO-3; the final model is byte for
  *   byte that of a 2-node job resumed from the same checkpoint with --resume DIR.
+ *   From a checkpoint at an odd step (504 samples into the epoch, which the global batch
+ *   of 2 nodes, 16, does not divide) every rank's load fails naming both batches and the job
+ *   ends once the restarts are spent.
  * - The host lost (node 0 killed) under c10d: the survivor exits non-zero in bounded time
  *   naming the host's address and port.
+ * - A project directory per node (no shared file system): the restart fails on both
+ *   nodes rather than train on with the ranks at different steps.
  *
  * Each test logs, with cr_log_info, the seconds from the fault to the restart (the new
  * round) and to the end of the job. Without root or network namespaces every test
  * reports itself skipped, with the reason. */
 #include <criterion/criterion.h>
-#include <dirent.h>
 
 #include "tests/cluster/cluster.h"
 #include "tests/tmpdir.h"
@@ -35,7 +39,7 @@
 #define TOKEN "cluster-elastic-token-0123456789"
 #define STEPS 300      /* about 1 s on 2 x 2 ranks: far more than the fault needs to land */
 #define SAVE_EVERY 20  /* even: 3 -> 2 nodes resumes (6 s samples consumed are a multiple of 4) */
-#define ODD_SAVE_EVERY 21 /* 6 x 21 = 126 samples: not a multiple of 4, 3 -> 2 nodes cannot resume */
+#define ODD_SAVE_EVERY 21 /* 3 b x 21 samples: not a multiple of 2 b, 3 -> 2 nodes cannot resume */
 #define JOB_LIMIT 60   /* seconds for any job of these tests to end */
 #define HOST_LOST_LIMIT 10 /* seconds for a survivor to give up on a lost host */
 
@@ -178,12 +182,38 @@ static int node_pids_named(int i, const char *comm, pid_t *pids, int cap)
     return n;
 }
 
-/* SIGKILLs `count` of node i's ranks (every one with count < 0); returns how many. */
+/* Kills node i for good the moment the first checkpoint of tmpdir/<proj> is complete:
+ * its launcher (procs[launcher]) and its ranks, whose pids are gathered beforehand so
+ * that nothing but a kill(2) lies between seeing the checkpoint and the kill (a busy
+ * machine could otherwise let the job save another checkpoint in between); then
+ * anything else on the node. Returns how many processes the first kills reached. */
+static int kill_node_at_first_checkpoint(int i, int launcher, int ranks, const char *proj, const char *job)
+{
+    pid_t pids[16];
+    int n = 0;
+    double end = now_s() + 30;
+    while ((n = node_pids_named(i, "gpt_train", pids + 1, 15)) < ranks) {
+        if (now_s() > end) cr_assert_fail("node %d started %d of %d ranks within 30 s", i, n, ranks);
+        nanosleep(&(struct timespec){.tv_nsec = 5 * 1000 * 1000}, NULL);
+    }
+    pids[0] = the_cluster.procs[launcher].pid;
+    wait_first_checkpoint(proj, job);
+    int k = 0;
+    for (int j = 0; j <= n; j++) k += kill(pids[j], SIGKILL) == 0;
+    node_signal(i, SIGKILL);
+    return k;
+}
+
+/* SIGKILLs `count` of node i's ranks (every one with count < 0); returns how many. They
+ * are all stopped first: a rank that saw its neighbour die could otherwise exit on its
+ * own (status 1) between two kills. */
 static int kill_ranks(int i, int count)
 {
     pid_t pids[16];
     int n = node_pids_named(i, "gpt_train", pids, 16), k = 0;
-    for (int j = 0; j < n && (count < 0 || k < count); j++) k += kill(pids[j], SIGKILL) == 0;
+    if (count >= 0 && n > count) n = count;
+    for (int j = 0; j < n; j++) kill(pids[j], SIGSTOP);
+    for (int j = 0; j < n; j++) k += kill(pids[j], SIGKILL) == 0;
     return k;
 }
 
@@ -335,10 +365,9 @@ static void lost_node_continues(const char *what, const char *strategy)
              strategy);
     int job = start_job("job", 3, 1, flags, gpt_prog("out", "proj", 2, "auto"));
     double t_start = now_s();
-    wait_first_checkpoint("proj", "job");
-    int killed = node_signal(2, SIGKILL);
+    int killed = kill_node_at_first_checkpoint(2, job + 2, 1, "proj", "job");
     double t0 = now_s();
-    cr_assert_geq(killed, 2, "node 2 ran %d processes (its launcher and its rank expected)", killed);
+    cr_assert_eq(killed, 2, "node 2: %d of its launcher and rank killed", killed);
     const int nodes[] = {0, 1, 0};
     const char *marks[] = {"rendezvous round 1: 2 nodes (machine ranks 0,1); this is node 0, ranks 0..0 of 2",
                            "rendezvous round 1: 2 nodes (machine ranks 0,1); this is node 1, ranks 1..1 of 2",
@@ -379,11 +408,12 @@ Test(cluster_elastic, lost_node_zero3_continues_on_2_nodes, .timeout = 90, .fini
     lost_node_continues("ZeRO-3, node 2 of 3 lost", "--use_deepspeed --zero_stage 3");
 }
 
-/* The same loss with checkpoints every ODD_SAVE_EVERY steps: checkpoint_0 stopped 126
- * samples into the epoch, which the global batch of 2 nodes (4) does not divide, so every
- * rank's load fails naming both global batches (docs/launch.md, "Elastic training"), each
- * failure counts as a restart, and the job ends non-zero once --max_restarts 2 are spent
- * (never resuming at another sample). */
+/* The same loss with checkpoints every ODD_SAVE_EVERY steps, batch 8 per rank (a 48-step
+ * epoch; 21 steps take long enough that no second checkpoint comes before the kill):
+ * checkpoint_0 stopped 3 x 8 x 21 = 504 samples into the epoch, which the global batch
+ * of 2 nodes (16) does not divide, so every rank's load fails naming both global batches
+ * (docs/launch.md, "Elastic training"), each failure counts as a restart, and the job
+ * ends non-zero once --max_restarts 2 are spent (never resuming at another sample). */
 Test(cluster_elastic, lost_node_with_an_indivisible_checkpoint_ends_the_job, .timeout = 90, .fini = fini)
 {
     save_every = ODD_SAVE_EVERY;
@@ -391,9 +421,9 @@ Test(cluster_elastic, lost_node_with_an_indivisible_checkpoint_ends_the_job, .ti
     int job = start_job("job", 3, 1,
                         "--rdzv_backend c10d --min_nodes 2 --max_nodes 3 --max_restarts 2 --rdzv_timeout 10 "
                         "--rdzv_last_call 0.5",
-                        gpt_prog("out", "proj", 2, "auto"));
-    wait_first_checkpoint("proj", "job");
-    cr_assert_geq(node_signal(2, SIGKILL), 2, "node 2 runs no processes");
+                        gpt_prog("out", "proj", 8, "auto"));
+    int killed = kill_node_at_first_checkpoint(2, job + 2, 1, "proj", "job");
+    cr_assert_eq(killed, 2, "node 2: %d of its launcher and rank killed", killed);
     double t0 = now_s();
     wait_job("job", job, 2, 30);
     char *a = slurp(log_of("job", 0));
@@ -401,8 +431,8 @@ Test(cluster_elastic, lost_node_with_an_indivisible_checkpoint_ends_the_job, .ti
                 ODD_SAVE_EVERY, the_cluster.procs[job].status, the_cluster.procs[job + 1].status, now_s() - t0);
     for (int m = 0; m < 2; m++)
         cr_expect_neq(the_cluster.procs[job + m].status, 0, "node %d's launcher exited 0", m);
-    const char *why = "the checkpoint stopped 126 samples into epoch 0 (batch 2 x 3 ranks); a global batch of 4 (batch 2 "
-                      "x 2 ranks) does not divide it: keep batch_size x ranks = 6 to resume at that sample";
+    const char *why = "the checkpoint stopped 504 samples into epoch 0 (batch 8 x 3 ranks); a global batch of 16 (batch 8 "
+                      "x 2 ranks) does not divide it: keep batch_size x ranks = 24 to resume at that sample";
     cr_expect(strstr(a, why), "expected '%s' in:\n...%s", why, tail_of(a));
     cr_expect(strstr(a, "joining the next rendezvous round (restart 2 of 2)"), "node 0 did not spend its restarts:\n...%s",
               tail_of(a));
