@@ -65,12 +65,12 @@ static void setup(int nodes)
     cluster_up(nodes);
 }
 
-/* The GPT example: batch `batch` per rank, into tmpdir/<out>, checkpoints under
- * tmpdir/<proj>, resuming from `resume` ("auto" or a checkpoint directory). Under 3
- * nodes x 1 rank the global batch is 6 and an epoch 192 steps; a checkpoint (every
- * save_every steps) at an even
- * step s has consumed 6 s samples of its epoch, a multiple of the global batch 4 of 2
- * nodes, so the loader can continue at the same sample after the third node is lost. */
+/* The GPT example: batch `batch` per rank, into tmpdir/<out>, checkpoints every
+ * save_every steps under tmpdir/<proj>, resuming from `resume` ("auto" or a checkpoint
+ * directory). Under 3 nodes x 1 rank of batch 2 the global batch is 6 and an epoch 192
+ * steps; a checkpoint at an even step s has consumed 6 s samples of its epoch, a
+ * multiple of the global batch 4 of 2 nodes, so the loader can continue at the same
+ * sample after the third node is lost. */
 static int save_every = SAVE_EVERY;
 
 static const char *gpt_prog(const char *out, const char *proj, int batch, const char *resume)
@@ -329,8 +329,8 @@ static void restart_is_bitwise(const char *what, const char *flags, enum fault f
 
 Test(cluster_elastic, static_restart_after_a_killed_rank_is_bitwise, .timeout = 90, .fini = fini)
 {
-    restart_is_bitwise("static, one rank of node 1 killed", "", ONE_RANK, "restarting the 2 local ranks (restart 1 of 1)",
-                       "restarting the 2 local ranks (restart 1 of 1)");
+    const char *restart = "restarting the 2 local ranks (restart 1 of 1)";
+    restart_is_bitwise("static, one rank of node 1 killed", "", ONE_RANK, restart, restart);
 }
 
 Test(cluster_elastic, c10d_restart_after_a_killed_rank_is_bitwise, .timeout = 90, .fini = fini)
@@ -361,7 +361,8 @@ static void lost_node_continues(const char *what, const char *strategy)
     setup(3);
     char flags[512];
     snprintf(flags, sizeof flags,
-             "--rdzv_backend c10d --min_nodes 2 --max_nodes 3 --max_restarts 2 --rdzv_timeout 30 --rdzv_last_call 0.5 %s",
+             "--rdzv_backend c10d --min_nodes 2 --max_nodes 3 --max_restarts 2 --rdzv_timeout 30 "
+             "--rdzv_last_call 0.5 %s",
              strategy);
     int job = start_job("job", 3, 1, flags, gpt_prog("out", "proj", 2, "auto"));
     double t_start = now_s();
@@ -431,11 +432,11 @@ Test(cluster_elastic, lost_node_with_an_indivisible_checkpoint_ends_the_job, .ti
                 ODD_SAVE_EVERY, the_cluster.procs[job].status, the_cluster.procs[job + 1].status, now_s() - t0);
     for (int m = 0; m < 2; m++)
         cr_expect_neq(the_cluster.procs[job + m].status, 0, "node %d's launcher exited 0", m);
-    const char *why = "the checkpoint stopped 504 samples into epoch 0 (batch 8 x 3 ranks); a global batch of 16 (batch 8 "
-                      "x 2 ranks) does not divide it: keep batch_size x ranks = 24 to resume at that sample";
+    const char *why = "the checkpoint stopped 504 samples into epoch 0 (batch 8 x 3 ranks); a global batch of 16 "
+                      "(batch 8 x 2 ranks) does not divide it: keep batch_size x ranks = 24 to resume at that sample";
     cr_expect(strstr(a, why), "expected '%s' in:\n...%s", why, tail_of(a));
-    cr_expect(strstr(a, "joining the next rendezvous round (restart 2 of 2)"), "node 0 did not spend its restarts:\n...%s",
-              tail_of(a));
+    cr_expect(strstr(a, "joining the next rendezvous round (restart 2 of 2)"),
+              "node 0 did not spend its restarts:\n...%s", tail_of(a));
     cr_expect(!strstr(a, "[rank0] resumed from ") && !strstr(a, "trained "), "node 0 resumed:\n...%s", tail_of(a));
     free(a);
 }
