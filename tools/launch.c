@@ -437,6 +437,9 @@ static void describe_failure(launcher *L, char *buf, size_t cap)
 static void finish(launcher *L, int code)
 {
     L->exit_code = code;
+    /* elastic: a launcher that ends a round failing tells the host, which would else wait
+     * for it (the host's own failure has no one to tell) */
+    if (L->rdzv && code != 0 && L->o->machine_rank != 0 && !L->rdzv_lost) ct_launch_rdzv_failed(L->rdzv, code);
     uv_close((uv_handle_t *)&L->monitor, NULL);
     uv_close((uv_handle_t *)&L->kill_timer, NULL);
     for (int i = 0; i < 2; i++) uv_close((uv_handle_t *)&L->sig[i], NULL);

@@ -304,6 +304,15 @@ void ct_launch_rdzv_beat(ct_launch_rdzv *z)
     if (ct_store_add(z->store, k, 1, &v)) ct_error_clear();
 }
 
+void ct_launch_rdzv_failed(ct_launch_rdzv *z, int status)
+{
+    if (z->round < 0 || status == 0) return;
+    char k[128], mk[64];
+    int64_t v;
+    snprintf(mk, sizeof mk, "failed/%d", z->o->machine_rank);
+    if (ct_store_add(z->store, key(k, sizeof k, z->round, mk), status, &v)) ct_error_clear();
+}
+
 const char *ct_launch_rdzv_gone(const ct_launch_rdzv *z)
 {
     return z->gone;
@@ -324,10 +333,20 @@ static int others_gone(ct_launch_rdzv *z)
         p = *end == ',' ? end + 1 : end;
         if (m == z->o->machine_rank || m < 0 || m >= z->o->max_nodes) continue;
         char k[128], mk[64];
-        int64_t done, hb;
+        int64_t done, failed, hb;
         snprintf(mk, sizeof mk, "done/%ld", m);
         if (counter(z, key(k, sizeof k, z->round, mk), &done)) return -1;
         if (done) continue;
+        snprintf(mk, sizeof mk, "failed/%ld", m);
+        if (counter(z, key(k, sizeof k, z->round, mk), &failed)) return -1;
+        if (failed) {
+            ct_error_set(CT_ERR_PEER,
+                         "round %d: the launcher of machine rank %ld ended with status %" PRId64
+                         " (its ranks failed with no restart left, or it was interrupted): the job did not finish "
+                         "there; see its output",
+                         z->round, m, failed);
+            return -1;
+        }
         snprintf(k, sizeof k, "ctl/hb/%ld", m);
         if (counter(z, k, &hb)) return -1;
         if (hb != z->hb_seen[m] || z->hb_changed[m] < z->done_since) { /* it beat, or the first look */

@@ -15,6 +15,8 @@
  *   <k>/next           who leaves round k first opens round k+1 (a counter)
  *   <k>/done           launchers of round k whose ranks all exited 0
  *   <k>/done/<r>       1 once machine rank r's ranks of round k all exited 0
+ *   <k>/failed/<r>     machine rank r's launcher ended round k with this status (its
+ *                      ranks failed with no restart left, or it was interrupted)
  *   hb/<r>             machine rank r's heartbeat: a counter every launcher bumps about
  *                      once a second (CT_LAUNCH_HEARTBEAT_S) for as long as it runs
  * Every call is one request or a few, answered at once: the launcher's event loop
@@ -68,6 +70,10 @@ int ct_launch_rdzv_newer(ct_launch_rdzv *z);
 /* This launcher's ranks of the round all exited 0. */
 ct_status ct_launch_rdzv_done(ct_launch_rdzv *z);
 
+/* This launcher ends the round with a failure (status, non-zero): the host stops
+ * waiting for it. Best effort: a host that cannot be asked is not reported to. */
+void ct_launch_rdzv_failed(ct_launch_rdzv *z, int status);
+
 /* Bumps this launcher's heartbeat when CT_LAUNCH_HEARTBEAT_S passed since the last;
  * called on every monitor tick. A failure is left to the next request to report. */
 void ct_launch_rdzv_beat(ct_launch_rdzv *z);
@@ -75,8 +81,9 @@ void ct_launch_rdzv_beat(ct_launch_rdzv *z);
 /* The host, after its own ranks finished: 1 when every launcher of the round is done
  * (or a newer round was opened: nothing more will finish in this one), 2 when those not
  * done have all been silent for CT_LAUNCH_SILENT_S (killed, frozen or cut off: their
- * machine ranks in ct_launch_rdzv_gone), 0 not yet, -1 after --rdzv_timeout
- * (ct_last_error names the machine ranks not done). The host keeps serving until
+ * machine ranks in ct_launch_rdzv_gone), 0 not yet, -1 when one of them reported a
+ * failure (ct_launch_rdzv_failed) or after --rdzv_timeout (ct_last_error names the
+ * machine ranks). The host keeps serving until
  * then, so the others can still reach it. */
 int ct_launch_rdzv_all_done(ct_launch_rdzv *z);
 

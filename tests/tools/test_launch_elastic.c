@@ -251,6 +251,32 @@ Test(launch_elastic, a_dead_launcher_is_not_waited_for, .timeout = 60)
     remove_tmpdir();
 }
 
+/* Node 1's rank fails with no restart left after the host's rank finished: node 1's
+ * launcher exits with the rank's status and tells the host, which stops waiting at once
+ * and exits 1 naming machine rank 1 (not 0 after a heartbeat timeout, nor after
+ * --rdzv_timeout). */
+Test(launch_elastic, a_failed_node_ends_the_hosts_wait, .timeout = 30)
+{
+    bin_or_skip("CTRAIN_BIN");
+    setup();
+    char flags[512];
+    int port = free_port();
+    snprintf(flags, sizeof flags,
+             "--num_processes 2 --min_nodes 2 --max_nodes 2 --main_process_port %d --rdzv_timeout 300", port);
+    job n[2];
+    start_node(&n[0], 0, flags, "true");
+    start_node(&n[1], 1, flags, "sh -c 'sleep 1; exit 3'");
+    cr_assert_eq(job_wait(&n[1], 20), 3, "node 1:\n%s", node_log(1));
+    double t0 = now_s();
+    int st = job_wait(&n[0], 10);
+    char *a = node_log(0);
+    cr_assert_eq(st, 1, "%s", a);
+    cr_assert_lt(now_s() - t0, 3, "the host took %.1f s after node 1 ended:\n%s", now_s() - t0, a);
+    assert_has(a, "the launcher of machine rank 1 ended with status 3", "host");
+    free(a);
+    remove_tmpdir();
+}
+
 /* Node 0 runs alone (--min_nodes 1); node 1 arrives later, finds round 0 closed
  * without it and opens round 1; node 0 stops its rank to join (not counted), and the
  * job goes on with both. */
