@@ -38,6 +38,7 @@ typedef struct barrier_gen {
 
 struct ct_store {
     char host[256];
+    char server[128]; /* "" = the master (rank 0); else ct_store_config.server */
     int port;
     int world_size, rank;
     double timeout_s;
@@ -60,6 +61,13 @@ static void sleep_s(double s)
 }
 
 static double effective_timeout(const ct_store *s, double t) { return t > 0 ? t : s->timeout_s; }
+
+/* Who serves the store, as errors name it. */
+static const char *server_name(const ct_store *s)
+{
+    return s->server[0] ? s->server : "the master";
+}
+
 
 
 /* ---- connecting ------------------------------------------------------------------ */
@@ -127,8 +135,13 @@ static ct_status store_connect(ct_store *s)
         }
         double left = deadline - cti_dist_now();
         if (left <= 0 && refusal[0])
-            return ct_error_set(CT_ERR_PEER, "store: the master at %s:%d refused this rank for %g s: %s", s->host,
-                                s->port, s->timeout_s, refusal);
+            return ct_error_set(CT_ERR_PEER, "store: %s at %s:%d refused this %s for %g s: %s", server_name(s),
+                                s->host, s->port, s->server[0] ? "client" : "rank", s->timeout_s, refusal);
+        if (left <= 0 && s->server[0])
+            return ct_error_set(CT_ERR_TIMEOUT,
+                                "store: cannot reach %s at %s:%d within %g s (last attempt: %s); check that it is "
+                                "running and the address and port",
+                                s->server, s->host, s->port, s->timeout_s, why);
         if (left <= 0)
             return ct_error_set(CT_ERR_TIMEOUT,
                                 "store: cannot reach the master at %s:%d within %g s (last attempt: %s); check "
@@ -149,22 +162,22 @@ static ct_status break_handle(ct_store *s, ct_status st, const char *fmt, const 
     s->fd = -1;
     char what[256];
     snprintf(what, sizeof what, fmt, detail);
+    const char *who = server_name(s);
     if (st == CT_ERR_TIMEOUT)
         snprintf(s->broken_msg, sizeof s->broken_msg,
-                 "store: the master at %s:%d did not answer in time (%s); it may be stopped or overloaded; set "
+                 "store: %s at %s:%d did not answer in time (%s); it may be stopped or overloaded; set "
                  "CTRAIN_TIMEOUT to wait longer",
-                 s->host, s->port, what);
+                 who, s->host, s->port, what);
     else if (st == CT_ERR_PEER)
         snprintf(s->broken_msg, sizeof s->broken_msg,
-                 "store: lost the connection to the master at %s:%d (%s); rank 0 may have exited: see its output",
-                 s->host, s->port, what);
+                 "store: lost the connection to %s at %s:%d (%s); %s may have exited: see its output", who, s->host,
+                 s->port, what, s->server[0] ? "it" : "rank 0");
     else if (st == CT_ERR_NOMEM)
-        snprintf(s->broken_msg, sizeof s->broken_msg,
-                 "store: out of memory reading a reply from the master at %s:%d (%s)", s->host, s->port, what);
+        snprintf(s->broken_msg, sizeof s->broken_msg, "store: out of memory reading a reply from %s at %s:%d (%s)",
+                 who, s->host, s->port, what);
     else
-        snprintf(s->broken_msg, sizeof s->broken_msg,
-                 "store: the master at %s:%d sent %s; is MASTER_PORT another service's port?", s->host, s->port,
-                 what);
+        snprintf(s->broken_msg, sizeof s->broken_msg, "store: %s at %s:%d sent %s; is %s another service's port?",
+                 who, s->host, s->port, what, s->server[0] ? "the port" : "MASTER_PORT");
     s->broken = st;
     return ct_error_set(st, "%s", s->broken_msg);
 }
@@ -201,7 +214,7 @@ static ct_status recv_all(ct_store *s, uint8_t *buf, size_t n, double deadline)
             buf += r;
             n -= (size_t)r;
         } else if (r == 0) {
-            return break_handle(s, CT_ERR_PEER, "%s", "the master closed the connection");
+            return break_handle(s, CT_ERR_PEER, "%s", "it closed the connection");
         } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
             int w = cti_dist_wait_fd(s->fd, POLLIN, deadline);
             if (w == 0) return break_handle(s, CT_ERR_TIMEOUT, "%s", "no reply");
@@ -355,6 +368,7 @@ ct_store *ct_store_new(const ct_store_config *cfg)
         return NULL;
     }
     snprintf(s->host, sizeof s->host, "%s", host);
+    if (cfg->server) snprintf(s->server, sizeof s->server, "%s", cfg->server);
     s->port = cfg->port;
     s->world_size = world;
     s->rank = cfg->rank;

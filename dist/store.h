@@ -79,6 +79,8 @@ typedef struct ct_store_config {
     double timeout_s; /* connect and default wait timeout; <= 0: 300 s */
     const char *job;  /* this job's id; NULL: ct_dist_job_id() (dist/env.h) */
     const char *token; /* this job's token, 0..CT_STORE_MAX_TOKEN bytes; NULL: ct_dist_store_token() */
+    const char *server; /* who serves it, as errors name it ("machine rank 0's launcher");
+                         * NULL: "the master" (rank 0) */
 } ct_store_config;
 
 /* Starts the server when cfg->serve (binding cfg->host: an IP address is bound as

@@ -92,7 +92,8 @@ ct_launch_rdzv *ct_launch_rdzv_new(const ct_launch_opts *o)
     snprintf(z->endpoint, sizeof z->endpoint, "%s:%d", o->main_process_ip, o->main_process_port);
     z->store = ct_store_new(&(ct_store_config){
         .host = o->main_process_ip, .port = o->main_process_port, .serve = z->host, .world_size = 1,
-        .timeout_s = o->rdzv_timeout_s, .job = o->job_id[0] ? o->job_id : NULL, .token = o->store_token});
+        .timeout_s = o->rdzv_timeout_s, .job = o->job_id[0] ? o->job_id : NULL, .token = o->store_token,
+        .server = "the rendezvous host"});
     if (!z->store) {
         ct_error_prefix(z->host ? "cannot serve the rendezvous on %s (--main_process_ip, --main_process_port): "
                                 : "cannot reach the rendezvous host at %s (--main_process_ip, --main_process_port: "
