@@ -66,4 +66,14 @@ static inline uint8_t *read_all(const char *path, size_t *n)
     return b;
 }
 
+/* tmpdir/text.txt: `lines` short lines ("line 7: the quick brown fox ..."), enough bytes
+ * (400 lines: 21 KB) for a tiny GPT's train and validation split */
+static inline void write_small_text(int lines)
+{
+    FILE *f = fopen(path_of("text.txt"), "w");
+    cr_assert_not_null(f);
+    for (int i = 0; i < lines; i++) fprintf(f, "line %d: the quick brown fox jumps over the lazy dog.\n", i);
+    fclose(f);
+}
+
 #endif

@@ -54,10 +54,7 @@ static const char *ctrain_bin(void) { return cluster_env_or_skip("CTRAIN_BIN"); 
 static void setup(void)
 {
     make_tmpdir_with("/tmp/ct_cluster_");
-    FILE *f = fopen(path_of("text.txt"), "w");
-    cr_assert_not_null(f);
-    for (int i = 0; i < 400; i++) fprintf(f, "line %d: the quick brown fox jumps over the lazy dog.\n", i);
-    fclose(f);
+    write_small_text(400);
 }
 
 /* The GPT example's arguments for `steps` steps, batch `batch` per rank, into tmpdir/out.

@@ -58,10 +58,7 @@ static void setup(int nodes)
     ex_dir();
     ctrain_bin();
     make_tmpdir_with("/tmp/ct_cluster_el_");
-    FILE *f = fopen(path_of("text.txt"), "w");
-    cr_assert_not_null(f);
-    for (int i = 0; i < 400; i++) fprintf(f, "line %d: the quick brown fox jumps over the lazy dog.\n", i);
-    fclose(f);
+    write_small_text(400);
     cluster_up(nodes);
 }
 

@@ -30,15 +30,6 @@ static int run(const char *cmd, char *out, size_t cap)
 
 static char out[1 << 16];
 
-/* tmpdir/text.txt: 400 short lines, enough bytes for a tiny GPT's train and validation split */
-static void write_small_text(void)
-{
-    FILE *f = fopen(path_of("text.txt"), "w");
-    cr_assert_not_null(f);
-    for (int i = 0; i < 400; i++) fprintf(f, "line %d: the quick brown fox jumps over the lazy dog.\n", i);
-    fclose(f);
-}
-
 Test(examples, quickstart_alone_and_under_launch, .timeout = 60)
 {
     const char *ctrain = bin_or_skip("CTRAIN_BIN"), *ex = bin_or_skip("CTRAIN_EXAMPLES");
@@ -58,7 +49,7 @@ Test(examples, gpt_under_launch_with_ddp, .timeout = 120)
 {
     const char *ctrain = bin_or_skip("CTRAIN_BIN"), *ex = bin_or_skip("CTRAIN_EXAMPLES");
     make_tmpdir_with("/tmp/ct_examples_");
-    write_small_text();
+    write_small_text(400);
     char cmd[4096], args[1024];
     snprintf(args, sizeof args,
              "--data %s --out_dir %s/run --n_layer 1 --n_head 2 --n_embd 32 --block_size 32 --batch_size 4 "
@@ -81,7 +72,7 @@ Test(examples, gpt_under_launch_sharded, .timeout = 180)
 {
     const char *ctrain = bin_or_skip("CTRAIN_BIN"), *ex = bin_or_skip("CTRAIN_EXAMPLES");
     make_tmpdir_with("/tmp/ct_examples_");
-    write_small_text();
+    write_small_text(400);
     FILE *f = fopen(path_of("ds.json"), "w");
     cr_assert_not_null(f);
     fprintf(f, "{\"zero_optimization\": {\"stage\": 2, \"offload_optimizer\": {\"device\": \"cpu\"}},\n"

@@ -31,15 +31,6 @@ static const char *bin_or_skip(const char *var)
     return v;
 }
 
-/* tmpdir/text.txt: 400 short lines, enough bytes for a tiny GPT's train and validation split */
-static void write_small_text(void)
-{
-    FILE *f = fopen(path_of("text.txt"), "w");
-    cr_assert_not_null(f);
-    for (int i = 0; i < 400; i++) fprintf(f, "line %d: the quick brown fox jumps over the lazy dog.\n", i);
-    fclose(f);
-}
-
 /* ---- running a program, killing it and its descendants ------------------------------ */
 
 /* The children of pid (from /proc/<each>/stat's ppid field) appended to out[*n..]. */
@@ -247,7 +238,7 @@ Test(examples_resume, gpt_killed_and_resumed_alone, .timeout = 90)
     const char *ex = bin_or_skip("CTRAIN_EXAMPLES");
     bin_or_skip("CTRAIN_BIN");
     make_tmpdir_with("/tmp/ct_resume_");
-    write_small_text();
+    write_small_text(400);
     char prefix[1024];
     snprintf(prefix, sizeof prefix, "%s/gpt_train --threads 1", ex);
     /* --total_limit 1: the step-40 checkpoint replaces step 20's once complete */
@@ -266,7 +257,7 @@ Test(examples_resume, gpt_killed_and_resumed_under_launch_zero2, .timeout = 150)
 {
     const char *ctrain = bin_or_skip("CTRAIN_BIN"), *ex = bin_or_skip("CTRAIN_EXAMPLES");
     make_tmpdir_with("/tmp/ct_resume_");
-    write_small_text();
+    write_small_text(400);
     char prefix[1024];
     snprintf(prefix, sizeof prefix,
              "%s launch --num_processes 2 --num_cpu_threads_per_process 1 --main_process_port 0 --use_deepspeed "

@@ -46,10 +46,7 @@ static void assert_has(const char *needle)
  * starts the program (gpt_train alone or under ctrain launch). */
 static void train_and_save(const char *prefix)
 {
-    FILE *f = fopen(path_of("text.txt"), "w");
-    cr_assert_not_null(f);
-    for (int i = 0; i < 200; i++) fprintf(f, "line %d: the quick brown fox jumps over the lazy dog.\n", i);
-    fclose(f);
+    write_small_text(200);
     char cmd[4096];
     snprintf(cmd, sizeof cmd,
              "%s --data %s --out_dir %s/run --project_dir %s/p --n_layer 1 --n_head 2 --n_embd 32 --block_size 32 "

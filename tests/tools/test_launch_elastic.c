@@ -412,14 +412,6 @@ Test(launch_elastic, bad_node_ranges_are_usage_errors, .timeout = 30)
 
 /* ---- a node lost in training --------------------------------------------------------- */
 
-static void write_small_text(void)
-{
-    FILE *f = fopen(path_of("text.txt"), "w");
-    cr_assert_not_null(f);
-    for (int i = 0; i < 400; i++) fprintf(f, "line %d: the quick brown fox jumps over the lazy dog.\n", i);
-    fclose(f);
-}
-
 /* A tiny GPT, a few milliseconds a step on one thread, dropout on (the generators
  * matter); a checkpoint every 25 of 300 steps. */
 #define TINY_GPT                                                                                               \
@@ -437,7 +429,7 @@ static void check_node_lost(int per_node, const char *strategy)
 {
     const char *ctrain = bin_or_skip("CTRAIN_BIN"), *ex = bin_or_skip("CTRAIN_EXAMPLES");
     setup();
-    write_small_text();
+    write_small_text(400);
     char flags[1024], prog[2048], dir[600];
     snprintf(flags, sizeof flags,
              "--num_processes %d --min_nodes 1 --max_nodes 2 --num_cpu_threads_per_process 1 --main_process_port %d "

@@ -20,15 +20,6 @@ static const char *bin_or_skip(const char *var)
     return v;
 }
 
-/* tmpdir/text.txt: 400 short lines, enough for a tiny GPT's train and validation split */
-static void write_small_text(void)
-{
-    FILE *f = fopen(path_of("text.txt"), "w");
-    cr_assert_not_null(f);
-    for (int i = 0; i < 400; i++) fprintf(f, "line %d: the quick brown fox jumps over the lazy dog.\n", i);
-    fclose(f);
-}
-
 /* A tiny GPT (a step takes a few milliseconds on one thread), dropout on so the
  * process generators matter; 300 steps leave the kill far more time than it needs. */
 #define TINY_GPT                                                                                               \
@@ -48,7 +39,7 @@ Test(launch_resume, killed_rank_restarts_and_resumes_bitwise, .timeout = 120)
     const char *ctrain = bin_or_skip("CTRAIN_BIN"), *ex = bin_or_skip("CTRAIN_EXAMPLES");
     setenv("CTRAIN_CONFIG_FILE", "/nonexistent/ctrain-test.yaml", 1);
     make_tmpdir_with("/tmp/ct_launch_resume_");
-    write_small_text();
+    write_small_text(400);
     char cmd[4096], log[600], dir[600], want[700];
 
     /* the reference: the same job, never interrupted */
@@ -120,7 +111,7 @@ Test(launch_resume, resume_auto_without_and_with_an_incomplete_checkpoint, .time
 {
     const char *ex = bin_or_skip("CTRAIN_EXAMPLES");
     make_tmpdir_with("/tmp/ct_launch_resume_");
-    write_small_text();
+    write_small_text(400);
     char d[700], want[800];
     char *out;
 
