@@ -100,12 +100,15 @@ static const char *log_of(const char *job, int m)
     return path_of(n);
 }
 
+static int rank_timeout = 30; /* the ranks' CTRAIN_TIMEOUT, seconds */
+
 /* Starts machine ranks 0..nodes-1 of job `job` (logs tmpdir/<job>.node<m>.log); returns
  * the index in the_cluster.procs of the first. */
 static int start_job(const char *job, int nodes, int per_node, const char *flags, const char *prog)
 {
     char env[256];
-    snprintf(env, sizeof env, "CTRAIN_STORE_TOKEN=%s CTRAIN_TIMEOUT=30 CTRAIN_CONFIG_FILE=/nonexistent/x.yaml", TOKEN);
+    snprintf(env, sizeof env, "CTRAIN_STORE_TOKEN=%s CTRAIN_TIMEOUT=%d CTRAIN_CONFIG_FILE=/nonexistent/x.yaml", TOKEN,
+             rank_timeout);
     int first = the_cluster.nprocs;
     for (int m = 0; m < nodes; m++) node_start(m, env, log_of(job, m), launch_cmd(nodes, per_node, m, flags, prog));
     return first;
@@ -353,7 +356,17 @@ Test(cluster_elastic, c10d_restart_after_a_node_s_ranks_die_is_bitwise, .timeout
  * latest checkpoint; their final model must equal, byte for byte, that of a static
  * 2-node job started with --resume <that checkpoint> (an independent run: no
  * rendezvous round, no restart, another project directory). */
-static void lost_node_continues(const char *what, const char *strategy)
+/* Cuts node i off the network the moment the first checkpoint of tmpdir/<proj> is
+ * complete: the host side of its link goes down, its processes live on. */
+static void cut_node_at_first_checkpoint(int i, const char *proj, const char *job)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "ip link set %sv%d down", the_cluster.id, i);
+    wait_first_checkpoint(proj, job);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+}
+
+static void lost_node_continues_as(const char *what, const char *strategy, bool cut)
 {
     setup(3);
     char flags[512];
@@ -363,9 +376,13 @@ static void lost_node_continues(const char *what, const char *strategy)
              strategy);
     int job = start_job("job", 3, 1, flags, gpt_prog("out", "proj", 2, "auto"));
     double t_start = now_s();
-    int killed = kill_node_at_first_checkpoint(2, job + 2, 1, "proj", "job");
+    if (cut) {
+        cut_node_at_first_checkpoint(2, "proj", "job");
+    } else {
+        int killed = kill_node_at_first_checkpoint(2, job + 2, 1, "proj", "job");
+        cr_assert_eq(killed, 2, "node 2: %d of its launcher and rank killed", killed);
+    }
     double t0 = now_s();
-    cr_assert_eq(killed, 2, "node 2: %d of its launcher and rank killed", killed);
     const int nodes[] = {0, 1, 0};
     const char *marks[] = {"rendezvous round 1: 2 nodes (machine ranks 0,1); this is node 0, ranks 0..0 of 2",
                            "rendezvous round 1: 2 nodes (machine ranks 0,1); this is node 1, ranks 1..1 of 2",
@@ -379,9 +396,9 @@ static void lost_node_continues(const char *what, const char *strategy)
     expect_in("job", 0, "2 process(es) x 1 threads");
     char ckpt[600];
     long step = resumed_step("job", ckpt, sizeof ckpt);
-    cr_log_info("%s: node 2 killed at %.2f s into the job; round 1 of 2 nodes %.2f s after the kill, resumed (at step "
-                "%ld) after %.2f s, the job ended after %.2f s",
-                what, t0 - t_start, at[0], step, at[2], t_end);
+    cr_log_info("%s: node 2 %s at %.2f s into the job; round 1 of 2 nodes %.2f s after it, resumed (at step %ld) after "
+                "%.2f s, the job ended after %.2f s (CTRAIN_TIMEOUT %d)",
+                what, cut ? "cut off" : "killed", t0 - t_start, at[0], step, at[2], t_end, rank_timeout);
 
     /* the reference: nodes 0 and 1, static, resumed from that checkpoint */
     char ref_flags[512];
@@ -394,6 +411,21 @@ static void lost_node_continues(const char *what, const char *strategy)
     expect_in("ref", 0, want);
     cr_expect(same_model("out", "ref"), "%s: the model after node 2 was lost differs from a 2-node run resumed from %s "
               "(step %ld)", what, ckpt, step);
+}
+
+static void lost_node_continues(const char *what, const char *strategy)
+{
+    lost_node_continues_as(what, strategy, false);
+}
+
+/* Node 2's link cut instead: nothing is closed, so the other ranks learn it only when
+ * their collective times out (CTRAIN_TIMEOUT 5 s here); their launchers then meet in
+ * round 1 without node 2, whose launcher cannot reach the host any more, and the job
+ * resumes on 2 nodes as after a kill. */
+Test(cluster_elastic, cut_off_node_ddp_continues_on_2_nodes, .timeout = 90, .fini = fini)
+{
+    rank_timeout = 5;
+    lost_node_continues_as("DDP, node 2 of 3 cut off", "", true);
 }
 
 Test(cluster_elastic, lost_node_ddp_continues_on_2_nodes, .timeout = 90, .fini = fini)
@@ -481,7 +513,8 @@ Test(cluster_elastic, restart_without_a_shared_project_dir_fails, .timeout = 90,
 {
     setup(2);
     char env[256];
-    snprintf(env, sizeof env, "CTRAIN_STORE_TOKEN=%s CTRAIN_TIMEOUT=30 CTRAIN_CONFIG_FILE=/nonexistent/x.yaml", TOKEN);
+    snprintf(env, sizeof env, "CTRAIN_STORE_TOKEN=%s CTRAIN_TIMEOUT=%d CTRAIN_CONFIG_FILE=/nonexistent/x.yaml", TOKEN,
+             rank_timeout);
     for (int m = 0; m < 2; m++) {
         char proj[32];
         snprintf(proj, sizeof proj, "proj%d", m);
