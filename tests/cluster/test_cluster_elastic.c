@@ -470,6 +470,36 @@ Test(cluster_elastic, lost_node_with_an_indivisible_checkpoint_ends_the_job, .ti
     free(a);
 }
 
+/* The static rendezvous cannot shrink: 2 nodes x 1 rank with --max_restarts 1, node 1
+ * lost for good (every process on it) after the first checkpoint. Node 0's rank fails on
+ * the lost peer, its launcher restarts it, and the restarted rank waits at the
+ * rendezvous for rank 1 until CTRAIN_TIMEOUT (5 s), then fails naming it; with no
+ * restart left the launcher exits non-zero. Never a hang, never a job that "finishes"
+ * alone. */
+Test(cluster_elastic, static_job_without_a_lost_node_ends_after_the_timeout, .timeout = 90, .fini = fini)
+{
+    rank_timeout = 5;
+    setup(2);
+    int job = start_job("job", 2, 1, "--max_restarts 1", gpt_prog("out", "proj", 2, "auto"));
+    int killed = kill_node_at_first_checkpoint(1, job + 1, 1, "proj", "job");
+    cr_assert_eq(killed, 2, "node 1: %d of its launcher and rank killed", killed);
+    double t0 = now_s();
+    wait_job("job", job, 1, 30);
+    double dt = the_cluster.procs[job].ended - t0;
+    char *a = slurp(log_of("job", 0));
+    const char *err = strstr(a, "tcp: rank(s) ");
+    if (!err) err = strstr(a, "cannot reach");
+    if (!err) err = strstr(a, "not set within");
+    cr_log_info("static, node 1 of 2 lost: node 0's launcher exited %d after %.2f s (CTRAIN_TIMEOUT %d); %.*s",
+                the_cluster.procs[job].status, dt, rank_timeout, err ? (int)strcspn(err, "\n") : 0, err ? err : "");
+    cr_expect_neq(the_cluster.procs[job].status, 0, "node 0 finished alone:\n...%s", tail_of(a));
+    cr_expect(strstr(a, "restarting the 1 local rank (restart 1 of 1)"), "node 0 did not restart:\n...%s",
+              tail_of(a));
+    cr_expect(!strstr(a, "trained "), "node 0 trained alone:\n...%s", tail_of(a));
+    cr_expect_leq(dt, 2.0 * rank_timeout + 8, "node 0 took %.2f s to give up", dt);
+    free(a);
+}
+
 /* ---- the host lost --------------------------------------------------------------------- */
 
 /* 2 nodes x 2 ranks under c10d with restarts left; every process of node 0 (the
