@@ -322,6 +322,16 @@ static ct_status ask_machines(asker *a, ct_cluster_config *c)
                    "Are all the machines on the same local network? Answer `no` if nodes are on the cloud and/or on "
                    "different network hosts",
                    c->same_network, &c->same_network));
+    if (!c->same_network) {
+        /* Accelerate asks this only then: the static rendezvous, or c10d's rounds
+         * (tools/launch_rdzv.h: elastic, survives a lost machine) */
+        static const choice BACKENDS[] = {{"static", NULL, "a fixed set of machines"},
+                                          {"c10d", NULL, "elastic: rounds of the launchers at the main process"}};
+        int k;
+        TRY(ask_choice(a, "the rendezvous backend", "What rendezvous backend will you use?", BACKENDS, N_OF(BACKENDS),
+                       !strcmp(c->rdzv_backend, "c10d"), &k));
+        snprintf(c->rdzv_backend, sizeof c->rdzv_backend, "%s", BACKENDS[k].name);
+    }
     return CT_OK;
 }
 

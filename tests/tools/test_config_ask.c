@@ -38,6 +38,7 @@ static void dump(FILE *f, const ct_cluster_config *c)
             c->num_machines, c->machine_rank, c->num_processes, c->main_process_ip, c->main_process_port);
     fprintf(f, "gpu_ids=%s\nnum_cpu_threads_per_process=%d\ngradient_accumulation_steps=%d\nsame_network=%d\ndebug=%d\n",
             c->gpu_ids, c->num_cpu_threads_per_process, c->gradient_accumulation_steps, c->same_network, c->debug);
+    fprintf(f, "rdzv_backend=%s\n", c->rdzv_backend);
     fprintf(f, "fp8.fp8_format=%s\nfp8.amax_history_len=%d\nfp8.amax_compute_algo=%s\nfp8.margin=%d\n",
             c->fp8.fp8_format, c->fp8.amax_history_len, c->fp8.amax_compute_algo, c->fp8.margin);
     fprintf(f, "deepspeed.zero_stage=%d\ndeepspeed.offload_optimizer_device=%s\ndeepspeed.offload_param_device=%s\n",
@@ -399,8 +400,35 @@ Test(config_ask, multi_node, .timeout = 60)
          {"Do you wish to use mixed precision?", ""},
          {"How many gradient accumulation steps do you want to use? [1]: ", ""});
     check_values("status=ok", "distributed_type=MULTI_CPU", "num_machines=2", "machine_rank=1",
-                 "main_process_ip=10.0.0.1", "main_process_port=29501", "same_network=1", "debug=1",
+                 "main_process_ip=10.0.0.1", "main_process_port=29501", "same_network=1", "rdzv_backend=static", "debug=1",
                  "num_processes=8", "num_cpu_threads_per_process=2", NULL);
+}
+
+/* Machines on different networks: Accelerate then asks for the rendezvous backend; c10d
+ * is ctrain's elastic rendezvous (launch --rdzv_backend c10d). */
+Test(config_ask, multi_node_on_different_networks_asks_the_rendezvous, .timeout = 60)
+{
+    start(0, 8, NULL);
+    PLAY({"In which compute environment are you running?", ""},
+         {"Which type of machine are you using?", "1"},
+         {"How many different machines will you use (use more than 1 for multi-node training)? [1]: ", "3"},
+         {"What is the rank of this machine (0 to 2)? [0]: ", "0"},
+         {"What is the IP address of the machine that will host the main process? ", "10.0.0.1"},
+         {"What is the port you will use to communicate with the main process? [29500]: ", ""},
+         {"Are all the machines on the same local network? Answer `no` if nodes are on the cloud and/or on different "
+          "network hosts [YES/no]: ",
+          "no"},
+         {"What rendezvous backend will you use?\n  0) static  (a fixed set of machines)\n  1) c10d  (elastic: "
+          "rounds of the launchers at the main process)\nNumber or name [0: static]: ",
+          "c10d"},
+         {"Should distributed operations be checked while running for errors?", ""},
+         {"Do you want to use DeepSpeed? [yes/NO]: ", ""},
+         {"Do you want to use FullyShardedDataParallel? [yes/NO]: ", ""},
+         {"How many processes should be used for distributed training (in total, across all machines)? [3]: ", ""},
+         {"How many CPU threads should each process use?", ""},
+         {"Do you wish to use mixed precision?", ""},
+         {"How many gradient accumulation steps do you want to use? [1]: ", ""});
+    check_values("status=ok", "num_machines=3", "same_network=0", "rdzv_backend=c10d", "num_processes=3", NULL);
 }
 
 Test(config_ask, fp8_recipe, .timeout = 60)
