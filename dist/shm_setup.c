@@ -442,7 +442,7 @@ ct_transport *cti_transport_select(const ct_transport_setup *s, const char *want
         bad[q] = e[q].present && !same_node(&e[q], &e[0]);
         elsewhere |= !e[q].present || bad[q];
         local[q] = q != s->rank && same_node(&e[q], &e[s->rank]);
-        for (int r = 0; r < q; r++) pair |= same_node(&e[q], &e[r]);
+        for (int r = 0; r < q && !pair; r++) pair = same_node(&e[q], &e[r]);
     }
     char list[256];
     if (any_shm && any_tcp) {

@@ -317,8 +317,10 @@ static void peer_text(const struct sockaddr_storage *sa, char *out, size_t cap)
     snprintf(out, cap, v6 ? "[%s]:%d" : "%s:%d", ip, port);
 }
 
-/* Accepts the ranks above this one. */
-static ct_status accept_peers(int *fds, int lfd, const ct_transport_setup *s, uint64_t nonce, double deadline)
+/* Accepts the ranks above this one on lfd, which listens on port (named when they do
+ * not come). */
+static ct_status accept_peers(int *fds, int lfd, int port, const ct_transport_setup *s, uint64_t nonce,
+                              double deadline)
 {
     int need = s->size - 1 - s->rank;
     while (need > 0) {
@@ -330,11 +332,6 @@ static ct_status accept_peers(int *fds, int lfd, const ct_transport_setup *s, ui
             for (int q = s->rank + 1; q < s->size && n < sizeof list - 16; q++)
                 if (fds[q] < 0) n += (size_t)snprintf(list + n, sizeof list - n, "%s%d", n ? ", " : "", q);
             /* a firewall is the usual cause on a cluster: name the port it must let through */
-            struct sockaddr_storage me = {0};
-            socklen_t len = sizeof me;
-            int port = getsockname(lfd, (struct sockaddr *)&me, &len) ? 0
-                       : me.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&me)->sin6_port)
-                                                  : ntohs(((struct sockaddr_in *)&me)->sin_port);
             const char *range = getenv("CTRAIN_PORT_RANGE");
             return ct_error_set(CT_ERR_TIMEOUT,
                                 "tcp: rank(s) %s did not connect within %.3g s; did they start, and can they reach "
@@ -437,7 +434,7 @@ int *cti_tcp_connect(const ct_transport_setup *s)
         fds[q] = connect_peer(q, val, s, nonce, deadline);
         if (fds[q] < 0) goto fail;
     }
-    if (accept_peers(fds, lfd, s, nonce, deadline)) goto fail;
+    if (accept_peers(fds, lfd, port, s, nonce, deadline)) goto fail;
     close(lfd);
     return fds;
 
