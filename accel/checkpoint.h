@@ -113,6 +113,12 @@ CT_API const char *ct_accelerator_last_checkpoint(const ct_accelerator *acc);
 
 /* ---- without an Accelerator: inspecting checkpoints (ctrain checkpoint DIR) -------- */
 
+/* How many checkpoint_<i> directories <project_dir>/checkpoints holds, complete or not
+ * (0 when it does not exist; an interrupted save's "checkpoint_<i>.tmp-<id>" is none);
+ * -1 out of memory. 0 means a run has nothing to resume: `--resume auto` in the GPT
+ * example then starts fresh, while an incomplete one is left to load_state to refuse. */
+CT_API int ct_checkpoint_count(const char *project_dir);
+
 /* The latest complete checkpoint_<i> under <project_dir>/checkpoints (the highest i
  * whose manifest verifies in size) into out. CT_ERR_NOT_FOUND-like CT_ERR_INVALID with
  * a message when there is none. */

@@ -547,6 +547,17 @@ int64_t cti_ckpt_auto_highest(const char *root)
     return hi;
 }
 
+int ct_checkpoint_count(const char *project_dir)
+{
+    char *root = cti_ckpt_auto_root(project_dir);
+    if (!root) return -1;
+    int64_t *idx;
+    const int n = list_auto(root, &idx);
+    free(idx);
+    free(root);
+    return n;
+}
+
 ct_status ct_checkpoint_latest(const char *project_dir, char *out, size_t cap)
 {
     if (!out || !cap) return ct_error_set(CT_ERR_INVALID, "checkpoint_latest: out is NULL");

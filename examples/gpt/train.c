@@ -16,7 +16,6 @@
  * command line). --help lists
  * every option.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -246,30 +245,6 @@ static int64_t prepare_tokens(const options *o, const char *token_path)
     return (int64_t)len;
 }
 
-/* Whether <project_dir>/checkpoints holds any checkpoint_<i> directory, complete or not.
- * None: --resume auto starts fresh, so one command line serves the first attempt and
- * every restart. One that is there but incomplete or corrupt is not skipped here:
- * load_state takes the latest complete one or fails naming what it found
- * (ct_checkpoint_latest). An interrupted save's "checkpoint_<i>.tmp-<id>" is no
- * checkpoint (accel/checkpoint.h). */
-static bool has_checkpoints(const char *project_dir)
-{
-    char root[1200];
-    snprintf(root, sizeof root, "%s/checkpoints", project_dir);
-    DIR *d = opendir(root);
-    if (!d) return false;
-    bool any = false;
-    for (struct dirent *e; !any && (e = readdir(d)) != NULL;) {
-        const char *c = e->d_name;
-        if (strncmp(c, "checkpoint_", 11) || !c[11]) continue;
-        c += 11;
-        while (*c >= '0' && *c <= '9') c++;
-        any = !*c;
-    }
-    closedir(d);
-    return any;
-}
-
 /* ---- main -------------------------------------------------------------------------- */
 
 static ct_tensor *gpt_loss(void *m, ct_tensor *x, ct_tensor *y) { return ct_gpt_loss(m, x, y); }
@@ -371,7 +346,9 @@ int main(int argc, char **argv)
     /* every rank loads (a sharded checkpoint has every rank's files); the loop goes on
      * at the step after the last one the checkpoint holds */
     int64_t first = 1;
-    bool fresh = o.resume && !strcmp(o.resume, "auto") && !has_checkpoints(project_dir);
+    /* no checkpoint_<i> at all: one command line serves the first attempt and every
+     * restart; one that is there but incomplete or corrupt is load_state's to refuse */
+    bool fresh = o.resume && !strcmp(o.resume, "auto") && ct_checkpoint_count(project_dir) == 0;
     if (fresh)
         ct_accelerator_print(acc, "--resume auto: no checkpoint under %s/checkpoints yet; starting at step 1\n",
                              project_dir);

@@ -618,3 +618,23 @@ Test(accel_checkpoint, another_optimizer)
                 .expect = "the checkpoint's optimizer is adamw, this run's is sgd"};
     run_env_ranks(1, train_rank, tmpdir, &load, 120);
 }
+
+/* ct_checkpoint_count: checkpoint_<i> directories, complete or not; nothing else. */
+Test(accel_checkpoint, count_is_the_checkpoint_directories)
+{
+    char proj[700], d[800];
+    snprintf(proj, sizeof proj, "%s/count", tmpdir);
+    cr_expect_eq(ct_checkpoint_count(proj), 0, "a project without a checkpoints directory");
+    const char *names[] = {"", "/checkpoints", "/checkpoints/checkpoint_0.tmp-ab12", "/checkpoints/checkpoint_",
+                           "/checkpoints/checkpoint_x1", "/checkpoints/other"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        snprintf(d, sizeof d, "%s%s", proj, names[i]);
+        cr_assert_eq(mkdir(d, 0755), 0, "%s", d);
+    }
+    cr_expect_eq(ct_checkpoint_count(proj), 0, "only an interrupted save and other names");
+    snprintf(d, sizeof d, "%s/checkpoints/checkpoint_3", proj);
+    cr_assert_eq(mkdir(d, 0755), 0);
+    snprintf(d, sizeof d, "%s/checkpoints/checkpoint_12", proj);
+    cr_assert_eq(mkdir(d, 0755), 0);
+    cr_expect_eq(ct_checkpoint_count(proj), 2, "checkpoint_3 (empty: incomplete) and checkpoint_12");
+}
