@@ -51,22 +51,19 @@ static const char *key(char *buf, size_t cap, int round, const char *what)
     return buf;
 }
 
-/* A counter's value without changing it (a missing key reads 0). */
-static ct_status counter(ct_launch_rdzv *z, const char *k, int64_t *v)
+/* Adds delta to counter k (a missing key reads 0), its new value into *v. */
+static ct_status add(ct_launch_rdzv *z, const char *k, int64_t delta, int64_t *v)
 {
-    if (ct_store_add(z->store, k, 0, v))
+    if (ct_store_add(z->store, k, delta, v))
         return ct_error_prefix("the rendezvous host at %s (machine rank 0's launcher) cannot be asked: ",
                                z->endpoint);
     return CT_OK;
 }
 
-static ct_status bump(ct_launch_rdzv *z, const char *k, int64_t *v)
-{
-    if (ct_store_add(z->store, k, 1, v))
-        return ct_error_prefix("the rendezvous host at %s (machine rank 0's launcher) cannot be asked: ",
-                               z->endpoint);
-    return CT_OK;
-}
+/* A counter's value without changing it. */
+static ct_status counter(ct_launch_rdzv *z, const char *k, int64_t *v) { return add(z, k, 0, v); }
+
+static ct_status bump(ct_launch_rdzv *z, const char *k, int64_t *v) { return add(z, k, 1, v); }
 
 const char *ct_launch_rdzv_endpoint(const ct_launch_rdzv *z)
 {
@@ -76,19 +73,17 @@ const char *ct_launch_rdzv_endpoint(const ct_launch_rdzv *z)
 ct_launch_rdzv *ct_launch_rdzv_new(const ct_launch_opts *o)
 {
     ct_launch_rdzv *z = calloc(1, sizeof *z);
-    if (!z) {
-        ct_error_set(CT_ERR_NOMEM, "out of memory for the rendezvous");
-        return NULL;
+    if (z) {
+        z->hb_seen = calloc((size_t)o->max_nodes, sizeof *z->hb_seen);
+        z->hb_changed = calloc((size_t)o->max_nodes, sizeof *z->hb_changed);
     }
-    z->o = o;
-    z->host = o->machine_rank == 0;
-    z->hb_seen = calloc((size_t)o->max_nodes, sizeof *z->hb_seen);
-    z->hb_changed = calloc((size_t)o->max_nodes, sizeof *z->hb_changed);
-    if (!z->hb_seen || !z->hb_changed) {
+    if (!z || !z->hb_seen || !z->hb_changed) {
         ct_error_set(CT_ERR_NOMEM, "out of memory for the rendezvous");
         ct_launch_rdzv_free(z);
         return NULL;
     }
+    z->o = o;
+    z->host = o->machine_rank == 0;
     snprintf(z->endpoint, sizeof z->endpoint, "%s:%d", o->main_process_ip, o->main_process_port);
     z->store = ct_store_new(&(ct_store_config){
         .host = o->main_process_ip, .port = o->main_process_port, .serve = z->host, .world_size = 1,
@@ -302,7 +297,7 @@ void ct_launch_rdzv_beat(ct_launch_rdzv *z)
     char k[64];
     int64_t v;
     snprintf(k, sizeof k, "ctl/hb/%d", z->o->machine_rank);
-    if (ct_store_add(z->store, k, 1, &v)) ct_error_clear();
+    if (bump(z, k, &v)) ct_error_clear(); /* the next request reports a lost host */
 }
 
 void ct_launch_rdzv_failed(ct_launch_rdzv *z, int status)
@@ -311,7 +306,7 @@ void ct_launch_rdzv_failed(ct_launch_rdzv *z, int status)
     char k[128], mk[64];
     int64_t v;
     snprintf(mk, sizeof mk, "failed/%d", z->o->machine_rank);
-    if (ct_store_add(z->store, key(k, sizeof k, z->round, mk), status, &v)) ct_error_clear();
+    if (add(z, key(k, sizeof k, z->round, mk), status, &v)) ct_error_clear(); /* best effort */
 }
 
 const char *ct_launch_rdzv_gone(const ct_launch_rdzv *z)
