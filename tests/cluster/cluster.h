@@ -174,16 +174,24 @@ static inline bool file_has(const char *path, const char *text, double limit_s)
     return false;
 }
 
-/* Sends sig to every process on node i (ip netns pids); returns how many. */
-static inline int node_signal(int i, int sig)
+/* The pids of the processes on node i (ip netns pids), at most cap; how many. */
+static inline int node_pids(int i, pid_t *pids, int cap)
 {
     char cmd[256], out[4096];
     snprintf(cmd, sizeof cmd, "ip netns pids %sn%d", the_cluster.id, i);
     cr_assert_eq(shell_capture(cmd, out, sizeof out), 0, "%s", cmd);
     int n = 0;
-    for (char *s = strtok(out, " \n"); s; s = strtok(NULL, " \n"))
-        if (kill((pid_t)atoi(s), sig) == 0) n++;
+    for (char *s = strtok(out, " \n"); s && n < cap; s = strtok(NULL, " \n")) pids[n++] = (pid_t)atoi(s);
     return n;
+}
+
+/* Sends sig to every process on node i; returns how many it reached. */
+static inline int node_signal(int i, int sig)
+{
+    pid_t pids[512];
+    int n = node_pids(i, pids, 512), k = 0;
+    for (int j = 0; j < n; j++) k += kill(pids[j], sig) == 0;
+    return k;
 }
 
 #endif

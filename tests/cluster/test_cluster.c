@@ -101,6 +101,22 @@ static const char *launch_cmd(int nodes, int local, int machine, const char *fla
     return c;
 }
 
+/* Starts machine m's launcher of a job of `nodes` x `local` ranks running prog, with the
+ * job's token, CTRAIN_TIMEOUT timeout_s and job_env; its output into tmpdir/node<m>.log. */
+static void start_node(int nodes, int local, int m, int timeout_s, const char *flags, const char *prog)
+{
+    char env[512], log[64];
+    snprintf(env, sizeof env, "CTRAIN_STORE_TOKEN=%s CTRAIN_TIMEOUT=%d %s", TOKEN, timeout_s, job_env);
+    snprintf(log, sizeof log, "node%d.log", m);
+    node_start(m, env, path_of(log), launch_cmd(nodes, local, m, flags, prog));
+}
+
+/* start_node for machines 0 .. nodes-1. */
+static void start_nodes(int nodes, int local, int timeout_s, const char *flags, const char *prog)
+{
+    for (int m = 0; m < nodes; m++) start_node(nodes, local, m, timeout_s, flags, prog);
+}
+
 /* The whole file's text, NUL-terminated; the caller frees it. */
 static char *slurp(const char *path)
 {
@@ -197,13 +213,7 @@ static void strategy_matches_one_process(int nodes, int local, const char *flags
     if (over_ipv6 && !node_addr6(0)[0]) cr_skip_test("the nodes have no IPv6 addresses (IPv6 disabled here?)");
     run_reference("one", nodes * local, STEPS);
     if (before_start) before_start(nodes);
-    char env[512];
-    snprintf(env, sizeof env, "CTRAIN_STORE_TOKEN=%s CTRAIN_TIMEOUT=30 %s", TOKEN, job_env);
-    for (int m = 0; m < nodes; m++) {
-        char log[64];
-        snprintf(log, sizeof log, "node%d.log", m);
-        node_start(m, env, path_of(log), launch_cmd(nodes, local, m, flags, gpt_args("job", 1, STEPS)));
-    }
+    start_nodes(nodes, local, 30, flags, gpt_args("job", 1, STEPS));
     double t0 = now_s();
     cr_assert(cluster_wait(-1, 60), "the job did not end within 60 s");
     for (int m = 0; m < nodes; m++) {
@@ -266,11 +276,9 @@ Test(cluster, each_rank_talks_shm_within_a_node_and_tcp_across, .timeout = 90, .
     if (shell_capture(cmd, out, sizeof out) != 0) cr_skip_test("needs gpt_train --comm_stats (it answered: %.200s)", out);
     setup();
     cluster_up(2);
-    char env[256], args[2100];
-    snprintf(env, sizeof env, "CTRAIN_STORE_TOKEN=%s CTRAIN_TIMEOUT=30", TOKEN);
+    char args[2100];
     snprintf(args, sizeof args, "%s --comm_stats", gpt_args("job", 1, STEPS));
-    node_start(0, env, path_of("node0.log"), launch_cmd(2, 2, 0, "", args));
-    node_start(1, env, path_of("node1.log"), launch_cmd(2, 2, 1, "", args));
+    start_nodes(2, 2, 30, "", args);
     cr_assert(cluster_wait(-1, 60), "the job did not end within 60 s");
     int seen = 0;
     for (int m = 0; m < 2; m++) {
@@ -427,13 +435,7 @@ static void fault_ends_the_job(fault_kind f, int v, const char *flags)
 {
     setup();
     cluster_up(2);
-    char env[256];
-    snprintf(env, sizeof env, "CTRAIN_STORE_TOKEN=%s CTRAIN_TIMEOUT=%d", TOKEN, FAULT_TIMEOUT);
-    for (int m = 0; m < 2; m++) {
-        char log[64];
-        snprintf(log, sizeof log, "node%d.log", m);
-        node_start(m, env, path_of(log), launch_cmd(2, 2, m, flags, gpt_args("job", 1, 1000000)));
-    }
+    start_nodes(2, 2, FAULT_TIMEOUT, flags, gpt_args("job", 1, 1000000));
     cr_assert(file_has(path_of("node0.log"), "[rank0] step 20/", 30), "training did not start:\n%s",
               slurp(path_of("node0.log")));
     char cmd[512];
@@ -616,9 +618,7 @@ Test(cluster, strangers_on_a_third_node_are_refused, .timeout = 90, .fini = fini
 {
     setup();
     cluster_up(3);
-    char env[256];
-    snprintf(env, sizeof env, "CTRAIN_STORE_TOKEN=%s CTRAIN_TIMEOUT=30", TOKEN);
-    node_start(0, env, path_of("node0.log"), launch_cmd(2, 2, 0, "", gpt_args("job", 1, 300)));
+    start_node(2, 2, 0, 30, "", gpt_args("job", 1, 300));
     /* ranks 0 and 1 listen for the ranks above them: wait for both, or 1 s after the first */
     int ports[8], n = 0;
     double end = now_s() + 20;
@@ -627,7 +627,7 @@ Test(cluster, strangers_on_a_third_node_are_refused, .timeout = 90, .fini = fini
     cr_assert_gt(n, 0, "node 0's ranks opened no transport port within 20 s:\n%s", slurp(path_of("node0.log")));
     int rc = stranger(2, ports, n, true);
     cr_expect_eq(rc, 0, "the stranger's connections were not all closed (child status %d)", rc);
-    node_start(1, env, path_of("node1.log"), launch_cmd(2, 2, 1, "", gpt_args("job", 1, 300)));
+    start_node(2, 2, 1, 30, "", gpt_args("job", 1, 300));
     cr_assert(file_has(path_of("node0.log"), "[rank0] step 100/", 30), "the job did not train:\n%s",
               slurp(path_of("node0.log")));
     /* the store serves the rendezvous only (ct_pg_new frees it): mid-training the port
@@ -714,13 +714,7 @@ Test(cluster, a_firewall_stops_ranks_without_a_port_range, .timeout = 90, .fini 
     setup();
     cluster_up(2);
     firewall_nodes(2);
-    char env[256];
-    snprintf(env, sizeof env, "CTRAIN_STORE_TOKEN=%s CTRAIN_TIMEOUT=%d", TOKEN, FAULT_TIMEOUT);
-    for (int m = 0; m < 2; m++) {
-        char log[64];
-        snprintf(log, sizeof log, "node%d.log", m);
-        node_start(m, env, path_of(log), launch_cmd(2, 2, m, "", gpt_args("job", 1, STEPS)));
-    }
+    start_nodes(2, 2, FAULT_TIMEOUT, "", gpt_args("job", 1, STEPS));
     double t0 = now_s();
     cr_assert(cluster_wait(-1, FAULT_TIMEOUT + FAULT_MARGIN + 20), "the job still runs %.1f s later (a hang)",
               now_s() - t0);

@@ -166,18 +166,16 @@ static void wait_first_checkpoint(const char *proj, const char *job)
 /* The pids of the processes on node i whose name (/proc/PID/comm) is comm. */
 static int node_pids_named(int i, const char *comm, pid_t *pids, int cap)
 {
-    char cmd[256], out[4096];
-    snprintf(cmd, sizeof cmd, "ip netns pids %sn%d", the_cluster.id, i);
-    cr_assert_eq(shell_capture(cmd, out, sizeof out), 0, "%s", cmd);
-    int n = 0;
-    for (char *s = strtok(out, " \n"); s && n < cap; s = strtok(NULL, " \n")) {
+    pid_t all[512];
+    int m = node_pids(i, all, 512), n = 0;
+    for (int j = 0; j < m && n < cap; j++) {
         char path[64], name[64] = "";
-        snprintf(path, sizeof path, "/proc/%s/comm", s);
+        snprintf(path, sizeof path, "/proc/%d/comm", (int)all[j]);
         FILE *f = fopen(path, "r");
         if (!f) continue;
         if (fgets(name, sizeof name, f)) name[strcspn(name, "\n")] = '\0';
         fclose(f);
-        if (!strcmp(name, comm)) pids[n++] = (pid_t)atoi(s);
+        if (!strcmp(name, comm)) pids[n++] = all[j];
     }
     return n;
 }

@@ -1,14 +1,20 @@
 /* Helpers of the shared-memory transport's tests (tests/dist/test_shm.c, test_mux.c):
- * the names a group's setup leaves in /dev/shm and the mappings it holds. */
+ * the names a group's setup leaves in /dev/shm, the mappings it holds, and a rank that
+ * plays the setup by hand. */
 #ifndef CT_TESTS_DIST_SHM_NAMES_H
 #define CT_TESTS_DIST_SHM_NAMES_H
 
 #include <criterion/criterion.h>
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <netinet/in.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "ranks.h"
 
@@ -66,6 +72,28 @@ static inline void expect_no_names(const rank_result *r0)
     reported_job(r0, job);
     cr_expect(job[0], "rank 0 did not report the job id:\n%s", r0->msg);
     if (job[0]) cr_expect_eq(shm_names(job), 0, "/dev/shm/ctrain-%s-* left behind", job);
+}
+
+/* Rank `rank` of `size` played by hand: connects to ip:port and sends the TCP
+ * transport's version-2 hello (dist/tcp_setup.c: "CTHI" | 2 | 0 | token_len 0 | rank |
+ * size | nonce, little-endian) with the group's 8-byte nonce and no token (none is
+ * set). The connected socket, or -1. */
+static inline int hello_connect(const char *ip, int port, int rank, int size, const void *nonce)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    uint8_t hello[24] = {'C', 'T', 'H', 'I', 2};
+    for (int i = 0; i < 4; i++) {
+        hello[8 + i] = (uint8_t)((uint32_t)rank >> 8 * i);
+        hello[12 + i] = (uint8_t)((uint32_t)size >> 8 * i);
+    }
+    memcpy(hello + 16, nonce, 8);
+    int fd = inet_pton(AF_INET, ip, &a.sin_addr) == 1 ? socket(AF_INET, SOCK_STREAM, 0) : -1;
+    if (fd >= 0 && (connect(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+                    send(fd, hello, sizeof hello, 0) != (ssize_t)sizeof hello)) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
 }
 
 #endif

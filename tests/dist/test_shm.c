@@ -354,11 +354,6 @@ Test(dist_shm, a_killed_peer_is_detected, .timeout = 30)
     expect_no_names(res);
 }
 
-static void put(uint8_t *p, uint64_t v, int n)
-{
-    for (int i = 0; i < n; i++) p[i] = (uint8_t)(v >> 8 * i);
-}
-
 /* Rank 1 plays the setup by hand (docs/maintainers/comm.md): publishes its entry,
  * connects with the TCP hello, creates its segment for rank 0, and is killed before
  * it says so. Rank 0 must fail naming it, and remove both directions' names. */
@@ -389,13 +384,7 @@ static int midway_main(rank_ctx *c)
     ok = ok && !ct_store_set(s, "ct/pg/1/host/1", mine, strlen(mine)) &&
          !ct_store_get(s, "ct/pg/1/nonce", 10, &nonce, &n) && n == 8 &&
          !ct_store_get(s, "ct/pg/1/addr/0", 10, (void **)&addr, &n) && sscanf(addr, "%63s %d", ip, &port) == 2;
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    uint8_t hello[24] = {'C', 'T', 'H', 'I', 2}; /* version 2, no token (none is set) */
-    put(hello + 8, 1, 4);
-    put(hello + 12, 2, 4);
-    if (ok) memcpy(hello + 16, nonce, 8);
-    ok = ok && inet_pton(AF_INET, ip, &a.sin_addr) == 1 && (fd = socket(AF_INET, SOCK_STREAM, 0)) >= 0 &&
-         connect(fd, (struct sockaddr *)&a, sizeof a) == 0 && send(fd, hello, sizeof hello, 0) == (ssize_t)sizeof hello;
+    ok = ok && (fd = hello_connect(ip, port, 1, 2, nonce)) >= 0;
     char name[96];
     snprintf(name, sizeof name, "/ctrain-%s-1-0", job);
     int sfd = ok ? shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600) : -1;

@@ -21,6 +21,7 @@
 
 #include "dist/store.h"
 #include "tests/clock.h"
+#include "tests/free_port.h"
 
 static void sleep_ms(int ms) { nanosleep(&(struct timespec){ms / 1000, (long)(ms % 1000) * 1000000}, NULL); }
 
@@ -54,19 +55,6 @@ static void expect_error(ct_status st, ct_status want, const char *frag)
 {
     cr_expect_eq(st, want, "status %d (%s), want %d", st, ct_last_error(), want);
     if (frag) cr_expect(strstr(ct_last_error(), frag), "'%s' not in: %s", frag, ct_last_error());
-}
-
-/* A port nobody listens on: bound, read back and released. */
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    cr_assert_geq(fd, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-    cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-    close(fd);
-    return ntohs(a.sin_port);
 }
 
 /* ---- one process ------------------------------------------------------------------ */

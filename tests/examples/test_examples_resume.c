@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "tests/clock.h"
+#include "tests/proc_tree.h"
 #include "tests/tmpdir.h"
 #include "tests/shell.h"
 
@@ -31,47 +32,7 @@ static const char *bin_or_skip(const char *var)
     return v;
 }
 
-/* ---- running a program, killing it and its descendants ------------------------------ */
-
-/* The children of pid (from /proc/<each>/stat's ppid field) appended to out[*n..]. */
-static void children_of(pid_t pid, pid_t *out, int *n, int cap)
-{
-    DIR *d = opendir("/proc");
-    cr_assert_not_null(d, "/proc: %s", strerror(errno));
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL && *n < cap) {
-        if (!isdigit((unsigned char)e->d_name[0])) continue;
-        char path[300], buf[512];
-        snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
-        FILE *f = fopen(path, "r");
-        if (!f) continue; /* gone meanwhile */
-        size_t k = fread(buf, 1, sizeof buf - 1, f);
-        fclose(f);
-        buf[k] = '\0';
-        /* "pid (comm) state ppid ...": comm may hold spaces and parentheses */
-        const char *rp = strrchr(buf, ')');
-        char state;
-        int ppid;
-        if (rp && sscanf(rp + 1, " %c %d", &state, &ppid) == 2 && ppid == pid) out[(*n)++] = (pid_t)atoi(e->d_name);
-    }
-    closedir(d);
-}
-
-/* SIGKILLs pid and every descendant: the ranks run in sessions of their own (the
- * launcher's setsid), so a process-group signal would miss them. The tree is listed
- * first, stopping each process found, so nothing reparents or forks meanwhile. */
-static void kill_tree(pid_t pid)
-{
-    pid_t all[64] = {pid};
-    int n = 1;
-    kill(pid, SIGSTOP);
-    for (int i = 0; i < n; i++) {
-        int from = n;
-        children_of(all[i], all, &n, 64);
-        for (int j = from; j < n; j++) kill(all[j], SIGSTOP);
-    }
-    for (int i = 0; i < n; i++) kill(all[i], SIGKILL);
-}
+/* ---- running a program, killing it and its descendants (tests/proc_tree.h) ------------ */
 
 typedef struct {
     char *out; /* stdout and stderr together */
@@ -104,7 +65,7 @@ static run_result run_until(const char *cmd, const char *kill_when, double timeo
     bool killed = false;
     for (;;) {
         if (now_s() > end) {
-            kill_tree(pid);
+            proc_kill_tree(pid);
             waitpid(pid, NULL, 0);
             cr_assert_fail("timed out after %.0f s: %s\noutput:\n%s", timeout_s, cmd, r.out);
         }
@@ -124,7 +85,7 @@ static run_result run_until(const char *cmd, const char *kill_when, double timeo
         r.len += (size_t)got;
         r.out[r.len] = '\0';
         if (kill_when && !killed && strstr(r.out, kill_when)) {
-            kill_tree(pid);
+            proc_kill_tree(pid);
             killed = true;
         }
     }

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "tests/clock.h"
+#include "tests/proc_tree.h"
 #include "tests/shell.h"
 
 typedef struct {
@@ -76,43 +77,8 @@ static inline char *job_slurp(const char *path)
     return buf;
 }
 
-/* The children of pid (from /proc/<each>/stat's ppid field) appended to out[*n..]. */
-static inline void job_children_of(pid_t pid, pid_t *out, int *n, int cap)
-{
-    DIR *d = opendir("/proc");
-    cr_assert_not_null(d, "/proc: %s", strerror(errno));
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL && *n < cap) {
-        if (!isdigit((unsigned char)e->d_name[0])) continue;
-        char path[300], buf[512];
-        snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
-        FILE *f = fopen(path, "r");
-        if (!f) continue;
-        size_t k = fread(buf, 1, sizeof buf - 1, f);
-        fclose(f);
-        buf[k] = '\0';
-        const char *rp = strrchr(buf, ')'); /* comm may hold spaces and parentheses */
-        char state;
-        int ppid;
-        if (rp && sscanf(rp + 1, " %c %d", &state, &ppid) == 2 && ppid == pid) out[(*n)++] = (pid_t)atoi(e->d_name);
-    }
-    closedir(d);
-}
-
-/* SIGKILLs the job and every descendant, stopping each first so nothing reparents or
- * forks meanwhile: a machine that is gone. */
-static inline void job_kill_tree(job *j)
-{
-    pid_t all[128] = {j->pid};
-    int n = 1;
-    kill(j->pid, SIGSTOP);
-    for (int i = 0; i < n; i++) {
-        int from = n;
-        job_children_of(all[i], all, &n, 128);
-        for (int k = from; k < n; k++) kill(all[k], SIGSTOP);
-    }
-    for (int i = 0; i < n; i++) kill(all[i], SIGKILL);
-}
+/* SIGKILLs the job and every descendant (tests/proc_tree.h): a machine that is gone. */
+static inline void job_kill_tree(job *j) { proc_kill_tree(j->pid); }
 
 /* Reaps the job within timeout_s (else kills it and fails, showing its output);
  * returns its status. */

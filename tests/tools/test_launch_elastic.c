@@ -12,6 +12,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include "tests/free_port.h"
 #include "tests/tmpdir.h"
 #include "tests/tools/launch_jobs.h"
 
@@ -22,19 +23,6 @@ static const char *bin_or_skip(const char *var)
     const char *v = getenv(var);
     if (!v || !*v) cr_skip_test("%s is not set (make test sets it)", var);
     return v;
-}
-
-/* A port free now, for the launchers' store. */
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    cr_assert_geq(fd, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-    cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-    close(fd);
-    return ntohs(a.sin_port);
 }
 
 static void setup(void)

@@ -64,7 +64,7 @@ Test(launch_resume, killed_rank_restarts_and_resumes_bitwise, .timeout = 120)
     job_wait_entry(&cut, dir, "checkpoint_", 60);
     pid_t kids[8];
     int n = 0;
-    job_children_of(cut.pid, kids, &n, 8);
+    proc_children_of(cut.pid, kids, &n, 8);
     cr_assert_eq(n, 2, "expected the launcher's 2 ranks, found %d", n);
     cr_assert_eq(kill(kids[0], SIGKILL), 0);
     st = job_wait(&cut, 60);
